@@ -1,0 +1,27 @@
+# The two commands in the README: `make run` and `make test`.
+PY := .venv/bin/python
+# Tests always run against PostgreSQL over its local socket, as the current OS user.
+TEST_DATABASE_URL ?= postgres:///tether?host=/var/run/postgresql
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+
+.PHONY: run test venv services lint
+
+venv:
+	@scripts/setup-venv.sh
+
+run: venv
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py ensure_admin
+	@echo "Tether: http://127.0.0.1:8000/ (admin at /admin/)"
+	$(PY) -m daphne -b 127.0.0.1 -p 8000 config.asgi:application
+
+services:
+	@scripts/ensure-services.sh
+
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test: venv services lint
+	DATABASE_URL='$(TEST_DATABASE_URL)' $(PY) manage.py makemigrations --check --dry-run
+	DATABASE_URL='$(TEST_DATABASE_URL)' TEST_REDIS_URL='$(TEST_REDIS_URL)' $(PY) -m pytest

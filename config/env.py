@@ -1,0 +1,120 @@
+"""Read settings from the environment, failing loudly on values that make no sense.
+
+A typo such as ``DEBUG=ture`` must stop start-up with a clear message rather than
+silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value} is below the minimum {minimum}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}={value} is above the maximum {maximum}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    items = [item.strip() for item in raw.split(",")]
+    if any(not item for item in items):
+        raise ImproperlyConfigured(f"{name}={raw!r} has an empty entry; separate values with single commas")
+    return items
+
+
+def env_choice(name: str, default: str, choices: set[str]) -> str:
+    value = os.environ.get(name, default)
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name}={value!r} must be one of {', '.join(sorted(choices))}")
+    return value
+
+
+def database_from_url(url: str) -> dict:
+    """Translate ``sqlite:///path`` or ``postgres://user:pass@host:port/name?opt=v`` to a DATABASES entry."""
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path)
+        if path.startswith("/") and parts.netloc == "":
+            path = path[1:] if path.startswith("//") else path
+        if not path:
+            raise ImproperlyConfigured(f"DATABASE_URL={url!r} names no SQLite file")
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": path, "OPTIONS": {"timeout": 20}}
+    if parts.scheme in {"postgres", "postgresql", "pgsql"}:
+        name = unquote(parts.path.lstrip("/"))
+        if not name:
+            raise ImproperlyConfigured(f"DATABASE_URL={url!r} names no database")
+        query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+        host = query.pop("host", parts.hostname or "")
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": name,
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": host,
+            "PORT": str(parts.port or ""),
+            "OPTIONS": query,
+            "CONN_MAX_AGE": 0,
+        }
+    raise ImproperlyConfigured(f"DATABASE_URL={url!r}: scheme must be sqlite or postgres")
+
+
+def secret_key(data_dir: Path, *, required: bool) -> str:
+    """SECRET_KEY from the environment; in development, generate one and keep it in the data directory."""
+    value = os.environ.get("SECRET_KEY")
+    if value:
+        if len(value) < 32:
+            raise ImproperlyConfigured("SECRET_KEY must be at least 32 characters long")
+        return value
+    if required:
+        raise ImproperlyConfigured("SECRET_KEY must be set when TETHER_MODE=production")
+    path = data_dir / "secret_key"
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        # Write aside, then link into place: two processes starting at once
+        # agree on whichever key was linked first and never read a half-written file.
+        scratch = data_dir / f".secret_key.{os.getpid()}"
+        scratch.write_text(secrets.token_urlsafe(50))
+        scratch.chmod(0o600)
+        try:
+            os.link(scratch, path)
+        except FileExistsError:
+            pass
+        finally:
+            scratch.unlink()
+    return path.read_text().strip()

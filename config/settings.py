@@ -1,0 +1,128 @@
+"""Tether settings. Every knob comes from the environment; see README "Configuration"."""
+
+from pathlib import Path
+
+from config.env import (
+    database_from_url,
+    env_bool,
+    env_choice,
+    env_int,
+    env_list,
+    env_str,
+    secret_key,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# embedded: one process, SQLite, in-memory channel layer, generated secret.
+# production: PostgreSQL/Redis from the environment, SECRET_KEY required, secure cookies.
+TETHER_MODE = env_choice("TETHER_MODE", "embedded", {"embedded", "production"})
+PRODUCTION = TETHER_MODE == "production"
+DATA_DIR = Path(env_str("TETHER_DATA_DIR", str(BASE_DIR / "var")))
+
+SECRET_KEY = secret_key(DATA_DIR, required=PRODUCTION)
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "executions",
+    "terminals",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+DATABASES = {
+    "default": database_from_url(env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'tether.sqlite3'}")),
+}
+
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "staticfiles"
+# The embedded mode has no web server in front of daphne, so daphne serves /static/ itself.
+SERVE_STATIC = env_bool("TETHER_SERVE_STATIC", not PRODUCTION)
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+SESSION_COOKIE_SECURE = PRODUCTION
+CSRF_COOKIE_SECURE = PRODUCTION
+SESSION_COOKIE_HTTPONLY = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_choice("LOG_LEVEL", "INFO", {"DEBUG", "INFO", "WARNING", "ERROR"})},
+}
+
+# Execution limits: defaults applied to a spec that does not set its own.
+TETHER_DEFAULT_COLS = env_int("TETHER_DEFAULT_COLS", 80, minimum=1, maximum=500)
+TETHER_DEFAULT_ROWS = env_int("TETHER_DEFAULT_ROWS", 24, minimum=1, maximum=200)
+TETHER_IDLE_SECONDS = env_int("TETHER_IDLE_SECONDS", 30 * 60, minimum=1)
+TETHER_SESSION_SECONDS = env_int("TETHER_SESSION_SECONDS", 12 * 60 * 60, minimum=1)
+TETHER_OUTPUT_LIMIT_BYTES = env_int("TETHER_OUTPUT_LIMIT_BYTES", 1024 * 1024 * 1024, minimum=1)

@@ -1,0 +1,177 @@
+"""Admin for inspection and rare intervention. State fields are read-only; actions go through actions.py."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.utils.html import format_html
+
+from executions import actions
+from executions.errors import ExecutionError
+from executions.models import Execution, ExecutionEvent, Machine, MachineEvent, MachineState, State
+
+_BADGE_COLOURS = {
+    State.PENDING: "#6b7280",
+    State.DISPATCHED: "#2563eb",
+    State.RUNNING: "#16a34a",
+    State.COMPLETED: "#0f766e",
+    State.CANCELLED: "#6b7280",
+    State.UNKNOWN: "#d97706",
+    State.RESOLVED: "#7c3aed",
+}
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class ExecutionEventInline(ReadOnlyInline):
+    model = ExecutionEvent
+    fields = ["at", "from_state", "to_state", "evidence", "actor", "reason", "detail"]
+    readonly_fields = fields
+
+
+class MachineEventInline(ReadOnlyInline):
+    model = MachineEvent
+    fields = ["at", "from_state", "to_state", "actor", "reason"]
+    readonly_fields = fields
+
+
+def _apply(modeladmin, request, queryset, operation, done: str) -> None:
+    """Run ``operation`` per object; a refusal is reported with its reason and the rest carry on."""
+    succeeded = 0
+    for obj in queryset:
+        try:
+            operation(obj)
+        except ExecutionError as error:
+            modeladmin.message_user(request, f"{obj}: {error}", messages.ERROR)
+        else:
+            succeeded += 1
+    if succeeded:
+        modeladmin.message_user(request, f"{done}: {succeeded}", messages.SUCCESS)
+
+
+@admin.register(Machine)
+class MachineAdmin(admin.ModelAdmin):
+    list_display = ["name", "backend", "ref", "scope", "state", "slot_holder", "updated_at"]
+    list_filter = ["backend", "state", "scope"]
+    search_fields = ["name", "ref", "scope"]
+    list_select_related = ["active_execution"]
+    readonly_fields = ["state", "incarnation", "active_execution", "created_at", "updated_at"]
+    inlines = [MachineEventInline]
+    actions = ["stop_machines", "start_machines"]
+
+    @admin.display(description="command slot")
+    def slot_holder(self, obj: Machine) -> str:
+        holder = obj.active_execution
+        return f"{holder} ({holder.state})" if holder else "free"
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return self.readonly_fields
+        # Identity of an existing machine is fixed: a new container is a new machine.
+        return [*self.readonly_fields, "name", "backend", "ref", "engine", "scope"]
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # machines are marked deleted through actions, never removed
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return  # nothing on an existing machine is editable here
+        created = actions.add_machine(
+            name=obj.name,
+            backend=obj.backend,
+            ref=obj.ref,
+            scope=obj.scope,
+            engine=obj.engine,
+            actor=actions.Actor.for_user(request.user),
+        )
+        obj.pk = created.pk
+        obj.refresh_from_db()
+
+    @admin.action(description="Stop selected machines (refused while a slot is held)", permissions=["change"])
+    def stop_machines(self, request, queryset):
+        actor = actions.Actor.for_user(request.user)
+        _apply(
+            self,
+            request,
+            queryset,
+            lambda m: actions.set_machine_state(m, MachineState.STOPPED, actor=actor),
+            "Stopped",
+        )
+
+    @admin.action(description="Start selected machines", permissions=["change"])
+    def start_machines(self, request, queryset):
+        actor = actions.Actor.for_user(request.user)
+        _apply(
+            self,
+            request,
+            queryset,
+            lambda m: actions.set_machine_state(m, MachineState.RUNNING, actor=actor),
+            "Started",
+        )
+
+
+@admin.register(Execution)
+class ExecutionAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "machine", "kind", "state_badge", "evidence", "exit_code", "created_at"]
+    list_filter = ["state", "kind", "machine"]
+    search_fields = ["scope", "execution_id", "aliases__alias_id"]
+    list_select_related = ["machine"]
+    inlines = [ExecutionEventInline]
+    actions = ["cancel_pending"]
+    readonly_fields = [
+        "scope",
+        "execution_id",
+        "kind",
+        "machine",
+        "state",
+        "evidence",
+        "exit_code",
+        "exit_signal",
+        "close_reason",
+        "spec",
+        "spec_digest",
+        "parent",
+        "requested_by",
+        "created_at",
+        "dispatched_at",
+        "started_at",
+        "ended_at",
+        "resolved_at",
+        "resolved_by",
+        "resolution_note",
+        "output_truncated",
+    ]
+    exclude = ["output"]
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, obj: Execution):
+        colour = _BADGE_COLOURS.get(obj.state, "#6b7280")
+        return format_html(
+            '<span style="background:{};color:#fff;padding:1px 6px;border-radius:8px" title="{}">{}</span>',
+            colour,
+            obj.outcome_label,
+            obj.state,
+        )
+
+    def has_add_permission(self, request):
+        return False  # executions are submitted, never typed in
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # never deleted to "fix" a state
+
+    @admin.action(description="Cancel selected pending executions", permissions=["change"])
+    def cancel_pending(self, request, queryset):
+        actor = actions.Actor.for_user(request.user)
+        _apply(self, request, queryset, lambda e: actions.cancel_execution(e, actor=actor, reason="admin"), "Cancelled")

@@ -1,0 +1,32 @@
+"""Shared plumbing for the staff commands: domain errors become one stderr line and an exit status."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from executions.errors import ExecutionError
+from executions.presenters import execution_json, execution_text
+
+
+class ExecutionCommand(BaseCommand):
+    """A command whose ``run`` may raise domain errors; they map to documented exit statuses.
+
+    0 done, 2 usage, 3 identity conflict, 4 refused by a guard, 5 not found.
+    """
+
+    def handle(self, *args, **options):
+        try:
+            return self.run(*args, **options)
+        except ExecutionError as error:
+            raise CommandError(str(error), returncode=error.exit_status) from None
+
+    def run(self, *args, **options):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def print_execution(self, execution, as_json: bool) -> None:
+        if as_json:
+            self.stdout.write(json.dumps(execution_json(execution)))
+        else:
+            self.stdout.write(execution_text(execution))

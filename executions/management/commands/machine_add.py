@@ -1,0 +1,25 @@
+from executions.actions import Actor, add_machine
+from executions.management.base import ExecutionCommand
+from executions.models import Backend
+
+
+class Command(ExecutionCommand):
+    help = "Register a machine: a place where commands run."
+
+    def add_arguments(self, parser):
+        parser.add_argument("name")
+        parser.add_argument("--backend", required=True, choices=Backend.values)
+        parser.add_argument("--ref", default="", help="container id/name (docker) or tmux socket name")
+        parser.add_argument("--scope", default="default", help="owner scope")
+        parser.add_argument("--engine", default="", help="docker engine URL (default: the local socket)")
+
+    def run(self, *args, **options):
+        machine = add_machine(
+            name=options["name"],
+            backend=options["backend"],
+            ref=options["ref"],
+            scope=options["scope"],
+            engine=options["engine"],
+            actor=Actor.command("machine_add"),
+        )
+        self.stdout.write(f"machine {machine.name} ({machine.backend}) added in scope {machine.scope}")

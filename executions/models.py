@@ -1,0 +1,264 @@
+"""Durable execution records: machines, executions and their append-only audit trail.
+
+Only ``executions.actions`` changes state fields. The constraints below restate
+the invariants so that a bug elsewhere fails loudly in the database instead of
+writing a record that lies.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class Backend(models.TextChoices):
+    LOCAL = "local", "Local PTY"
+    TMUX = "tmux", "tmux"
+    DOCKER = "docker", "Docker exec"
+
+
+class MachineState(models.TextChoices):
+    RUNNING = "running"
+    STOPPED = "stopped"
+    DELETED = "deleted"
+    UNKNOWN = "unknown"
+
+
+class State(models.TextChoices):
+    PENDING = "pending"
+    DISPATCHED = "dispatched"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+    RESOLVED = "resolved"
+
+
+class Evidence(models.TextChoices):
+    """How we know the state an execution is in."""
+
+    NONE = "", "—"
+    SUBMITTED = "submitted"
+    CLAIMED = "claimed"
+    OBSERVED = "observed"
+    EXITED = "exited"
+    SIGNALED = "signaled"
+    SPAWN_FAILED = "spawn_failed"
+    RESET = "reset"
+    KILLED = "killed"
+    IDLE_REAPED = "idle_reaped"
+    DEADLINE = "deadline"
+    OUTPUT_LIMIT = "output_limit"
+    CANCELLED = "cancelled"
+    CONTROLLER_LOST = "controller_lost"
+    ADOPTED = "adopted"
+    OPERATOR_RESOLVED = "operator_resolved"
+
+
+class Kind(models.TextChoices):
+    COMMAND = "command"
+    TERMINAL = "terminal"
+
+
+# States whose outcome is settled: the slot is free and the record is final.
+FINAL_STATES = frozenset({State.COMPLETED, State.CANCELLED, State.RESOLVED})
+# States in which observation has ended, so an end time must exist.
+ENDED_STATES = FINAL_STATES | {State.UNKNOWN}
+# States that hold the machine's command slot.
+SLOT_STATES = frozenset({State.PENDING, State.DISPATCHED, State.RUNNING, State.UNKNOWN})
+
+
+class Machine(models.Model):
+    name = models.SlugField(max_length=100, unique=True)
+    backend = models.CharField(max_length=16, choices=Backend.choices)
+    ref = models.CharField(
+        "backend reference",
+        max_length=255,
+        blank=True,
+        help_text="Container id or name (docker), socket name (tmux); empty for local.",
+    )
+    engine = models.CharField(
+        max_length=255, blank=True, help_text="Docker engine URL (DOCKER_HOST style); empty means the local socket."
+    )
+    scope = models.CharField("owner scope", max_length=200, default="default")
+    state = models.CharField(max_length=16, choices=MachineState.choices, default=MachineState.RUNNING)
+    # Bumped whenever the backend object behind the name is replaced, so resolution
+    # can tell "the same container" from "a new container with the same name".
+    incarnation = models.PositiveIntegerField(default=1)
+    active_execution = models.OneToOneField(
+        "Execution",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="held_slot",
+        help_text="The command slot: the one execution that currently owns this machine.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(backend__in=Backend.values), name="machine_backend_valid"),
+            models.CheckConstraint(condition=Q(state__in=MachineState.values), name="machine_state_valid"),
+            models.CheckConstraint(
+                condition=~Q(state=MachineState.DELETED) | Q(active_execution__isnull=True),
+                name="machine_deleted_has_free_slot",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Execution(models.Model):
+    scope = models.CharField(max_length=200)
+    execution_id = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.COMMAND)
+    spec = models.JSONField()
+    spec_digest = models.CharField(max_length=64)
+    machine = models.ForeignKey(Machine, on_delete=models.PROTECT, related_name="executions")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    evidence = models.CharField(max_length=32, choices=Evidence.choices, default=Evidence.SUBMITTED)
+    exit_code = models.IntegerField(null=True, blank=True)
+    exit_signal = models.IntegerField(null=True, blank=True)
+    close_reason = models.CharField(max_length=64, blank=True)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    resolution_note = models.TextField(blank=True)
+    # Bounded capture of a command's output (the tail is kept when it overflows).
+    output = models.BinaryField(default=b"", blank=True)
+    output_truncated = models.BigIntegerField(default=0, help_text="Bytes dropped from the head of the output.")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "execution_id"], name="execution_identity_unique"),
+            models.CheckConstraint(condition=Q(state__in=State.values), name="execution_state_valid"),
+            models.CheckConstraint(condition=Q(evidence__in=Evidence.values), name="execution_evidence_valid"),
+            models.CheckConstraint(
+                condition=~Q(state__in=sorted(ENDED_STATES)) | Q(ended_at__isnull=False),
+                name="execution_ended_has_end_time",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=State.COMPLETED) | ~Q(evidence=""),
+                name="execution_completed_has_evidence",
+            ),
+            models.CheckConstraint(
+                condition=Q(exit_code__isnull=True) | Q(evidence=Evidence.EXITED),
+                name="execution_exit_code_only_when_exited",
+            ),
+            models.CheckConstraint(
+                condition=~Q(evidence=Evidence.EXITED) | Q(exit_code__isnull=False),
+                name="execution_exited_has_exit_code",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=State.RESOLVED) | (Q(resolved_at__isnull=False) & ~Q(resolution_note="")),
+                name="execution_resolved_has_note",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["state", "created_at"], name="execution_pending_idx", condition=Q(state="pending")),
+            models.Index(fields=["machine", "-created_at"], name="execution_machine_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope}/{self.execution_id}"
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def outcome_label(self) -> str:
+        """The honest one-line outcome shown to people."""
+        if self.state == State.COMPLETED:
+            if self.evidence == Evidence.EXITED:
+                return f"Exited with code {self.exit_code}"
+            if self.evidence == Evidence.SIGNALED and self.exit_signal is not None:
+                return f"Ended by signal {self.exit_signal}"
+            return f"Ended ({self.get_evidence_display()})"
+        if self.state == State.UNKNOWN:
+            return "Connection lost; outcome unknown"
+        if self.state == State.RESOLVED:
+            return "Resolved: outcome unknown"
+        if self.state == State.CANCELLED:
+            return "Cancelled before it ran"
+        return self.get_state_display()
+
+
+class ExecutionAlias(models.Model):
+    """Another producer's id for the same logical execution, so it is listed once."""
+
+    scope = models.CharField(max_length=200)
+    alias_id = models.CharField(max_length=200)
+    execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="aliases")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["scope", "alias_id"], name="execution_alias_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.scope}/{self.alias_id} → {self.execution_id}"
+
+
+class AppendOnlyError(Exception):
+    pass
+
+
+class AppendOnly(models.Model):
+    """An audit row: written once, never updated or deleted (a trigger enforces it on PostgreSQL too)."""
+
+    actor = models.CharField(max_length=200, help_text="user:NAME, worker:ID or command:NAME")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    reason = models.TextField(blank=True)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise AppendOnlyError(f"{type(self).__name__} rows are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AppendOnlyError(f"{type(self).__name__} rows are append-only")
+
+
+class ExecutionEvent(AppendOnly):
+    execution = models.ForeignKey(Execution, on_delete=models.PROTECT, related_name="events")
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    evidence = models.CharField(max_length=32, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.from_state or '∅'} → {self.to_state} ({self.evidence})"
+
+
+class MachineEvent(AppendOnly):
+    machine = models.ForeignKey(Machine, on_delete=models.PROTECT, related_name="events")
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.from_state or '∅'} → {self.to_state}"

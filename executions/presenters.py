@@ -1,0 +1,44 @@
+"""Plain-data views of records, shared by the CLI's --json output and the web views."""
+
+from __future__ import annotations
+
+from executions.models import Execution
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if value else None
+
+
+def execution_json(execution: Execution) -> dict:
+    return {
+        "scope": execution.scope,
+        "execution_id": execution.execution_id,
+        "kind": execution.kind,
+        "machine": execution.machine.name,
+        "state": execution.state,
+        "evidence": execution.evidence,
+        "exit_code": execution.exit_code,
+        "exit_signal": execution.exit_signal,
+        "outcome": execution.outcome_label,
+        "close_reason": execution.close_reason,
+        "spec": execution.spec,
+        "spec_digest": execution.spec_digest,
+        "created_at": _iso(execution.created_at),
+        "dispatched_at": _iso(execution.dispatched_at),
+        "started_at": _iso(execution.started_at),
+        "ended_at": _iso(execution.ended_at),
+        "resolved_at": _iso(execution.resolved_at),
+        "resolution_note": execution.resolution_note,
+    }
+
+
+def execution_text(execution: Execution) -> str:
+    data = execution_json(execution)
+    lines = [f"{data['scope']}/{data['execution_id']} on {data['machine']}: {data['outcome']}"]
+    for key in ("state", "evidence", "exit_code", "kind", "created_at", "dispatched_at", "started_at", "ended_at"):
+        if data[key] is not None and data[key] != "":
+            lines.append(f"  {key}: {data[key]}")
+    lines.append(f"  argv: {' '.join(data['spec']['argv'])}")
+    if data["resolution_note"]:
+        lines.append(f"  resolution: {data['resolution_note']} (at {data['resolved_at']})")
+    return "\n".join(lines)

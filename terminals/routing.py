@@ -1,0 +1,3 @@
+"""WebSocket routes. The terminal consumer arrives with the owner worker."""
+
+websocket_urlpatterns: list = []

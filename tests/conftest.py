@@ -1,0 +1,43 @@
+"""Shared personas and fixtures. Services are real: a missing one fails the run loudly."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _require_postgres(django_db_setup, django_db_blocker):
+    """The suite's guarantees (row locks, triggers, races) are PostgreSQL's; never pass quietly on SQLite."""
+    with django_db_blocker.unblock():
+        if connection.vendor != "postgresql":
+            pytest.exit("tests must run against PostgreSQL: set DATABASE_URL (make test does)", returncode=1)
+
+
+def _make_user(django_user_model, username: str, **extra):
+    return django_user_model.objects.create_user(username=username, password=f"{username}-password", **extra)
+
+
+@pytest.fixture
+def alice(django_user_model):
+    return _make_user(django_user_model, "alice")
+
+
+@pytest.fixture
+def bob(django_user_model):
+    return _make_user(django_user_model, "bob")
+
+
+@pytest.fixture
+def operator(django_user_model):
+    """Staff with every executions permission, but not a superuser."""
+    from django.contrib.auth.models import Permission
+
+    user = _make_user(django_user_model, "operator", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label__in=["executions", "terminals"]))
+    return user
+
+
+@pytest.fixture
+def admin_user(django_user_model):
+    return django_user_model.objects.create_superuser(username="admin", password="admin-password", email="")

@@ -1,0 +1,39 @@
+"""Plain factories for test data. Each goes through actions.py, like the product does."""
+
+from __future__ import annotations
+
+import itertools
+
+from executions.actions import Actor, add_machine, submit_execution
+from executions.models import Backend, Execution, Machine
+from executions.spec import ExecutionSpec
+
+_counter = itertools.count(1)
+TEST_ACTOR = Actor.command("tests")
+
+
+def make_machine(
+    name: str | None = None, *, backend: str = Backend.LOCAL, scope: str = "team-a", ref: str = ""
+) -> Machine:
+    if backend == Backend.DOCKER and not ref:
+        ref = "tether-test-container"
+    return add_machine(name=name or f"m{next(_counter)}", backend=backend, ref=ref, scope=scope, actor=TEST_ACTOR)
+
+
+def make_spec(*argv: str, **options) -> ExecutionSpec:
+    return ExecutionSpec.build(argv or ("echo", "hello"), **options)
+
+
+def make_execution(
+    machine: Machine | None = None, *, scope: str = "team-a", execution_id: str | None = None, spec=None, **kwargs
+) -> Execution:
+    machine = machine or make_machine()
+    execution, _ = submit_execution(
+        scope=scope,
+        execution_id=execution_id or f"exec-{next(_counter)}",
+        machine_name=machine.name,
+        spec=spec or make_spec(),
+        actor=kwargs.pop("actor", TEST_ACTOR),
+        **kwargs,
+    )
+    return execution

@@ -1,0 +1,93 @@
+"""Concurrency on real PostgreSQL: many threads, one winner, clear errors for the rest."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+from django.db import connection
+
+from executions import actions
+from executions.errors import ExecutionError, SlotTaken, TransitionRefused
+from executions.models import Evidence, Execution, ExecutionEvent, Machine, State
+from tests.factories import TEST_ACTOR, make_execution, make_machine, make_spec
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run_together(count: int, work: Callable[[int], object]) -> list[object]:
+    """Start ``count`` threads that call ``work(i)`` at the same instant; return results or exceptions."""
+    barrier = threading.Barrier(count)
+    results: list[object] = [None] * count
+
+    def target(index: int) -> None:
+        try:
+            barrier.wait()
+            results[index] = work(index)
+        except Exception as error:  # collected and asserted on by the test
+            results[index] = error
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return results
+
+
+def test_twelve_concurrent_submits_of_one_identity_make_one_execution():
+    machine = make_machine("busy")
+
+    def submit(_: int):
+        return actions.submit_execution(
+            scope="team-a", execution_id="same", machine_name=machine.name, spec=make_spec(), actor=TEST_ACTOR
+        )
+
+    results = run_together(12, submit)
+    assert all(not isinstance(result, Exception) for result in results), results
+    assert len({execution.pk for execution, _ in results}) == 1
+    assert sum(created for _, created in results) == 1
+    assert Execution.objects.count() == 1
+    assert ExecutionEvent.objects.count() == 1
+
+
+def test_twelve_different_submits_to_one_idle_machine_one_takes_the_slot():
+    machine = make_machine("idle")
+
+    def submit(index: int):
+        return actions.submit_execution(
+            scope="team-a", execution_id=f"job-{index}", machine_name=machine.name, spec=make_spec(), actor=TEST_ACTOR
+        )
+
+    results = run_together(12, submit)
+    winners = [result for result in results if isinstance(result, tuple)]
+    losers = [result for result in results if isinstance(result, Exception)]
+    assert len(winners) == 1
+    assert len(losers) == 11 and all(isinstance(error, SlotTaken) for error in losers)
+    holder = winners[0][0]
+    assert all(f"team-a/{holder.execution_id}" in str(error) for error in losers)
+    assert Machine.objects.get(pk=machine.pk).active_execution_id == holder.pk
+    assert Execution.objects.count() == 1  # refused submissions leave nothing behind
+
+
+def test_two_operators_resolving_at_once_one_wins_one_gets_a_clear_error():
+    execution = make_execution()
+    execution = actions.transition(execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR)
+    execution = actions.transition(execution, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
+
+    def resolve(index: int):
+        mine = Execution.objects.get(pk=execution.pk)  # each operator read it as unknown
+        return actions.resolve_execution(mine, actor=actions.Actor(f"user:op{index}"), note=f"checked by op{index}")
+
+    results = run_together(2, resolve)
+    wins = [result for result in results if isinstance(result, Execution)]
+    errors = [result for result in results if isinstance(result, ExecutionError)]
+    assert len(wins) == 1 and len(errors) == 1
+    assert isinstance(errors[0], TransitionRefused)
+    assert "is resolved" in str(errors[0])
+    resolved_events = ExecutionEvent.objects.filter(execution=execution, to_state=State.RESOLVED)
+    assert resolved_events.count() == 1
+    assert resolved_events.get().actor == wins[0].events.last().actor

@@ -1,0 +1,92 @@
+"""Configuration from the environment fails loudly on nonsense and keeps its promises."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from config import env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("raw", ["ture", "2", "enabled"])
+def test_bad_boolean_is_refused(monkeypatch, raw):
+    monkeypatch.setenv("DEBUG", raw)
+    with pytest.raises(ImproperlyConfigured, match="DEBUG"):
+        env.env_bool("DEBUG", False)
+
+
+def test_integers_and_lists_are_checked(monkeypatch):
+    monkeypatch.setenv("N", "abc")
+    with pytest.raises(ImproperlyConfigured, match="not an integer"):
+        env.env_int("N", 1)
+    monkeypatch.setenv("N", "0")
+    with pytest.raises(ImproperlyConfigured, match="below the minimum"):
+        env.env_int("N", 1, minimum=1)
+    monkeypatch.setenv("HOSTS", "a,,b")
+    with pytest.raises(ImproperlyConfigured, match="empty entry"):
+        env.env_list("HOSTS", [])
+    monkeypatch.setenv("HOSTS", "a.example, b.example")
+    assert env.env_list("HOSTS", []) == ["a.example", "b.example"]
+
+
+def test_database_urls():
+    pg = env.database_from_url("postgres://u:p%40ss@db.internal:6543/tether?sslmode=require")
+    assert (pg["ENGINE"], pg["NAME"], pg["USER"], pg["PASSWORD"], pg["HOST"], pg["PORT"]) == (
+        "django.db.backends.postgresql",
+        "tether",
+        "u",
+        "p@ss",
+        "db.internal",
+        "6543",
+    )
+    assert pg["OPTIONS"] == {"sslmode": "require"}
+    socket = env.database_from_url("postgres:///tether?host=/var/run/postgresql")
+    assert socket["HOST"] == "/var/run/postgresql" and socket["OPTIONS"] == {}
+    lite = env.database_from_url("sqlite:////srv/tether/db.sqlite3")
+    assert lite["NAME"] == "/srv/tether/db.sqlite3"
+    with pytest.raises(ImproperlyConfigured, match="scheme"):
+        env.database_from_url("mysql://x/y")
+    with pytest.raises(ImproperlyConfigured, match="names no database"):
+        env.database_from_url("postgres://host/")
+
+
+def test_secret_key_is_generated_once_and_kept(tmp_path, monkeypatch):
+    monkeypatch.delenv("SECRET_KEY", raising=False)
+    first = env.secret_key(tmp_path, required=False)
+    assert len(first) >= 50
+    assert env.secret_key(tmp_path, required=False) == first
+    assert oct((tmp_path / "secret_key").stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(ImproperlyConfigured, match="SECRET_KEY must be set"):
+        env.secret_key(tmp_path, required=True)
+    monkeypatch.setenv("SECRET_KEY", "short")
+    with pytest.raises(ImproperlyConfigured, match="at least 32"):
+        env.secret_key(tmp_path, required=True)
+
+
+def _check(tmp_path, **overrides) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DATABASE_URL", "TETHER_MODE", "DEBUG"}}
+    environ.update(TETHER_DATA_DIR=str(tmp_path), **overrides)
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_start_up_fails_loudly_on_a_typo(tmp_path):
+    result = _check(tmp_path, DEBUG="ture")
+    assert result.returncode != 0
+    assert "DEBUG='ture' is not a boolean" in result.stderr
+
+
+def test_production_mode_requires_a_secret_key(tmp_path):
+    result = _check(tmp_path, TETHER_MODE="production", ALLOWED_HOSTS="tether.example")
+    assert result.returncode != 0
+    assert "SECRET_KEY must be set" in result.stderr
+    ok = _check(tmp_path, TETHER_MODE="production", ALLOWED_HOSTS="tether.example", SECRET_KEY="k" * 50)
+    assert ok.returncode == 0, ok.stderr
