@@ -1,0 +1,161 @@
+"""The one small async protocol every process backend implements.
+
+A ``Backend`` starts programs and looks at them from any process; a ``Process``
+is the live handle the owner worker holds. Handles are plain JSON so that a
+later worker can find the process again from the lease row.
+
+Honesty rules shared by all backends:
+- ``Process.wait()`` returns an ``Exit`` only from a trustworthy source
+  (waitpid, tmux's dead-pane status, docker exec inspect), never because a
+  stream closed.
+- ``read()`` reads its source only when asked, so a consumer that stops
+  reading makes the program block in write() instead of a buffer growing.
+- ``terminate()`` returns only once the whole tree is proven gone.
+"""
+
+from __future__ import annotations
+
+import abc
+import secrets
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+READ_CHUNK = 64 * 1024
+BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "TERM": "xterm-256color",
+    "LANG": "C.UTF-8",
+    "COLORTERM": "truecolor",
+}
+
+
+class BackendError(Exception):
+    """The backend could not do what was asked; the message says why."""
+
+
+class SpawnError(BackendError):
+    """Nothing was started (bad program, missing container, unreachable engine)."""
+
+
+@dataclass(frozen=True)
+class SpawnSpec:
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = ""
+    cols: int = 80
+    rows: int = 24
+
+    @classmethod
+    def from_execution_spec(cls, spec) -> SpawnSpec:
+        return cls(argv=tuple(spec.argv), env=dict(spec.env), cwd=spec.cwd, cols=spec.cols, rows=spec.rows)
+
+
+@dataclass(frozen=True)
+class Tags:
+    """Who owns a process. tmux stores these as session options; others in the handle."""
+
+    session: str
+    owner_pid: int
+    owner_started_at: int
+    heartbeat: int = 0
+    # Inherited by every descendant through the environment, to find detached ones.
+    marker: str = field(default_factory=lambda: secrets.token_hex(12))
+
+
+@dataclass(frozen=True)
+class Exit:
+    code: int | None = None
+    signal: int | None = None
+    source: str = ""
+
+    def describe(self) -> str:
+        if self.code is not None:
+            return f"Exited with code {self.code}"
+        return f"Ended by signal {self.signal}"
+
+
+class Status(StrEnum):
+    ALIVE = "alive"
+    EXITED = "exited"
+    GONE = "gone"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Inspection:
+    status: Status
+    exit: Exit | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class TaggedSession:
+    """A process a backend can list with its owner tags (tmux)."""
+
+    handle: dict
+    tags: dict[str, str]
+
+
+class Process(abc.ABC):
+    """A live process held by its owner."""
+
+    handle: dict
+
+    @abc.abstractmethod
+    async def read(self) -> bytes:
+        """Up to READ_CHUNK bytes of output; b"" once the output has ended."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def resize(self, cols: int, rows: int) -> None: ...
+
+    @abc.abstractmethod
+    async def wait(self) -> Exit:
+        """The observed exit. Raises BackendError when no trustworthy exit can be had."""
+
+    @abc.abstractmethod
+    async def terminate(self, grace: float = 2.0) -> Exit | None:
+        """End the whole process tree and return once it is proven gone; the exit if one was observed."""
+
+    @abc.abstractmethod
+    async def detach(self) -> None:
+        """Stop observing without touching the process (it stays for a later owner where possible)."""
+
+    async def __aiter__(self):
+        while chunk := await self.read():
+            yield chunk
+
+
+class Backend(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    async def spawn(self, spec: SpawnSpec, tags: Tags) -> Process: ...
+
+    @abc.abstractmethod
+    async def inspect(self, handle: dict) -> Inspection:
+        """Look at a process from any OS process, e.g. after its spawner died."""
+
+    async def attach(self, handle: dict) -> Process:
+        """Take over observation of a live process (adoption). Backends that cannot, refuse."""
+        raise BackendError(f"the {self.name} backend cannot adopt a process from another owner")
+
+    async def list_tagged(self) -> list[TaggedSession]:
+        """Every tagged process this backend can see; untagged ones are never listed."""
+        return []
+
+    async def remove(self, handle: dict, grace: float = 2.0) -> None:
+        """End a process found through its handle (recovery of a dead owner's leftovers)."""
+        raise BackendError(f"the {self.name} backend cannot remove a process it does not hold")
+
+
+def child_env(spec: SpawnSpec, tags: Tags, base: dict[str, str] | None = None) -> dict[str, str]:
+    """A clean environment: the worker's own secrets (DATABASE_URL, SECRET_KEY) never leak into a shell."""
+    from terminals.backends.procfs import MARKER_VARIABLE
+
+    env = {**BASE_ENV, **(base or {}), **spec.env}
+    env[MARKER_VARIABLE] = tags.marker
+    env["TETHER_SESSION"] = tags.session
+    return env

@@ -1,0 +1,131 @@
+"""Process identity and process-tree discovery from /proc.
+
+A pid alone is not an identity: pids are reused. Every process we may signal is
+recorded as (pid, start time in clock ticks since boot, boot id), and is only
+signalled while all three still match.
+
+Descendants that detach (``setsid``, double fork) leave the process group and
+the session, so trees are also found by a marker variable that every process
+we spawn inherits in its environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+MARKER_VARIABLE = "TETHER_PROCESS_MARKER"
+
+
+def boot_id() -> str:
+    return (PROC / "sys/kernel/random/boot_id").read_text().strip()
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = (PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name is in parentheses and may itself contain spaces or ')'.
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    pid: int
+    start_time: int
+    boot_id: str
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessIdentity | None:
+        fields = _stat_fields(pid)
+        if fields is None:
+            return None
+        # Field 22 of stat is starttime; fields[0] here is field 3 (state).
+        return cls(pid=pid, start_time=int(fields[19]), boot_id=boot_id())
+
+    @classmethod
+    def from_json(cls, data: dict) -> ProcessIdentity:
+        return cls(pid=int(data["pid"]), start_time=int(data["start_time"]), boot_id=str(data["boot_id"]))
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def is_alive(self) -> bool:
+        """True while this exact process exists and has not exited (a zombie has exited)."""
+        if self.boot_id != boot_id():
+            return False
+        fields = _stat_fields(self.pid)
+        return fields is not None and int(fields[19]) == self.start_time and fields[0] not in {"Z", "X"}
+
+    def signal(self, signum: int) -> bool:
+        """Send ``signum`` only if the pid still names this process. Returns whether it was sent."""
+        if not self.is_alive():
+            return False
+        try:
+            os.kill(self.pid, signum)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def session_of(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[3]) if fields else None
+
+
+def _has_marker(pid: int, marker: str) -> bool:
+    try:
+        environ = (PROC / str(pid) / "environ").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    return f"{MARKER_VARIABLE}={marker}".encode() in environ.split(b"\0")
+
+
+def find_tree(*, marker: str, session: int | None = None) -> list[ProcessIdentity]:
+    """Every live process carrying ``marker`` in its environment, or in ``session``."""
+    found = []
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if pid == os.getpid():
+            continue
+        if (session is not None and session_of(pid) == session) or _has_marker(pid, marker):
+            identity = ProcessIdentity.of(pid)
+            if identity is not None and identity.is_alive():
+                found.append(identity)
+    return found
+
+
+async def terminate_tree(
+    *, marker: str, session: int | None = None, grace: float = 2.0, timeout: float = 10.0
+) -> list[ProcessIdentity]:
+    """End every process of the tree: SIGHUP+SIGTERM, then SIGKILL after ``grace``.
+
+    Returns once no process of the tree is left alive (raises TimeoutError
+    otherwise), so the caller can say the tree is proven gone.
+    """
+    first = find_tree(marker=marker, session=session)
+    for process in first:
+        process.signal(signal.SIGHUP)
+        process.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and find_tree(marker=marker, session=session):
+        await asyncio.sleep(0.05)
+    stop_by = time.monotonic() + timeout
+    while True:
+        # Re-scan each round: a dying parent may have forked a last child.
+        left = find_tree(marker=marker, session=session)
+        if not left:
+            return first
+        for process in left:
+            process.signal(signal.SIGKILL)
+        if time.monotonic() > stop_by:
+            raise TimeoutError(f"processes still alive after SIGKILL: {[p.pid for p in left]}")
+        await asyncio.sleep(0.05)
