@@ -1,0 +1,175 @@
+"""The local backend: a PTY child in its own session on this host. The embedded default.
+
+The child is started through ``setsid -c`` so that it leads a new session with
+the PTY as its controlling terminal: Ctrl-C then reaches the foreground job,
+and the whole session can be found and signalled later. A pidfd tells us
+when it exits without a thread per child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import os
+import pwd
+import shutil
+import struct
+import subprocess
+import termios
+
+from terminals.backends.base import (
+    READ_CHUNK,
+    Backend,
+    BackendError,
+    Exit,
+    Inspection,
+    Process,
+    SpawnError,
+    SpawnSpec,
+    Status,
+    Tags,
+    child_env,
+)
+from terminals.backends.procfs import ProcessIdentity, find_tree, terminate_tree
+
+
+def _set_size(fd: int, cols: int, rows: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+async def _until_ready(fd: int, *, write: bool = False) -> None:
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    add, remove = (loop.add_writer, loop.remove_writer) if write else (loop.add_reader, loop.remove_reader)
+    add(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        await ready
+    finally:
+        remove(fd)
+
+
+class LocalProcess(Process):
+    def __init__(self, popen: subprocess.Popen, master: int, identity: ProcessIdentity, marker: str):
+        self._popen = popen  # kept referenced so subprocess's own cleanup never reaps our child
+        self._master: int | None = master
+        self.identity = identity
+        self.marker = marker
+        self._pidfd = os.pidfd_open(identity.pid)
+        self._exit: Exit | None = None
+        self._reaping: asyncio.Task | None = None
+        self.handle = {"backend": "local", "process": identity.to_json(), "marker": marker}
+
+    async def read(self) -> bytes:
+        while self._master is not None:
+            try:
+                data = os.read(self._master, READ_CHUNK)
+            except BlockingIOError:
+                await _until_ready(self._master)
+            except OSError as error:
+                if error.errno == errno.EIO:  # every holder of the terminal has closed it
+                    return b""
+                raise
+            else:
+                # Yield even when data was ready at once: a fast producer must not starve the loop.
+                await asyncio.sleep(0)
+                return data
+        return b""
+
+    async def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if self._master is None:
+                raise BackendError("the terminal is closed")
+            try:
+                view = view[os.write(self._master, view) :]
+            except BlockingIOError:
+                await _until_ready(self._master, write=True)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        if self._master is None:
+            raise BackendError("the terminal is closed")
+        _set_size(self._master, cols, rows)
+
+    async def wait(self) -> Exit:
+        if self._reaping is None:
+            self._reaping = asyncio.ensure_future(self._reap())
+        return await asyncio.shield(self._reaping)
+
+    async def _reap(self) -> Exit:
+        while True:
+            pid, status = os.waitpid(self.identity.pid, os.WNOHANG)
+            if pid:
+                break
+            await _until_ready(self._pidfd)
+        self._popen.returncode = status  # tell subprocess we reaped it ourselves
+        os.close(self._pidfd)
+        if os.WIFSIGNALED(status):
+            self._exit = Exit(signal=os.WTERMSIG(status), source="waitpid")
+        else:
+            self._exit = Exit(code=os.WEXITSTATUS(status), source="waitpid")
+        return self._exit
+
+    async def terminate(self, grace: float = 2.0) -> Exit | None:
+        await terminate_tree(marker=self.marker, session=self.identity.pid, grace=grace)
+        exit = await asyncio.wait_for(self.wait(), 10)
+        self._close_master()
+        return exit
+
+    async def detach(self) -> None:
+        # A local PTY cannot outlive its master: closing it hangs up the session.
+        self._close_master()
+
+    def _close_master(self) -> None:
+        if self._master is not None:
+            os.close(self._master)
+            self._master = None
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    async def spawn(self, spec: SpawnSpec, tags: Tags) -> LocalProcess:
+        account = pwd.getpwuid(os.getuid())
+        env = child_env(spec, tags, {"HOME": account.pw_dir, "USER": account.pw_name, "SHELL": account.pw_shell})
+        program = spec.argv[0]
+        if shutil.which(program, path=env["PATH"]) is None:
+            raise SpawnError(f"program not found: {program}")
+        if spec.cwd and not os.path.isdir(spec.cwd):
+            raise SpawnError(f"working directory does not exist: {spec.cwd}")
+        master, slave = os.openpty()
+        try:
+            _set_size(slave, spec.cols, spec.rows)
+            # setsid -c: a new session whose controlling terminal is the PTY (stdin).
+            popen = subprocess.Popen(
+                ["setsid", "-c", *spec.argv],
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                cwd=spec.cwd or account.pw_dir,
+                env=env,
+                close_fds=True,
+            )
+        except OSError as error:
+            os.close(master)
+            raise SpawnError(f"could not start {program}: {error}") from None
+        finally:
+            os.close(slave)
+        os.set_blocking(master, False)
+        identity = ProcessIdentity.of(popen.pid)
+        if identity is None:  # exited and was reaped already: impossible while we hold it, but be plain
+            raise SpawnError(f"{program} vanished at start")
+        return LocalProcess(popen, master, identity, tags.marker)
+
+    async def inspect(self, handle: dict) -> Inspection:
+        identity = ProcessIdentity.from_json(handle["process"])
+        if identity.is_alive():
+            return Inspection(Status.ALIVE, detail=f"pid {identity.pid} with matching start time")
+        left = find_tree(marker=handle["marker"])
+        detail = f"pid {identity.pid} is gone" + (f"; {len(left)} descendant(s) remain" if left else "")
+        # Only the owner could reap the exit status; another process cannot read it back.
+        return Inspection(Status.GONE, detail=detail)
+
+    async def remove(self, handle: dict, grace: float = 2.0) -> None:
+        identity = ProcessIdentity.from_json(handle["process"])
+        await terminate_tree(marker=handle["marker"], session=identity.pid, grace=grace)

@@ -1,0 +1,118 @@
+"""Backends under test, each against the real thing: a PTY, a tmux server, a dockerd container."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+
+from terminals.backends.base import Backend, Tags
+from terminals.backends.procfs import ProcessIdentity
+
+BACKENDS = ["local", "tmux", "docker"]
+TEST_IMAGE = "tether/busybox:test"
+
+
+def make_tags(session: str | None = None) -> Tags:
+    me = ProcessIdentity.of(os.getpid())
+    return Tags(session=session or f"test-{uuid.uuid4().hex[:8]}", owner_pid=me.pid, owner_started_at=me.start_time)
+
+
+@pytest.fixture
+def tmux_socket():
+    name = f"tether-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True)
+
+
+@pytest.fixture
+def container():
+    """A throwaway container from the locally built image, without a network."""
+    name = f"tether-test-{uuid.uuid4().hex[:8]}"
+    started = subprocess.run(
+        [
+            "docker",
+            "run",
+            "-d",
+            "--rm",
+            "--network",
+            "none",
+            "--label",
+            "tether.test=1",
+            "--name",
+            name,
+            TEST_IMAGE,
+            "sleep",
+            "2147483647",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if started.returncode != 0:
+        pytest.fail(f"dockerd or {TEST_IMAGE} is not available (make services builds it): {started.stderr}")
+    yield name
+    subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_name(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def make_backend(backend_name, request) -> Callable[[], Backend]:
+    """Build a backend of the parametrised kind; another call gives another instance on the same place."""
+    if backend_name == "local":
+        from terminals.backends.local import LocalBackend
+
+        return LocalBackend
+    if backend_name == "tmux":
+        from terminals.backends.tmux import TmuxBackend
+
+        socket = request.getfixturevalue("tmux_socket")
+        return lambda: TmuxBackend(socket=socket)
+    from terminals.backends.docker import DockerBackend
+
+    name = request.getfixturevalue("container")
+    return lambda: DockerBackend(container=name)
+
+
+@pytest.fixture
+def backend(make_backend) -> Backend:
+    return make_backend()
+
+
+@pytest.fixture
+def read_place_file(backend_name, request) -> Callable[[str], str | None]:
+    """Read a file where the backend's processes run (the host, or inside the container)."""
+    if backend_name != "docker":
+
+        def read_host(path: str) -> str | None:
+            try:
+                with open(path) as handle:
+                    return handle.read()
+            except FileNotFoundError:
+                return None
+
+        return read_host
+    name = request.getfixturevalue("container")
+
+    def read_container(path: str) -> str | None:
+        result = subprocess.run(["docker", "exec", name, "cat", path], capture_output=True, text=True)
+        return result.stdout if result.returncode == 0 else None
+
+    return read_container
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")

@@ -1,0 +1,190 @@
+"""The contract every process backend passes, run against local PTY, tmux and docker exec alike."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import uuid
+
+import pytest
+
+from terminals.backends.base import Exit, Process, SpawnSpec, Status
+from terminals.backends.procfs import find_tree
+from tests.backends.conftest import make_tags
+
+pytestmark = pytest.mark.backend_contract
+
+
+async def read_until(process: Process, needle: bytes, timeout: float = 10.0) -> bytes:
+    seen = b""
+
+    async def pump():
+        nonlocal seen
+        while needle not in seen:
+            chunk = await process.read()
+            if not chunk:
+                raise AssertionError(f"output ended before {needle!r}; got {seen[-500:]!r}")
+            seen += chunk
+
+    try:
+        await asyncio.wait_for(pump(), timeout)
+    except TimeoutError:
+        raise AssertionError(f"{needle!r} not seen within {timeout}s; got {seen[-500:]!r}") from None
+    return seen
+
+
+async def drain(process: Process, timeout: float = 10.0) -> bytes:
+    """Everything until the output ends."""
+    chunks = []
+
+    async def pump():
+        while chunk := await process.read():
+            chunks.append(chunk)
+
+    await asyncio.wait_for(pump(), timeout)
+    return b"".join(chunks)
+
+
+def shell(*script: str, cols: int = 80, rows: int = 24) -> SpawnSpec:
+    return SpawnSpec(argv=("/bin/sh", "-c", "; ".join(script)) if script else ("/bin/sh",), cols=cols, rows=rows)
+
+
+async def test_echo_round_trip(backend):
+    process = await backend.spawn(shell(), make_tags())
+    try:
+        await process.write(b"echo hel''lo-$((6*7))\n")
+        await read_until(process, b"hello-42")
+    finally:
+        await process.terminate(grace=0.5)
+
+
+async def test_non_utf8_bytes_arrive_intact(backend):
+    process = await backend.spawn(shell("printf 'start:\\377\\376\\200\\001:end'"), make_tags())
+    output = await drain(process)
+    assert b"start:\xff\xfe\x80\x01:end" in output
+    await process.wait()
+
+
+async def test_spawn_size_and_resize_are_seen_by_stty(backend):
+    process = await backend.spawn(shell(cols=91, rows=33), make_tags())
+    try:
+        await process.write(b"stty size\n")
+        await read_until(process, b"33 91")
+        await process.resize(120, 40)
+        await process.write(b"stty size\n")
+        await read_until(process, b"40 120")
+    finally:
+        await process.terminate(grace=0.5)
+
+
+async def test_exit_code_is_observed(backend):
+    process = await backend.spawn(shell("echo bye; exit 7"), make_tags())
+    await read_until(process, b"bye")
+    exit = await asyncio.wait_for(process.wait(), 10)
+    assert exit == Exit(code=7, signal=None, source=exit.source)
+    assert exit.source  # where the exit came from is always said
+
+
+async def test_ctrl_c_interrupts_sleep(backend):
+    process = await backend.spawn(shell(), make_tags())
+    try:
+        await process.write(b"sleep 30; echo slept\n")
+        await asyncio.sleep(0.5)
+        await process.write(b"\x03")
+        await process.write(b"echo after-$((1+1))\n")
+        output = await read_until(process, b"after-2", timeout=5)
+        assert b"\nslept\r\n" not in output  # the echo of the typed line holds "echo slept"; the output never
+    finally:
+        await process.terminate(grace=0.5)
+
+
+async def test_terminate_ends_a_detached_grandchild(backend, read_place_file):
+    beat = f"/tmp/tether-heartbeat-{uuid.uuid4().hex[:8]}"
+    script = f"setsid sh -c 'while :; do date +%s%N > {beat}; sleep 0.1; done' & echo started; sleep 1000"
+    tags = make_tags()
+    process = await backend.spawn(shell(script), tags)
+    await read_until(process, b"started")
+    first = None
+    for _ in range(50):
+        first = read_place_file(beat)
+        if first:
+            break
+        await asyncio.sleep(0.1)
+    assert first, "the detached grandchild never wrote its heartbeat"
+    await asyncio.wait_for(process.terminate(grace=0.5), 30)
+    settled = read_place_file(beat)
+    await asyncio.sleep(0.5)
+    assert read_place_file(beat) == settled, "the detached grandchild still beats after terminate"
+    if backend.name != "docker":  # docker processes are checked by the docker-specific tests
+        assert find_tree(marker=tags.marker) == []
+
+
+async def test_fifty_megabytes_arrive_intact(backend):
+    data = f"/tmp/tether-50m-{uuid.uuid4().hex[:8]}"
+    # -opost: no \n -> \r\n translation, so the bytes read are exactly the file's bytes.
+    producer = await backend.spawn(
+        shell(f"head -c 37500000 /dev/urandom | base64 > {data}", f"stty -opost -echo; cat {data}"), make_tags()
+    )
+    received = hashlib.sha256()
+    total = 0
+
+    async def pump():
+        nonlocal total
+        while chunk := await producer.read():
+            assert len(chunk) <= 64 * 1024
+            total += len(chunk)
+            received.update(chunk)
+
+    await asyncio.wait_for(pump(), 120)
+    assert (await asyncio.wait_for(producer.wait(), 10)).code == 0
+    assert total > 50_000_000
+    check = await backend.spawn(shell(f"stty -opost -echo; sha256sum {data} | cut -c1-64; rm -f {data}"), make_tags())
+    expected = (await drain(check)).strip().decode()
+    assert received.hexdigest() == expected
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+async def test_stalled_reader_makes_the_writer_block_with_flat_memory(backend, read_place_file):
+    counter = f"/tmp/tether-counter-{uuid.uuid4().hex[:8]}"
+    line = "x" * 200
+    # The writer records its progress after each write; a blocked write stops the count.
+    script = f"n=0; while :; do n=$((n+1)); echo {line}; [ $((n % 100)) -eq 0 ] && echo $n > {counter}; done"
+    process = await backend.spawn(shell(script), make_tags())
+    try:
+        await read_until(process, f"{line}\r\n{line}".encode())
+        rss_before = rss_kib(os.getpid())
+        await asyncio.sleep(2)  # the reader stalls
+        progress = read_place_file(counter)
+        await asyncio.sleep(1.5)
+        assert read_place_file(counter) == progress, "the writer kept going while nobody read"
+        assert rss_kib(os.getpid()) - rss_before < 10 * 1024
+        # Reading again lets it go on.
+        for _ in range(20):
+            await process.read()
+        await asyncio.sleep(0.3)
+        await read_until(process, line.encode())
+    finally:
+        await process.terminate(grace=0.5)
+
+
+async def test_inspect_sees_a_live_process_and_its_exit(make_backend):
+    first = make_backend()
+    process = await first.spawn(shell("read line; exit 3"), make_tags())
+    observer = make_backend()
+    assert (await observer.inspect(process.handle)).status == Status.ALIVE
+    await process.write(b"go\n")
+    exit = await asyncio.wait_for(process.wait(), 10)
+    assert exit.code == 3
+    seen = await observer.inspect(process.handle)
+    # local cannot read back an exit it did not reap itself; tmux and docker can.
+    assert seen.status in ({Status.GONE} if first.name == "local" else {Status.EXITED})
+    if seen.status == Status.EXITED:
+        assert seen.exit.code == 3
