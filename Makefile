@@ -13,7 +13,7 @@ run: venv
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_admin
 	@echo "Tether: http://127.0.0.1:8000/ (admin at /admin/)"
-	$(PY) -m daphne -b 127.0.0.1 -p 8000 config.asgi:application
+	$(PY) manage.py tether_serve --host 127.0.0.1 --port 8000
 
 services:
 	@scripts/ensure-services.sh

@@ -126,3 +126,20 @@ TETHER_DEFAULT_ROWS = env_int("TETHER_DEFAULT_ROWS", 24, minimum=1, maximum=200)
 TETHER_IDLE_SECONDS = env_int("TETHER_IDLE_SECONDS", 30 * 60, minimum=1)
 TETHER_SESSION_SECONDS = env_int("TETHER_SESSION_SECONDS", 12 * 60 * 60, minimum=1)
 TETHER_OUTPUT_LIMIT_BYTES = env_int("TETHER_OUTPUT_LIMIT_BYTES", 1024 * 1024 * 1024, minimum=1)
+
+# Owner worker and sessions.
+TETHER_LEASE_TTL_SECONDS = env_int("TETHER_LEASE_TTL_SECONDS", 15, minimum=2)
+TETHER_HEARTBEAT_SECONDS = env_int("TETHER_HEARTBEAT_SECONDS", 3, minimum=1)
+TETHER_BUFFER_BYTES = env_int("TETHER_BUFFER_BYTES", 256 * 1024, minimum=4096)
+TETHER_COMMAND_OUTPUT_BYTES = env_int("TETHER_COMMAND_OUTPUT_BYTES", 256 * 1024, minimum=0)
+TETHER_SHELL = env_list("TETHER_SHELL", ["/bin/bash", "-l"] if Path("/bin/bash").exists() else ["/bin/sh"])
+TETHER_CONTAINER_SHELL = env_list("TETHER_CONTAINER_SHELL", ["/bin/sh"])
+TETHER_AUTO_RESET = env_bool("TETHER_AUTO_RESET", True)
+TETHER_SESSIONS_PER_USER = env_int("TETHER_SESSIONS_PER_USER", 5, minimum=1)
+# Unacknowledged output a viewer may have in flight before the worker stops reading the process.
+TETHER_FLOW_HIGH_BYTES = env_int("TETHER_FLOW_HIGH_BYTES", 512 * 1024, minimum=65536)
+TETHER_FLOW_LOW_BYTES = env_int("TETHER_FLOW_LOW_BYTES", 128 * 1024, minimum=0)
+# Host shells (local, tmux) are for staff unless this allows everyone.
+TETHER_HOST_SHELLS_FOR_ALL = env_bool("TETHER_HOST_SHELLS_FOR_ALL", False)
+# The worker runs inside the web process in embedded mode (make run).
+TETHER_EMBEDDED_WORKER = env_bool("TETHER_EMBEDDED_WORKER", not PRODUCTION)

@@ -195,8 +195,23 @@ def submit_execution(
         if existing is None:
             raise
         return _same_submission(existing, spec, machine_name, kind), False
+    transaction.on_commit(wake_workers)
     execution.refresh_from_db()
     return execution, True
+
+
+WAKE_CHANNEL = "tether.worker.wake"
+
+
+def wake_workers() -> None:
+    """Nudge idle owner workers; a lost wake-up only costs one poll interval."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    try:
+        async_to_sync(get_channel_layer().send)(WAKE_CHANNEL, {"type": "wake"})
+    except Exception:  # a full wake channel already holds a wake-up
+        pass
 
 
 def _same_submission(existing: Execution, spec: ExecutionSpec, machine_name: str, kind: str) -> Execution:

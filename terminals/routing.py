@@ -1,3 +1,7 @@
-"""WebSocket routes. The terminal consumer arrives with the owner worker."""
+from django.urls import path
 
-websocket_urlpatterns: list = []
+from terminals.consumers import TerminalConsumer
+
+websocket_urlpatterns = [
+    path("ws/terminals/<uuid:session>/", TerminalConsumer.as_asgi()),
+]

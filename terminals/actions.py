@@ -1,0 +1,326 @@
+"""Operations on workers, leases and terminal sessions. Each is a guarded write with its audit event.
+
+Fencing: a worker's writes about a process go through ``fenced()``, which locks
+the lease row only if it still names this worker and token. A worker that finds
+zero rows has lost the lease and must let go of the process at once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import contextmanager
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import DateTimeField, ExpressionWrapper, F, Value
+from django.db.models.functions import Now
+
+from executions import actions as exec_actions
+from executions.actions import Actor
+from executions.errors import Refused, TransitionRefused
+from executions.models import Backend, Evidence, Execution, Kind, Machine, State
+from executions.spec import ExecutionSpec
+from terminals.models import (
+    CloseReason,
+    ProcessLease,
+    ProcessState,
+    SessionEvent,
+    SnapshotKind,
+    TerminalSession,
+    Worker,
+    WorkerState,
+)
+
+
+class LeaseLost(Refused):
+    """This worker no longer owns the process: another claim bumped the token, or the lease was released."""
+
+
+def _in(seconds: float):
+    """The database clock plus ``seconds`` (never a worker's clock)."""
+    return ExpressionWrapper(Now() + Value(timedelta(seconds=seconds)), output_field=DateTimeField())
+
+
+# --- workers -------------------------------------------------------------------------------
+
+
+def register_worker(*, worker_id: str, host: str, pid: int, started_at: int, boot_id: str, channel_name: str) -> Worker:
+    return Worker.objects.create(
+        worker_id=worker_id,
+        host=host,
+        pid=pid,
+        process_started_at=started_at,
+        boot_id=boot_id,
+        channel_name=channel_name,
+        heartbeat_at=Now(),
+    )
+
+
+def worker_heartbeat(worker: Worker) -> dict[int, int]:
+    """Beat for the worker and extend every lease it still holds. Returns {execution id: token} still held."""
+    ttl = settings.TETHER_LEASE_TTL_SECONDS
+    with transaction.atomic():
+        Worker.objects.filter(pk=worker.pk).exclude(state=WorkerState.STOPPED).update(heartbeat_at=Now())
+        held = ProcessLease.objects.filter(worker=worker, released_at__isnull=True)
+        held.update(heartbeat_at=Now(), expires_at=_in(ttl))
+        return dict(held.values_list("execution_id", "token"))
+
+
+def stop_worker(worker: Worker) -> None:
+    Worker.objects.filter(pk=worker.pk).update(state=WorkerState.STOPPED, heartbeat_at=Now())
+
+
+# --- claiming and fenced writes -------------------------------------------------------------
+
+
+def claim_next_execution(worker: Worker, backends: set[str]) -> tuple[Execution, ProcessLease] | None:
+    """Take the oldest pending execution this worker can run: pending -> dispatched, with a lease (token 1).
+
+    ``dispatched`` is written before the process starts, so a crash from here on
+    leaves a record that says the command may have run.
+    """
+    actor = Actor.worker(worker.worker_id)
+    with transaction.atomic():
+        execution = (
+            Execution.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("machine")
+            .filter(state=State.PENDING, machine__backend__in=sorted(backends))
+            .order_by("created_at", "id")
+            .first()
+        )
+        if execution is None:
+            return None
+        execution = exec_actions.transition(
+            execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=actor, detail={"worker": worker.worker_id}
+        )
+        lease = ProcessLease.objects.create(
+            execution=execution,
+            worker=worker,
+            token=1,
+            heartbeat_at=Now(),
+            expires_at=_in(settings.TETHER_LEASE_TTL_SECONDS),
+        )
+    lease.refresh_from_db()
+    return execution, lease
+
+
+@contextmanager
+def fenced(execution_pk: int, worker: Worker, token: int):
+    """A transaction in which this worker provably still holds the lease (row locked until commit)."""
+    with transaction.atomic():
+        lease = (
+            ProcessLease.objects.select_for_update()
+            .filter(execution_id=execution_pk, worker=worker, token=token, released_at__isnull=True)
+            .first()
+        )
+        if lease is None:
+            raise LeaseLost(f"worker {worker.worker_id} lost the lease on execution {execution_pk} (token {token})")
+        yield lease
+
+
+def fenced_transition(execution: Execution, to_state: str, *, worker: Worker, token: int, **kwargs) -> Execution:
+    with fenced(execution.pk, worker, token):
+        return exec_actions.transition(execution, to_state, actor=Actor.worker(worker.worker_id), **kwargs)
+
+
+def save_handle(execution_pk: int, worker: Worker, token: int, handle: dict) -> None:
+    with fenced(execution_pk, worker, token):
+        ProcessLease.objects.filter(execution_id=execution_pk).update(handle=handle)
+
+
+def release_lease(execution_pk: int, worker: Worker, token: int) -> None:
+    """Give up a lease on a process that is proven finished (or whose record is settled)."""
+    with fenced(execution_pk, worker, token):
+        ProcessLease.objects.filter(execution_id=execution_pk).update(released_at=Now())
+
+
+def still_holds(execution_pk: int, worker: Worker, token: int) -> bool:
+    return ProcessLease.objects.filter(
+        execution_id=execution_pk, worker=worker, token=token, released_at__isnull=True
+    ).exists()
+
+
+# --- terminal sessions ---------------------------------------------------------------------
+
+
+def may_use_machine(user, machine: Machine) -> bool:
+    """Host shells (local, tmux) are staff-only unless settings allow everyone."""
+    if not user.is_authenticated or not user.is_active:
+        return False
+    if machine.backend in {Backend.LOCAL, Backend.TMUX} and not settings.TETHER_HOST_SHELLS_FOR_ALL:
+        return user.is_staff
+    return True
+
+
+def may_view_session(user, session: TerminalSession) -> bool:
+    return user.is_authenticated and user.is_active and (user.is_staff or session.user_id == user.pk)
+
+
+def _shell_spec(machine: Machine) -> ExecutionSpec:
+    argv = settings.TETHER_CONTAINER_SHELL if machine.backend == Backend.DOCKER else settings.TETHER_SHELL
+    return ExecutionSpec.build(argv)
+
+
+def _submit_terminal(machine: Machine, actor: Actor, generation_label: str) -> Execution:
+    execution, _ = exec_actions.submit_execution(
+        scope=machine.scope,
+        execution_id=f"terminal-{generation_label}",
+        machine_name=machine.name,
+        spec=_shell_spec(machine),
+        actor=actor,
+        kind=Kind.TERMINAL,
+    )
+    return execution
+
+
+def session_event(session: TerminalSession, kind: str, actor: Actor, reason: str = "", **detail) -> None:
+    SessionEvent.objects.create(
+        session=session, kind=kind, actor=actor.label, user=actor.user, reason=reason, detail=detail
+    )
+
+
+def open_terminal(machine: Machine, user) -> tuple[TerminalSession, bool]:
+    """The machine's open terminal session, or a new one. Returns (session, created).
+
+    One open session per machine: opening again reattaches. A closed session of
+    this user on this machine is reopened under the same id (a fresh shell).
+    """
+    if not may_use_machine(user, machine):
+        raise Refused(f"you may not open a shell on {machine.name}")
+    existing = TerminalSession.objects.filter(
+        machine=machine, process_state__in=[ProcessState.LIVE, ProcessState.CLOSING]
+    ).first()
+    if existing is not None:
+        if not may_view_session(user, existing):
+            raise Refused(f"{machine.name}'s terminal is in use by another user")
+        return existing, False
+    live_count = TerminalSession.objects.filter(user=user, process_state=ProcessState.LIVE).count()
+    if live_count >= settings.TETHER_SESSIONS_PER_USER:
+        raise Refused(
+            f"you already have {live_count} open sessions (the limit is {settings.TETHER_SESSIONS_PER_USER}); "
+            "reattach to one of them or close one first"
+        )
+    actor = Actor.for_user(user)
+    session_id = uuid.uuid4()
+    try:
+        with transaction.atomic():
+            execution = _submit_terminal(machine, actor, f"{session_id}-1")
+            session = TerminalSession.objects.create(id=session_id, machine=machine, user=user, execution=execution)
+            session_event(session, "opened", actor)
+    except IntegrityError:
+        # Someone opened this machine's terminal at the same moment: attach to theirs.
+        existing = TerminalSession.objects.get(machine=machine, process_state__in=[ProcessState.LIVE, "closing"])
+        if not may_view_session(user, existing):
+            raise Refused(f"{machine.name}'s terminal is in use by another user") from None
+        return existing, False
+    return session, True
+
+
+def start_next_generation(session: TerminalSession, actor: Actor, reason: str) -> TerminalSession:
+    """Give a session a fresh shell: a new pending execution under the same session id.
+
+    The previous execution must already be settled (its slot freed). Compare-and-set
+    on the generation, so two resets racing start one new shell.
+    """
+    generation = session.generation + 1
+    with transaction.atomic():
+        execution = _submit_terminal(session.machine, actor, f"{session.id}-{generation}")
+        changed = TerminalSession.objects.filter(pk=session.pk, generation=session.generation).update(
+            execution=execution,
+            generation=generation,
+            process_state=ProcessState.LIVE,
+            snapshot_kind=SnapshotKind.LIVE,
+            snapshot_hidden=False,
+            close_reason="",
+            closed_at=None,
+            output_offset=0,
+            updated_at=Now(),
+        )
+        if changed != 1:
+            raise TransitionRefused(f"session {session.id}", "already restarted", "a new generation")
+        session_event(session, "generation", actor, reason, generation=generation, execution=execution.execution_id)
+    session.refresh_from_db()
+    return session
+
+
+def close_session(
+    session: TerminalSession, *, reason: str, actor: Actor, snapshot: bytes | None = None, output_offset: int = 0
+) -> bool:
+    """live|closing -> closed with an archived snapshot. Returns False when it was already closed."""
+    updates = {
+        "process_state": ProcessState.CLOSED,
+        "snapshot_kind": SnapshotKind.ARCHIVED,
+        "close_reason": reason,
+        "closed_at": Now(),
+        "updated_at": Now(),
+        "output_offset": output_offset,
+    }
+    if snapshot is not None:
+        updates["snapshot"] = snapshot
+    with transaction.atomic():
+        changed = (
+            TerminalSession.objects.filter(pk=session.pk, generation=session.generation)
+            .exclude(process_state=ProcessState.CLOSED)
+            .update(**updates)
+        )
+        if changed:
+            session_event(session, "closed", actor, reason, generation=session.generation)
+    return bool(changed)
+
+
+def note_viewer(session_pk) -> None:
+    """Remember when a viewer was last seen, for idle reaping."""
+    TerminalSession.objects.filter(pk=session_pk).update(last_viewer_at=Now())
+
+
+def save_snapshot(session_pk, generation: int, snapshot: bytes, output_offset: int) -> None:
+    TerminalSession.objects.filter(pk=session_pk, generation=generation).update(
+        snapshot=snapshot, output_offset=output_offset, updated_at=Now()
+    )
+
+
+def bump_token(lease: ProcessLease, new_worker: Worker) -> ProcessLease | None:
+    """Compare-and-set the lease to ``new_worker`` with token + 1 (adoption). None when someone else won."""
+    changed = ProcessLease.objects.filter(pk=lease.pk, token=lease.token).update(
+        worker=new_worker,
+        token=F("token") + 1,
+        heartbeat_at=Now(),
+        expires_at=_in(settings.TETHER_LEASE_TTL_SECONDS),
+    )
+    if changed != 1:
+        return None
+    lease.refresh_from_db()
+    return lease
+
+
+def settle_execution(
+    execution: Execution,
+    *,
+    worker: Worker,
+    token: int,
+    to_state: str,
+    evidence: str,
+    reason: str = "",
+    close_reason: str = "",
+    snapshot: bytes | None = None,
+    output_offset: int = 0,
+    **fields,
+) -> Execution:
+    """Record how a held process ended, release its lease and close its session: one fenced transaction."""
+    actor = Actor.worker(worker.worker_id)
+    with fenced(execution.pk, worker, token):
+        execution = exec_actions.transition(
+            execution, to_state, evidence=evidence, actor=actor, reason=reason, **fields
+        )
+        ProcessLease.objects.filter(execution_id=execution.pk).update(released_at=Now())
+        session = TerminalSession.objects.filter(execution=execution).first()
+        if session is not None:
+            close_session(
+                session,
+                reason=close_reason or CloseReason.EXITED,
+                actor=actor,
+                snapshot=snapshot,
+                output_offset=output_offset,
+            )
+    return execution

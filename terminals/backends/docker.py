@@ -1,0 +1,399 @@
+"""The docker backend: each program is a TTY ``docker exec`` in an existing container.
+
+The docker SDK is synchronous, so its calls run in threads; the exec's hijacked
+stream is read and written as a non-blocking socket on the event loop, so a
+thousand open terminals need no thread each.
+
+Docker has no API to signal an exec. When dockerd runs on this host its exec
+processes are visible in /proc, so the tree is ended from here (pid + start time,
+session, marker variable); otherwise a small sh script run by a separate exec
+ends it from inside the container.
+
+What docker 20.10 does when the client's socket goes away (tested): the exec keeps
+running with its terminal and its output is discarded, unless dockerd was blocked
+writing to the client at that moment; then the exec is recorded as ended with code
+126 and its terminal is hung up (SIGHUP) while processes ignoring SIGHUP go on,
+unseen by ``exec inspect``. A dropped exec cannot be attached again, so an owner
+giving one up calls ``abandon()``, and a dead owner's leftovers need ``remove()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+import time
+from typing import Any
+
+import docker
+import requests
+from docker.errors import APIError, DockerException, NotFound
+
+from terminals.backends import procfs
+from terminals.backends.base import (
+    READ_CHUNK,
+    Backend,
+    BackendError,
+    Exit,
+    Inspection,
+    Process,
+    SpawnError,
+    SpawnSpec,
+    Status,
+    Tags,
+    child_env,
+)
+
+SOURCE = "docker exec inspect"
+ENGINE_ERRORS = (DockerException, requests.RequestException)
+# Signals every process in the container whose environment carries the marker ($2) with each
+# signal in $1 and prints its pid; `kill -0` only lists them. The marker comes as an argument,
+# so this script's own environment never matches.
+KILL_SCRIPT = f"""
+for d in /proc/[0-9]*; do
+  if tr '\\0' '\\n' < "$d/environ" 2>/dev/null | grep -qxF "{procfs.MARKER_VARIABLE}=$2"; then
+    for s in $1; do kill -$s "${{d#/proc/}}" 2>/dev/null; done && echo "${{d#/proc/}}"
+  fi
+done
+exit 0
+"""
+
+
+def _host_identity(handle: dict) -> procfs.ProcessIdentity | None:
+    """The exec's process as seen in this host's /proc, if it was seen there at spawn and this is the same boot."""
+    data = handle.get("process")
+    if not data or data["boot_id"] != procfs.boot_id():
+        return None
+    return procfs.ProcessIdentity.from_json(data)
+
+
+class DockerProcess(Process):
+    adoptable = False  # docker cannot attach a new client to a running exec
+
+    def __init__(self, backend: DockerBackend, api: docker.APIClient, handle: dict, conn: Any):
+        self.handle = handle
+        self._backend = backend
+        self._api = api
+        self._conn = conn
+        raw = conn._sock if isinstance(conn, socket.SocketIO) else conn
+        self._sock = raw
+        # TLS and ssh streams cannot be driven by the loop's socket calls; they fall back to a thread per call.
+        self._on_loop = isinstance(raw, socket.socket) and not isinstance(raw, ssl.SSLSocket)
+        self._pending = b""
+        if self._on_loop:
+            raw.setblocking(False)
+            buffered = getattr(getattr(conn, "_response", None), "raw", None)
+            reader = getattr(getattr(buffered, "_fp", None), "fp", None)
+            if reader is not None:
+                # http.client may have read output past the upgrade headers into its buffer.
+                with contextlib.suppress(OSError, ValueError):
+                    self._pending = reader.peek(READ_CHUNK) or b""
+                    reader.read(len(self._pending))
+        self._eof = asyncio.Event()
+        self._reads = 0
+        self._closing = False
+        self._exit: Exit | None = None
+
+    @property
+    def exec_id(self) -> str:
+        return self.handle["exec_id"]
+
+    async def read(self) -> bytes:
+        if self._pending:
+            chunk, self._pending = self._pending[:READ_CHUNK], self._pending[READ_CHUNK:]
+            return chunk
+        if self._closing:
+            return b""
+        self._reads += 1
+        try:
+            if self._on_loop:
+                chunk = await asyncio.get_running_loop().sock_recv(self._sock, READ_CHUNK)
+            else:
+                chunk = await asyncio.to_thread(self._sock.recv, READ_CHUNK)
+        except OSError:
+            chunk = b""  # a reset stream has ended just the same; wait() says how the program ended
+        finally:
+            self._reads -= 1
+            if self._closing and not self._reads:
+                self._release()
+        if not chunk:
+            self._eof.set()
+        return chunk
+
+    async def write(self, data: bytes) -> None:
+        if self._closing:
+            raise BackendError("the exec's stream is closed")
+        try:
+            if self._on_loop:
+                await asyncio.get_running_loop().sock_sendall(self._sock, data)
+            else:
+                await asyncio.to_thread(self._sock.sendall, data)
+        except OSError as error:
+            raise BackendError(f"cannot write to the exec's stream: {error}") from None
+
+    async def resize(self, cols: int, rows: int) -> None:
+        try:
+            await asyncio.to_thread(self._api.exec_resize, self.exec_id, height=rows, width=cols)
+        except ENGINE_ERRORS as error:
+            if (await self._backend._exec_state(self._api, self.exec_id)).get("Running"):
+                raise BackendError(f"docker could not resize the exec: {error}") from None
+
+    async def wait(self) -> Exit:
+        delay = 0.02
+        while self._exit is None:
+            info = await self._backend._exec_state(self._api, self.exec_id)
+            if info.get("Running") is False:
+                if info.get("ExitCode") is None:
+                    raise BackendError("docker says the exec is not running but records no exit code")
+                self._exit = Exit(code=info["ExitCode"], source=SOURCE)
+                break
+            if not info:
+                raise BackendError("docker no longer knows the exec (container removed or daemon restarted)")
+            if self._eof.is_set():
+                # The stream has ended; the exec's state follows a moment later.
+                await asyncio.sleep(0.03)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._eof.wait(), delay)
+                delay = min(delay * 2, 1.0)
+        return self._exit
+
+    async def terminate(self, grace: float = 2.0) -> Exit | None:
+        # Kill before closing the stream: dropping a stream docker is blocked on makes it record a made-up 126.
+        await self._backend._end_tree(self._api, self.handle, grace)
+        try:
+            info = await self._backend._settled(self._api, self.exec_id)
+        finally:
+            self._close()
+        if info and info.get("ExitCode") is not None:
+            self._exit = self._exit or Exit(code=info["ExitCode"], source=SOURCE)
+        return self._exit
+
+    async def detach(self) -> None:
+        """Drop the stream only. The exec keeps running unobserved (see the module doc); prefer ``abandon()``."""
+        self._close()
+
+    async def abandon(self, grace: float = 2.0) -> None:
+        """Give the process up for good: a docker exec cannot be adopted, so nothing may be left behind."""
+        await self.terminate(grace)
+
+    def _close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        # shutdown() ends a pending read with EOF; the socket is closed once no read is using it.
+        with contextlib.suppress(OSError, AttributeError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        if not self._reads:
+            self._release()
+
+    def _release(self) -> None:
+        for closable in (self._conn, self._sock):
+            with contextlib.suppress(OSError, AttributeError):
+                closable.close()
+
+
+class DockerBackend(Backend):
+    name = "docker"
+
+    def __init__(self, container: str, engine: str = "", timeout: float = 30.0):
+        self.container = container
+        self.engine = engine
+        self.timeout = timeout
+        self._clients: dict[str, docker.APIClient] = {}
+
+    def _where(self, engine: str) -> str:
+        return f"docker engine {engine}" if engine else "the local docker engine"
+
+    async def _client(self, engine: str) -> docker.APIClient:
+        if engine not in self._clients:
+
+            def connect() -> docker.APIClient:
+                if engine:
+                    return docker.APIClient(base_url=engine, version="auto", timeout=self.timeout)
+                return docker.APIClient(version="auto", timeout=self.timeout, **docker.utils.kwargs_from_env())
+
+            try:
+                self._clients[engine] = await asyncio.to_thread(connect)
+            except ENGINE_ERRORS as error:
+                raise BackendError(f"{self._where(engine)} is unreachable: {error}") from None
+        return self._clients[engine]
+
+    async def _exec_state(self, api: docker.APIClient, exec_id: str) -> dict:
+        """exec inspect's answer; {} when docker no longer knows the exec."""
+        try:
+            return await asyncio.to_thread(api.exec_inspect, exec_id)
+        except NotFound:
+            return {}
+        except ENGINE_ERRORS as error:
+            raise BackendError(f"cannot inspect exec {exec_id[:12]}: {error}") from None
+
+    async def _settled(self, api: docker.APIClient, exec_id: str, timeout: float = 10.0) -> dict:
+        """exec inspect once it no longer says running ({} if the exec is unknown)."""
+        deadline = time.monotonic() + timeout
+        while (info := await self._exec_state(api, exec_id)).get("Running"):
+            if time.monotonic() > deadline:
+                raise BackendError(f"exec {exec_id[:12]} still running {timeout}s after its tree was ended")
+            await asyncio.sleep(0.05)
+        return info
+
+    async def spawn(self, spec: SpawnSpec, tags: Tags) -> DockerProcess:
+        try:
+            api = await self._client(self.engine)
+        except BackendError as error:
+            raise SpawnError(str(error)) from None
+        env = child_env(spec, tags)
+        if "PATH" not in spec.env:
+            env.pop("PATH")  # the image's own PATH is the one its programs expect
+        program = spec.argv[0]
+        try:
+            created = await asyncio.to_thread(
+                api.exec_create, self.container, list(spec.argv), stdin=True, tty=True,
+                environment=env, workdir=spec.cwd or None,
+            )  # fmt: skip
+            conn = await asyncio.to_thread(api.exec_start, created["Id"], tty=True, socket=True)
+        except NotFound as error:
+            raise SpawnError(f"container {self.container!r} not found on {self._where(self.engine)}") from error
+        except APIError as error:
+            raise SpawnError(f"docker could not start {program!r} in {self.container!r}: {error.explanation}") from None
+        except ENGINE_ERRORS as error:
+            raise SpawnError(f"{self._where(self.engine)} failed to start an exec: {error}") from None
+        handle = {
+            "backend": "docker",
+            "engine": self.engine,
+            "container": self.container,
+            "exec_id": created["Id"],
+            "marker": tags.marker,
+            "session": tags.session,
+            "owner_pid": tags.owner_pid,
+            "owner_started_at": tags.owner_started_at,
+        }
+        process = DockerProcess(self, api, handle, conn)
+        try:
+            info = await self._started(api, created["Id"])
+        except BaseException:
+            process._close()
+            raise
+        if not info["Pid"]:
+            # Nothing started; docker wrote runc's reason (missing program or directory) into the stream.
+            reason = ""
+            with contextlib.suppress(TimeoutError):
+                reason = (await asyncio.wait_for(process.read(), 2)).decode(errors="replace").strip()
+            process._close()
+            raise SpawnError(f"could not start {program!r} in {self.container!r}: {reason or 'no reason given'}")
+        try:
+            identity = procfs.ProcessIdentity.of(info["Pid"])
+            if identity is not None and procfs._has_marker(identity.pid, tags.marker):
+                handle["process"] = identity.to_json()  # dockerd shares our /proc: signal from here
+            if info["Running"]:
+                await self._resize_when_started(api, created["Id"], spec.cols, spec.rows)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await process.terminate(grace=0)
+            raise
+        return process
+
+    async def _started(self, api: docker.APIClient, exec_id: str, timeout: float = 10.0) -> dict:
+        """exec inspect once the exec has a pid or an exit code (Pid stays 0 if it could not start)."""
+        deadline = time.monotonic() + timeout
+        # Docker answers the start request before it marks the exec running: not running, no code, no pid yet.
+        while (info := await self._exec_state(api, exec_id)) and not info["Pid"] and info["ExitCode"] is None:
+            if time.monotonic() > deadline:
+                raise SpawnError(f"exec {exec_id[:12]} did not start within {timeout}s")
+            await asyncio.sleep(0.01)
+        if not info:
+            raise SpawnError(f"exec {exec_id[:12]} vanished at start (container removed?)")
+        return info
+
+    async def _resize_when_started(self, api: docker.APIClient, exec_id: str, cols: int, rows: int) -> None:
+        """Docker refuses to resize an exec whose process is not running yet: retry with a short backoff."""
+        delay, deadline = 0.01, time.monotonic() + 5
+        while True:
+            try:
+                await asyncio.to_thread(api.exec_resize, exec_id, height=rows, width=cols)
+                return
+            except APIError as error:
+                if not (await self._exec_state(api, exec_id)).get("Running"):
+                    return  # already over: there is no terminal left to size
+                if time.monotonic() > deadline:
+                    raise SpawnError(f"docker would not set the terminal size: {error.explanation}") from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    async def inspect(self, handle: dict) -> Inspection:
+        try:
+            api = await self._client(handle["engine"])
+            info = await self._exec_state(api, handle["exec_id"])
+            if not info:
+                try:
+                    await asyncio.to_thread(api.inspect_container, handle["container"])
+                except NotFound:
+                    return Inspection(Status.GONE, detail=f"container {handle['container']!r} is gone")
+                return Inspection(Status.GONE, detail="docker no longer knows the exec (daemon restarted?)")
+        except (BackendError, *ENGINE_ERRORS) as error:
+            return Inspection(Status.UNKNOWN, detail=str(error))
+        if info["Running"]:
+            return Inspection(Status.ALIVE, detail=f"exec {handle['exec_id'][:12]} is running")
+        identity = _host_identity(handle)
+        if identity is not None and identity.is_alive():
+            # Docker stops tracking an exec whose client vanished mid-write; its process may well go on.
+            return Inspection(
+                Status.ALIVE, detail=f"docker says ended ({info['ExitCode']}) but pid {identity.pid} runs"
+            )
+        if info["ExitCode"] is None:
+            return Inspection(Status.GONE, detail="the exec never started (or is starting right now)")
+        detail = ""
+        if info["ExitCode"] == 126:
+            detail = "126 is also what docker records when it drops an exec whose client went away"
+        return Inspection(Status.EXITED, exit=Exit(code=info["ExitCode"], source=SOURCE), detail=detail)
+
+    async def remove(self, handle: dict, grace: float = 2.0) -> None:
+        api = await self._client(handle["engine"])
+        await self._end_tree(api, handle, grace)
+        await self._settled(api, handle["exec_id"])
+
+    async def _end_tree(self, api: docker.APIClient, handle: dict, grace: float) -> None:
+        """End the exec's process and every process carrying its marker; return once none is left."""
+        identity = _host_identity(handle)
+        if identity is not None:
+            # Our /proc shows the container's processes: the exec leads its own session there.
+            session = identity.pid if identity.is_alive() else None
+            await procfs.terminate_tree(marker=handle["marker"], session=session, grace=grace)
+            return
+        container, marker = handle["container"], handle["marker"]
+        left = await self._kill_in_container(api, container, marker, "HUP TERM")
+        deadline = time.monotonic() + grace
+        while left and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            left = await self._kill_in_container(api, container, marker, "0")
+        give_up = time.monotonic() + 10
+        while left:
+            if time.monotonic() > give_up:
+                raise BackendError(f"processes still alive in {container!r} after SIGKILL: {left}")
+            await self._kill_in_container(api, container, marker, "KILL")
+            await asyncio.sleep(0.05)
+            left = await self._kill_in_container(api, container, marker, "0")
+
+    async def _kill_in_container(self, api: docker.APIClient, container: str, marker: str, signals: str) -> list[int]:
+        """Run KILL_SCRIPT in a separate exec; the pids it found. No container, no processes."""
+
+        def run() -> tuple[bytes, dict]:
+            created = api.exec_create(container, ["sh", "-c", KILL_SCRIPT, "sh", signals, marker], user="0")
+            output = api.exec_start(created["Id"])
+            return output, api.exec_inspect(created["Id"])
+
+        try:
+            output, info = await asyncio.to_thread(run)
+        except NotFound:
+            return []
+        except APIError as error:
+            if error.status_code == 409:  # the container is not running, so nothing in it is
+                return []
+            raise BackendError(f"cannot end processes in {container!r}: {error.explanation}") from None
+        except ENGINE_ERRORS as error:
+            raise BackendError(f"cannot end processes in {container!r}: {error}") from None
+        if info.get("ExitCode") != 0:
+            text = output.decode(errors="replace").strip()
+            raise BackendError(f"cannot end processes in {container!r} (needs sh, tr, grep, kill): {text}")
+        return [int(line) for line in output.split() if line.isdigit()]

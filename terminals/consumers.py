@@ -1,0 +1,333 @@
+"""The browser's WebSocket: a thin bridge to the owner worker that holds the session's process.
+
+Binary frames carry terminal bytes both ways; text frames carry JSON control
+messages with a ``type``. Output is sequenced by absolute offset, so a chunk
+lost between worker and consumer is noticed and fetched again, and a duplicate
+is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+
+from channels.db import database_sync_to_async as db
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from executions.actions import WAKE_CHANNEL
+from terminals import actions
+from terminals.models import ProcessLease, ProcessState, TerminalSession, WorkerState
+from terminals.protocol import (
+    ATTACH_WAIT_SECONDS,
+    CLOSE_CODES,
+    MAX_COLS,
+    MAX_FRAME_BYTES,
+    MAX_ROWS,
+    STRIKE_LIMIT,
+    STRIKE_WINDOW_SECONDS,
+    CloseCode,
+)
+
+log = logging.getLogger(__name__)
+
+# Sessions closed for these reasons get a fresh shell when a viewer attaches (if TETHER_AUTO_RESET).
+AUTO_RESET_REASONS = {"exited", "killed", "failed", "server_restart", "spawn_failed", "reset", "completed"}
+
+
+class ProtocolError(Exception):
+    pass
+
+
+def _load_session(session_id: str, user) -> TerminalSession | None:
+    session = TerminalSession.objects.select_related("machine", "execution").filter(pk=session_id).first()
+    if session is None or not actions.may_view_session(user, session):
+        return None
+    return session
+
+
+def _attach_target(session_id) -> dict:
+    """Where the session's process lives right now, as plain data."""
+    session = TerminalSession.objects.select_related("execution", "machine").get(pk=session_id)
+    execution = session.execution
+    lease = (
+        ProcessLease.objects.select_related("worker")
+        .filter(execution=execution, released_at__isnull=True)
+        .exclude(worker__state=WorkerState.STOPPED)
+        .first()
+    )
+    return {
+        "process_state": session.process_state,
+        "close_reason": session.close_reason,
+        "generation": session.generation,
+        "execution": execution.pk,
+        "state": execution.state,
+        "outcome": execution.outcome_label,
+        "exit_code": execution.exit_code,
+        "channel": lease.worker.channel_name if lease and lease.worker else None,
+        "snapshot": bytes(session.snapshot),
+    }
+
+
+def _restart(session_id, user, reason: str) -> None:
+    session = TerminalSession.objects.select_related("machine").get(pk=session_id)
+    if session.process_state == ProcessState.CLOSED:
+        actions.start_next_generation(session, actions.Actor.for_user(user), reason)
+
+
+class TerminalConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close()  # refused at the handshake (HTTP 403)
+            return
+        self.session = await db(_load_session)(self.scope["url_route"]["kwargs"]["session"], user)
+        if self.session is None:
+            await self.close()  # unknown or foreign: the same refusal, so ids cannot be probed
+            return
+        self.user = user
+        self.viewer_id = uuid.uuid4().hex
+        self.worker_channel: str | None = None
+        self.execution_pk: int | None = None
+        self.generation: int | None = None
+        self.expected = 0  # next output offset this viewer should receive
+        self.attached = False
+        self.grid: tuple[int, int] | None = None
+        self.strikes: list[float] = []
+        self.waiting: asyncio.Task | None = None
+        await self.accept()
+        await self.send_json({"type": "hello", "session": str(self.session.id), "protocol": 1})
+
+    async def disconnect(self, code) -> None:
+        if self.waiting:
+            self.waiting.cancel()
+        if getattr(self, "attached", False):
+            await self._to_worker("session.detach")
+
+    # --- browser -> server -------------------------------------------------------------------
+
+    async def receive(self, text_data=None, bytes_data=None) -> None:
+        try:
+            if bytes_data is not None:
+                await self._input(bytes_data)
+            else:
+                await self._control(text_data or "")
+        except ProtocolError as error:
+            await self._strike(str(error))
+
+    async def _input(self, data: bytes) -> None:
+        if len(data) > MAX_FRAME_BYTES:
+            raise ProtocolError(f"input frame of {len(data)} bytes is over the {MAX_FRAME_BYTES}-byte limit")
+        if not self.attached:
+            raise ProtocolError("not attached yet: input was dropped (send an attach message first)")
+        await self._to_worker("session.input", data=data)
+
+    async def _control(self, text: str) -> None:
+        if len(text.encode()) > MAX_FRAME_BYTES:
+            raise ProtocolError(f"control frame is over the {MAX_FRAME_BYTES}-byte limit")
+        try:
+            message = json.loads(text)
+        except ValueError:
+            raise ProtocolError("malformed JSON in a control frame") from None
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            raise ProtocolError("a control frame must be a JSON object with a string 'type'")
+        handler = getattr(self, "client_" + message["type"], None)
+        if handler is None:
+            raise ProtocolError(f"unknown message type {message['type'][:40]!r}")
+        await handler(message)
+
+    async def _strike(self, text: str) -> None:
+        now = time.monotonic()
+        self.strikes = [t for t in self.strikes if now - t < STRIKE_WINDOW_SECONDS] + [now]
+        await self.send_json({"type": "error", "message": text})
+        if len(self.strikes) > STRIKE_LIMIT:
+            await self.send_json({"type": "closed", "reason": "policy_violation", "text": "too many bad frames"})
+            await self.close(CloseCode.POLICY_VIOLATION)
+
+    @staticmethod
+    def _grid(message: dict) -> tuple[int, int] | None:
+        cols, rows = message.get("cols"), message.get("rows")
+        if cols is None and rows is None:
+            return None
+        if not (isinstance(cols, int) and isinstance(rows, int) and not isinstance(cols, bool)):
+            raise ProtocolError("cols and rows must be integers")
+        if not (1 <= cols <= MAX_COLS and 1 <= rows <= MAX_ROWS):
+            raise ProtocolError(f"grid {cols}x{rows} is out of range (1-{MAX_COLS} x 1-{MAX_ROWS})")
+        return cols, rows
+
+    async def client_attach(self, message: dict) -> None:
+        since = message.get("since", 0)
+        if not isinstance(since, int) or isinstance(since, bool) or since < 0:
+            raise ProtocolError("since must be a non-negative integer offset")
+        generation = message.get("generation")
+        if generation is not None and not isinstance(generation, int):
+            raise ProtocolError("generation must be an integer")
+        self.grid = self._grid(message)
+        self.expected, self.generation = since, generation
+        await self._attach()
+
+    client_takeover = client_attach
+
+    async def client_resize(self, message: dict) -> None:
+        grid = self._grid(message)
+        if grid is None:
+            raise ProtocolError("resize needs cols and rows")
+        self.grid = grid
+        if self.attached:
+            await self._to_worker("session.resize", cols=grid[0], rows=grid[1])
+
+    async def client_reset(self, message: dict) -> None:
+        if not self.attached:
+            raise ProtocolError("not attached: nothing to reset")
+        await self._to_worker("session.reset")
+
+    async def client_ack(self, message: dict) -> None:
+        offset = message.get("offset")
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ProtocolError("ack needs a non-negative integer offset")
+        if self.attached:
+            await self._to_worker("session.ack", offset=offset)
+
+    async def client_ping(self, message: dict) -> None:
+        await self.send_json({"type": "pong"})
+
+    # --- attaching ---------------------------------------------------------------------------
+
+    async def _attach(self) -> None:
+        """Find the worker holding the session (waiting while it starts) and ask it to attach this viewer."""
+        deadline = time.monotonic() + ATTACH_WAIT_SECONDS
+        told_starting = False
+        while time.monotonic() < deadline:
+            target = await db(_attach_target)(self.session.id)
+            if target["process_state"] == ProcessState.CLOSED:
+                if not await self._closed_at_attach(target):
+                    return
+                continue
+            if target["channel"]:
+                self.worker_channel, self.execution_pk = target["channel"], target["execution"]
+                if target["generation"] != self.generation:
+                    self.expected = 0
+                await self.channel_layer.send(
+                    self.worker_channel,
+                    {
+                        "type": "session.attach",
+                        "execution": self.execution_pk,
+                        "viewer": self.viewer_id,
+                        "reply": self.channel_name,
+                        "since": self.expected,
+                        "generation": target["generation"],
+                        "cols": self.grid[0] if self.grid else None,
+                        "rows": self.grid[1] if self.grid else None,
+                    },
+                )
+                return
+            if not told_starting:
+                await self.send_json({"type": "status", "process_state": "starting", "text": "Starting your session…"})
+                told_starting = True
+            await asyncio.sleep(0.1)
+        await self.send_json({"type": "status", "text": "Connection lost; outcome unknown"})
+        await self.close(CloseCode.SERVER_RESTART)
+
+    async def _closed_at_attach(self, target: dict) -> bool:
+        """The process had ended: say how, then start a fresh shell if allowed. Returns whether to go on."""
+        await self.send_json(
+            {
+                "type": "exit",
+                "generation": target["generation"],
+                "state": target["state"],
+                "exit_code": target["exit_code"],
+                "outcome": target["outcome"],
+                "reason": target["close_reason"],
+            }
+        )
+        if settings.TETHER_AUTO_RESET and target["close_reason"] in AUTO_RESET_REASONS:
+            await db(_restart)(self.session.id, self.user, f"auto-reset after {target['close_reason']}")
+            await self.channel_layer.send(WAKE_CHANNEL, {"type": "wake"})
+            await self.send_json({"type": "reset", "text": "Started a fresh session"})
+            self.generation = None
+            return True
+        await self.send(bytes_data=target["snapshot"])
+        await self.close(CLOSE_CODES.get(target["close_reason"], CloseCode.CLOSED))
+        return False
+
+    async def _to_worker(self, kind: str, **fields) -> None:
+        if self.worker_channel is None:
+            return
+        await self.channel_layer.send(
+            self.worker_channel,
+            {
+                "type": kind,
+                "execution": self.execution_pk,
+                "viewer": self.viewer_id,
+                "reply": self.channel_name,
+                **fields,
+            },
+        )
+
+    # --- worker -> browser -------------------------------------------------------------------
+
+    async def terminal_attached(self, event: dict) -> None:
+        self.attached = True
+        self.expected = event["offset"]
+        self.generation = event["generation"]
+        await self.send_json(
+            {
+                "type": "attached",
+                "offset": event["offset"],
+                "lost": event["lost"],
+                "generation": event["generation"],
+                "process_state": event["process_state"],
+            }
+        )
+
+    async def terminal_output(self, event: dict) -> None:
+        offset, data = event["offset"], event["data"]
+        end = offset + len(data)
+        if end <= self.expected:
+            return  # a duplicate
+        if offset > self.expected:
+            # A chunk went missing between worker and here: fetch it again by offset.
+            await self._to_worker("session.resend", since=self.expected)
+            return
+        await self.send(bytes_data=data[self.expected - offset :])
+        self.expected = end
+
+    async def terminal_gap(self, event: dict) -> None:
+        self.expected = event["offset"]
+        await self.send_json({"type": "gap", "offset": event["offset"], "lost": event["lost"]})
+
+    async def terminal_error(self, event: dict) -> None:
+        await self.send_json({"type": "error", "code": event.get("code"), "message": event["message"]})
+        if event.get("code") == "not_held":
+            self.attached = False
+            await asyncio.sleep(0.2)
+            await self._attach()
+
+    async def terminal_superseded(self, event: dict) -> None:
+        self.attached = False
+        await self.send_json({"type": "superseded", "text": "Superseded by another window"})
+        await self.close(CloseCode.SUPERSEDED)
+
+    async def terminal_exit(self, event: dict) -> None:
+        await self.send_json({"type": "exit", **{k: v for k, v in event.items() if k != "type"}})
+        if event["reason"] != "reset":
+            self.attached = False
+            await self.close(CLOSE_CODES.get(event["reason"], CloseCode.CLOSED))
+
+    async def terminal_generation(self, event: dict) -> None:
+        self.attached = False
+        self.generation = None
+        self.expected = 0
+        await self.send_json({"type": "reset", "text": "Started a fresh session"})
+        await self._attach()
+
+    async def terminal_closed(self, event: dict) -> None:
+        self.attached = False
+        await self.send_json({"type": "closed", "reason": event["reason"], "text": event.get("text", "")})
+        await self.close(CLOSE_CODES.get(event["reason"], CloseCode.CLOSED))
+
+    async def send_json(self, data: dict) -> None:
+        await self.send(text_data=json.dumps(data))

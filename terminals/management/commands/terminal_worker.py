@@ -1,0 +1,37 @@
+"""Run an owner worker until SIGTERM/SIGINT."""
+
+import asyncio
+import signal
+
+from django.core.management.base import BaseCommand, CommandError
+
+from executions.models import Backend
+from terminals.worker import OwnerWorker
+
+
+class Command(BaseCommand):
+    help = "Run an owner worker: claim pending executions, hold their processes, serve viewers."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--backends", help="comma-separated subset of local,tmux,docker (default: all reachable)")
+        parser.add_argument("--poll", type=float, default=0.5, help="seconds between polls when idle")
+
+    def handle(self, *args, **options):
+        backends = None
+        if options["backends"]:
+            backends = set(options["backends"].split(","))
+            unknown = backends - set(Backend.values)
+            if unknown:
+                raise CommandError(f"unknown backends: {', '.join(sorted(unknown))}", returncode=2)
+        asyncio.run(self.serve(OwnerWorker(backends=backends, poll_interval=options["poll"])))
+
+    async def serve(self, worker: OwnerWorker) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await worker.start()
+        self.stdout.write(f"worker {worker.worker.worker_id} ready ({', '.join(sorted(worker.backends))})")
+        self.stdout.flush()
+        await worker.run(stop)
+        self.stdout.write("worker stopped")

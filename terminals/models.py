@@ -1,0 +1,161 @@
+"""Owner workers, their process leases and the terminal sessions viewers attach to.
+
+The lease row is authoritative for cleanup: it says which worker owns which
+live process, with a fencing token that grows on every claim. Every write a
+worker makes about a process is conditional on (worker, token); zero rows
+changed means the lease was lost and the worker lets go at once.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from executions.models import AppendOnly, Execution, Machine
+
+
+class WorkerState(models.TextChoices):
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+class Worker(models.Model):
+    """A ``terminal_worker`` process: who it is, where, and whether it still beats."""
+
+    worker_id = models.CharField(max_length=64, unique=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    process_started_at = models.BigIntegerField(help_text="Start time in clock ticks since boot (/proc/PID/stat).")
+    boot_id = models.CharField(max_length=64)
+    channel_name = models.CharField(max_length=255, blank=True, help_text="Where consumers send session messages.")
+    state = models.CharField(max_length=16, choices=WorkerState.choices, default=WorkerState.RUNNING)
+    started_at = models.DateTimeField(auto_now_add=True)
+    heartbeat_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(state__in=WorkerState.values), name="worker_state_valid")]
+
+    def __str__(self) -> str:
+        return f"{self.worker_id} ({self.host} pid {self.pid})"
+
+
+class ProcessLease(models.Model):
+    """Ownership of one execution's live process. One row per execution; ``token`` grows on every claim."""
+
+    execution = models.OneToOneField(Execution, on_delete=models.PROTECT, related_name="lease")
+    worker = models.ForeignKey(Worker, null=True, blank=True, on_delete=models.PROTECT, related_name="leases")
+    token = models.PositiveBigIntegerField(default=1)
+    handle = models.JSONField(default=dict, blank=True, help_text="Backend handle to find the process again.")
+    heartbeat_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["expires_at"], name="lease_live_expiry_idx", condition=Q(released_at__isnull=True)),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(released_at__isnull=False) | Q(worker__isnull=False), name="lease_live_has_owner"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"lease {self.execution_id} token {self.token}"
+
+    @property
+    def is_live(self) -> bool:
+        return self.released_at is None
+
+
+class ProcessState(models.TextChoices):
+    LIVE = "live"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class SnapshotKind(models.TextChoices):
+    LIVE = "live"
+    ARCHIVED = "archived"
+
+
+class CloseReason(models.TextChoices):
+    NONE = "", "—"
+    EXITED = "exited"
+    RESET = "reset"
+    IDLE = "idle"
+    DEADLINE = "deadline"
+    OUTPUT_LIMIT = "output_limit"
+    KILLED = "killed"
+    FAILED = "failed"
+    COMPLETED = "completed"
+    CONTROLLER_LOST = "controller_lost"
+    SPAWN_FAILED = "spawn_failed"
+
+
+class TerminalSession(models.Model):
+    """The persistent terminal of one machine that viewers attach to.
+
+    Its identity survives resets: each reset or auto-reset starts a new
+    execution (``generation`` + 1) under the same session id, so a browser
+    keeps one URL.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    machine = models.ForeignKey(Machine, on_delete=models.PROTECT, related_name="terminal_sessions")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="terminal_sessions")
+    execution = models.OneToOneField(Execution, on_delete=models.PROTECT, related_name="terminal_session")
+    generation = models.PositiveIntegerField(default=1)
+    process_state = models.CharField(max_length=16, choices=ProcessState.choices, default=ProcessState.LIVE)
+    snapshot_kind = models.CharField(max_length=16, choices=SnapshotKind.choices, default=SnapshotKind.LIVE)
+    snapshot_hidden = models.BooleanField(default=False, help_text="Dismissed: hides the snapshot only.")
+    close_reason = models.CharField(max_length=32, choices=CloseReason.choices, blank=True)
+    snapshot = models.BinaryField(default=b"", blank=True, help_text="The latest screen or output tail.")
+    output_offset = models.PositiveBigIntegerField(default=0, help_text="Absolute offset of the end of output.")
+    last_viewer_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["machine"],
+                condition=Q(process_state__in=["live", "closing"]),
+                name="one_open_terminal_per_machine",
+            ),
+            models.CheckConstraint(condition=Q(process_state__in=ProcessState.values), name="session_state_valid"),
+            models.CheckConstraint(
+                condition=~Q(process_state="closed") | (Q(closed_at__isnull=False) & Q(snapshot_kind="archived")),
+                name="session_closed_is_archived",
+            ),
+        ]
+        permissions = [
+            ("dismiss_terminalsession", "Can dismiss a terminal snapshot"),
+            ("complete_terminalsession", "Can ask a terminal session to complete"),
+            ("fail_terminalsession", "Can fail a terminal session"),
+            ("kill_terminalsession", "Can kill a terminal session"),
+            ("reset_terminalsession", "Can reset a terminal session"),
+        ]
+
+    def __str__(self) -> str:
+        return f"terminal {self.id} on {self.machine_id}"
+
+
+class SessionEvent(AppendOnly):
+    """Append-only audit of session-level happenings: attach, supersede, reset, close, operator actions."""
+
+    session = models.ForeignKey(TerminalSession, on_delete=models.PROTECT, related_name="events")
+    kind = models.CharField(max_length=32)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} by {self.actor}"

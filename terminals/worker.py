@@ -1,0 +1,404 @@
+"""The owner worker: claims pending executions, holds their processes, serves viewers over the channel layer.
+
+It is a loop over ``handle_one_step()`` (claim and launch one execution) with
+two helpers beside it: a heartbeat that extends leases and drops any it lost,
+and a receiver for viewer messages. Browsers never own processes; they send
+messages here through their consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+
+from channels.db import database_sync_to_async as db
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from executions.actions import WAKE_CHANNEL
+from executions.models import Backend as BackendKind
+from executions.models import Evidence, Execution, Kind, State
+from executions.spec import ExecutionSpec
+from terminals import actions
+from terminals.backends.base import SpawnError, SpawnSpec, Tags
+from terminals.backends.procfs import ProcessIdentity, boot_id
+from terminals.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Viewer
+from terminals.models import CloseReason, ProcessState, TerminalSession, Worker
+from terminals.registry import available_backends, backend_for
+
+log = logging.getLogger(__name__)
+
+MAX_COLS, MAX_ROWS = 500, 200
+
+# close_reason -> (evidence recorded when we ended the process ourselves)
+_ENDED_BY_US = {
+    CloseReason.RESET: Evidence.RESET,
+    CloseReason.KILLED: Evidence.KILLED,
+    CloseReason.FAILED: Evidence.KILLED,
+    CloseReason.IDLE: Evidence.IDLE_REAPED,
+    CloseReason.DEADLINE: Evidence.DEADLINE,
+    CloseReason.OUTPUT_LIMIT: Evidence.OUTPUT_LIMIT,
+    "server_restart": Evidence.KILLED,
+}
+
+
+def _load_execution(pk: int) -> Execution:
+    return Execution.objects.select_related("machine").get(pk=pk)
+
+
+def _session_for(execution_pk: int) -> TerminalSession | None:
+    return TerminalSession.objects.filter(execution_id=execution_pk).first()
+
+
+class OwnerWorker:
+    def __init__(self, *, backends: set[str] | None = None, poll_interval: float = 0.5):
+        self.backends = backends or available_backends()
+        self.poll_interval = poll_interval
+        self.layer = get_channel_layer()
+        self.live: dict[int, LiveProcess] = {}
+        self.worker: Worker | None = None
+        self.channel = ""
+        self.draining = False
+        self.me = ProcessIdentity.of(os.getpid())
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.channel = await self.layer.new_channel("tether.worker.")
+        self.worker = await db(actions.register_worker)(
+            worker_id=uuid.uuid4().hex,
+            host=socket.gethostname(),
+            pid=self.me.pid,
+            started_at=self.me.start_time,
+            boot_id=boot_id(),
+            channel_name=self.channel,
+        )
+        log.info("worker %s serving %s", self.worker.worker_id, ", ".join(sorted(self.backends)))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set, then shut down without lying about what was held."""
+        if self.worker is None:
+            await self.start()
+        helpers = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._heartbeat_loop())]
+        try:
+            while not stop.is_set():
+                while not stop.is_set() and await self.handle_one_step():
+                    pass
+                await self._sleep_until_woken(stop)
+        finally:
+            for task in helpers:
+                task.cancel()
+            await self.shutdown()
+
+    async def _sleep_until_woken(self, stop: asyncio.Event) -> None:
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.layer.receive(WAKE_CHANNEL))]
+        await asyncio.wait(waits, timeout=self.poll_interval, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in waits:
+            waiting.cancel()
+
+    async def handle_one_step(self) -> bool:
+        """Claim and launch one pending execution. Returns whether there was one."""
+        if self.draining:
+            return False
+        claimed = await db(actions.claim_next_execution)(self.worker, self.backends)
+        if claimed is None:
+            return False
+        execution, lease = claimed
+        try:
+            await self.launch(execution, lease.token)
+        except Exception as error:
+            log.exception("launching %s failed", execution)
+            await self._lost_at_launch(execution, lease.token, error)
+        return True
+
+    async def _lost_at_launch(self, execution: Execution, token: int, error: Exception) -> None:
+        """A launch broke somewhere unexpected: the process may have started, so the outcome is unknown."""
+        execution = await db(_load_execution)(execution.pk)
+        if execution.state in (State.DISPATCHED, State.RUNNING):
+            await db(actions.settle_execution)(
+                execution, worker=self.worker, token=token, to_state=State.UNKNOWN,
+                evidence=Evidence.CONTROLLER_LOST, reason=f"launch failed: {error!r}",
+                close_reason=CloseReason.CONTROLLER_LOST,
+            )
+
+    async def shutdown(self) -> None:
+        """Stop: tmux sessions stay alive for a later owner; other processes are ended and recorded as killed."""
+        self.draining = True
+        for live in list(self.live.values()):
+            if live.handle_backend == BackendKind.TMUX:
+                await self._let_go(live, "left running for a later owner")
+            else:
+                await self._end(live, "server_restart")
+        if self.worker is not None:
+            await db(actions.stop_worker)(self.worker)
+
+    # --- launching ---------------------------------------------------------------------------
+
+    async def launch(self, execution: Execution, token: int) -> None:
+        execution = await db(_load_execution)(execution.pk)
+        machine = execution.machine
+        session = await db(_session_for)(execution.pk)
+        spec = SpawnSpec.from_execution_spec(ExecutionSpec.from_json(execution.spec))
+        tags = Tags(
+            session=str(session.id) if session else f"{execution.scope}/{execution.execution_id}",
+            owner_pid=self.me.pid,
+            owner_started_at=self.me.start_time,
+            heartbeat=int(time.time()),
+        )
+        try:
+            process = await backend_for(machine).spawn(spec, tags)
+        except SpawnError as error:
+            # Proven: nothing started. A known outcome, said plainly.
+            await db(actions.settle_execution)(
+                execution,
+                worker=self.worker,
+                token=token,
+                to_state=State.COMPLETED,
+                evidence=Evidence.SPAWN_FAILED,
+                reason=str(error),
+                close_reason=CloseReason.SPAWN_FAILED,
+                snapshot=str(error).encode(),
+            )
+            return  # the session is closed with the reason; viewers read it when they attach
+        await db(actions.save_handle)(execution.pk, self.worker, token, process.handle)
+        execution = await db(actions.fenced_transition)(
+            execution, State.RUNNING, worker=self.worker, token=token, evidence=Evidence.OBSERVED
+        )
+        live = LiveProcess(
+            execution_pk=execution.pk,
+            token=token,
+            kind=execution.kind,
+            process=process,
+            session_id=str(session.id) if session else None,
+            generation=session.generation if session else 0,
+            handle_backend=machine.backend,
+        )
+        self.live[execution.pk] = live
+        live.pump_task = asyncio.create_task(self._supervise(live, execution))
+
+    async def _supervise(self, live: LiveProcess, execution: Execution) -> None:
+        captured = bytearray()
+        limit = settings.TETHER_COMMAND_OUTPUT_BYTES
+
+        async def deliver(offset: int, data: bytes) -> None:
+            if live.kind == Kind.COMMAND:
+                captured.extend(data)
+                if len(captured) > limit:
+                    del captured[: len(captured) - limit]
+            await self._send_output(live, offset, data)
+
+        try:
+            await live.pump(deliver)
+            exit = await live.observe_exit()
+            await self._settle(live, execution, exit, bytes(captured), live.buffer.end - len(captured))
+        except actions.LeaseLost as error:
+            log.warning("%s; letting go", error)
+            await self._let_go(live, "lease lost")
+        except Exception:
+            log.exception("supervising execution %s failed", execution.pk)
+            raise
+        finally:
+            self.live.pop(live.execution_pk, None)
+
+    async def _settle(self, live, execution, exit, output: bytes, truncated: int) -> None:
+        reason = live.close_reason if live.closing else CloseReason.EXITED
+        fields = {}
+        if live.kind == Kind.COMMAND:
+            fields = {"output": output, "output_truncated": max(truncated, 0)}
+        if exit is None:
+            state, evidence = State.UNKNOWN, Evidence.CONTROLLER_LOST
+            note = live.lost_observation
+        elif live.closing and reason in _ENDED_BY_US:
+            state, evidence, note = State.COMPLETED, _ENDED_BY_US[reason], exit.describe()
+            fields["exit_signal"] = exit.signal
+        elif exit.code is not None:
+            state, evidence, note = State.COMPLETED, Evidence.EXITED, exit.describe()
+            fields["exit_code"] = exit.code
+        else:
+            state, evidence, note = State.COMPLETED, Evidence.SIGNALED, exit.describe()
+            fields["exit_signal"] = exit.signal
+        execution = await db(actions.settle_execution)(
+            execution,
+            worker=self.worker,
+            token=live.token,
+            to_state=state,
+            evidence=evidence,
+            reason=note,
+            close_reason=reason if state == State.COMPLETED else CloseReason.CONTROLLER_LOST,
+            snapshot=live.buffer.tail(64 * 1024),
+            output_offset=live.buffer.end,
+            **fields,
+        )
+        if live.viewer:
+            await self._send(
+                live.viewer.channel,
+                {
+                    "type": "terminal.exit",
+                    "state": execution.state,
+                    "evidence": execution.evidence,
+                    "exit_code": execution.exit_code,
+                    "outcome": execution.outcome_label,
+                    "reason": reason,
+                    "generation": live.generation,
+                },
+            )
+        if live.session_id and reason == CloseReason.RESET:
+            await self._restart_session(live)
+
+    async def _restart_session(self, live: LiveProcess) -> None:
+        session = await db(TerminalSession.objects.select_related("machine").get)(pk=live.session_id)
+        await db(actions.start_next_generation)(session, actions.Actor.worker(self.worker.worker_id), "reset")
+        await self.layer.send(WAKE_CHANNEL, {"type": "wake"})
+        if live.viewer:
+            await self._send(live.viewer.channel, {"type": "terminal.generation", "reason": "reset"})
+
+    async def _end(self, live: LiveProcess, reason: str) -> None:
+        """End a held process tree on purpose; the supervisor records how it ended."""
+        if live.closing:
+            return
+        live.closing, live.close_reason = True, reason
+        live.flow_open.set()  # let the pump drain to EOF
+        try:
+            await live.process.terminate(grace=1.0)
+        except Exception as error:  # cannot prove it gone: the supervisor records unknown
+            live.lost_observation = f"terminate failed: {error!r}"
+        if live.pump_task:
+            await asyncio.wait([live.pump_task], timeout=15)
+
+    async def _let_go(self, live: LiveProcess, why: str) -> None:
+        """Stop observing without touching the process or writing anything about it."""
+        self.live.pop(live.execution_pk, None)
+        if live.pump_task and live.pump_task is not asyncio.current_task():
+            live.pump_task.cancel()
+        if live.viewer:
+            await self._send(live.viewer.channel, {"type": "terminal.closed", "reason": "server_restart", "text": why})
+        await live.process.detach()
+
+    # --- output to viewers -------------------------------------------------------------------
+
+    async def _send(self, channel: str, message: dict) -> bool:
+        try:
+            await self.layer.send(channel, message)
+        except Exception as error:  # a full or vanished channel: the viewer resyncs by offset
+            log.info("could not reach viewer %s: %r", channel, error)
+            return False
+        return True
+
+    async def _send_output(self, live: LiveProcess, offset: int, data: bytes) -> None:
+        if live.viewer is None:
+            return
+        for start in range(0, len(data), OUTPUT_MESSAGE_BYTES):
+            piece = data[start : start + OUTPUT_MESSAGE_BYTES]
+            await self._send(live.viewer.channel, {"type": "terminal.output", "offset": offset + start, "data": piece})
+
+    # --- viewer messages ---------------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        while True:
+            message = await self.layer.receive(self.channel)
+            handler = getattr(self, "on_" + message.get("type", "").removeprefix("session."), None)
+            if handler is None:
+                log.warning("unknown message type %r", message.get("type"))
+                continue
+            try:
+                await handler(message)
+            except Exception:
+                log.exception("handling %s failed", message.get("type"))
+
+    def _held(self, message: dict) -> LiveProcess | None:
+        return self.live.get(message.get("execution"))
+
+    async def _refuse(self, message: dict, code: str, text: str) -> None:
+        await self._send(message["reply"], {"type": "terminal.error", "code": code, "message": text})
+
+    async def on_attach(self, message: dict) -> None:
+        live = self._held(message)
+        if live is None or live.closing:
+            await self._refuse(message, "not_held", "this worker does not hold that session")
+            return
+        old = live.viewer
+        if old and old.viewer_id != message["viewer"]:
+            await self._send(old.channel, {"type": "terminal.superseded"})
+        cols, rows = message.get("cols"), message.get("rows")
+        if isinstance(cols, int) and isinstance(rows, int) and 1 <= cols <= MAX_COLS and 1 <= rows <= MAX_ROWS:
+            await live.process.resize(cols, rows)
+        since = message.get("since", 0) if message.get("generation") == live.generation else 0
+        first, data, lost = live.buffer.since(max(int(since), 0))
+        live.viewer = Viewer(channel=message["reply"], viewer_id=message["viewer"], acked=first)
+        await self._send(
+            message["reply"],
+            {
+                "type": "terminal.attached",
+                "offset": first,
+                "lost": lost,
+                "generation": live.generation,
+                "execution": live.execution_pk,
+                "process_state": ProcessState.LIVE,
+            },
+        )
+        await self._send_output(live, first, data)
+        live.update_flow()
+        if live.session_id:
+            await db(actions.note_viewer)(live.session_id)
+
+    async def on_input(self, message: dict) -> None:
+        live = self._held(message)
+        if live is None or live.closing:
+            await self._refuse(message, "not_held", "the session is not running")
+        elif live.viewer is None or live.viewer.viewer_id != message["viewer"]:
+            await self._refuse(message, "superseded", "another window owns this session's input")
+        else:
+            await live.process.write(message["data"])
+
+    async def on_resize(self, message: dict) -> None:
+        live = self._held(message)
+        if live and live.viewer and live.viewer.viewer_id == message["viewer"] and not live.closing:
+            await live.process.resize(message["cols"], message["rows"])
+
+    async def on_ack(self, message: dict) -> None:
+        live = self._held(message)
+        if live:
+            live.ack(message["viewer"], int(message["offset"]))
+
+    async def on_resend(self, message: dict) -> None:
+        live = self._held(message)
+        if live and live.viewer and live.viewer.viewer_id == message["viewer"]:
+            first, data, lost = live.buffer.since(int(message["since"]))
+            if lost:
+                await self._send(live.viewer.channel, {"type": "terminal.gap", "offset": first, "lost": lost})
+            await self._send_output(live, first, data)
+
+    async def on_detach(self, message: dict) -> None:
+        live = self._held(message)
+        if live and live.viewer and live.viewer.viewer_id == message["viewer"]:
+            live.viewer = None
+            live.update_flow()
+            if live.session_id:
+                await db(actions.note_viewer)(live.session_id)
+
+    async def on_reset(self, message: dict) -> None:
+        live = self._held(message)
+        if live is None:
+            await self._refuse(message, "not_held", "the session is not running")
+        elif live.viewer is None or live.viewer.viewer_id != message["viewer"]:
+            await self._refuse(message, "superseded", "another window owns this session")
+        else:
+            await self._end(live, CloseReason.RESET)
+
+    # --- leases ------------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(settings.TETHER_HEARTBEAT_SECONDS)
+            await self.heartbeat_once()
+
+    async def heartbeat_once(self) -> None:
+        held = await db(actions.worker_heartbeat)(self.worker)
+        for live in list(self.live.values()):
+            if held.get(live.execution_pk) != live.token:
+                log.warning("execution %s: lease lost; letting go", live.execution_pk)
+                await self._let_go(live, "lease lost")
