@@ -79,7 +79,15 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            "CONFIG": {
+                # redis-py 8 reads with a 5 s socket timeout, the same as channels-redis' 5 s blocking
+                # pop: an idle receive then fails with TimeoutError. Give the socket more room.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
+                "prefix": env_str("TETHER_CHANNEL_PREFIX", "tether"),
+                # Output is flow-controlled by acks, so a channel this deep means a lost viewer, not a burst.
+                "capacity": 1000,
+                "expiry": 60,
+            },
         }
     }
 else:

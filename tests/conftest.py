@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import uuid
+
 import pytest
 from django.db import connection
+
+TEST_IMAGE = "tether/busybox:test"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -41,3 +46,39 @@ def operator(django_user_model):
 @pytest.fixture
 def admin_user(django_user_model):
     return django_user_model.objects.create_superuser(username="admin", password="admin-password", email="")
+
+
+@pytest.fixture
+def tmux_socket():
+    name = f"tether-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True)
+
+
+@pytest.fixture
+def container():
+    """A throwaway container from the locally built image, without a network."""
+    name = f"tether-test-{uuid.uuid4().hex[:8]}"
+    started = subprocess.run(
+        [
+            "docker",
+            "run",
+            "-d",
+            "--rm",
+            "--network",
+            "none",
+            "--label",
+            "tether.test=1",
+            "--name",
+            name,
+            TEST_IMAGE,
+            "sleep",
+            "2147483647",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if started.returncode != 0:
+        pytest.fail(f"dockerd or {TEST_IMAGE} is not available (make services builds it): {started.stderr}")
+    yield name
+    subprocess.run(["docker", "rm", "-f", name], capture_output=True)

@@ -91,7 +91,7 @@ class DockerProcess(Process):
                     self._pending = reader.peek(READ_CHUNK) or b""
                     reader.read(len(self._pending))
         self._eof = asyncio.Event()
-        self._reads = 0
+        self._reading = asyncio.Lock()
         self._closing = False
         self._exit: Exit | None = None
 
@@ -103,23 +103,23 @@ class DockerProcess(Process):
         if self._pending:
             chunk, self._pending = self._pending[:READ_CHUNK], self._pending[READ_CHUNK:]
             return chunk
-        if self._closing:
-            return b""
-        self._reads += 1
-        try:
-            if self._on_loop:
-                chunk = await asyncio.get_running_loop().sock_recv(self._sock, READ_CHUNK)
-            else:
-                chunk = await asyncio.to_thread(self._sock.recv, READ_CHUNK)
-        except OSError:
-            chunk = b""  # a reset stream has ended just the same; wait() says how the program ended
-        finally:
-            self._reads -= 1
-            if self._closing and not self._reads:
-                self._release()
-        if not chunk:
-            self._eof.set()
-        return chunk
+        # One read at a time: a second sock_recv on the same socket would orphan the first one's wakeup.
+        async with self._reading:
+            if self._closing or self._eof.is_set():
+                return b""
+            try:
+                if self._on_loop:
+                    chunk = await asyncio.get_running_loop().sock_recv(self._sock, READ_CHUNK)
+                else:
+                    chunk = await asyncio.to_thread(self._sock.recv, READ_CHUNK)
+            except OSError:
+                chunk = b""  # a reset stream has ended just the same; wait() says how the program ended
+            finally:
+                if self._closing:
+                    self._release()
+            if not chunk:
+                self._eof.set()
+            return chunk
 
     async def write(self, data: bytes) -> None:
         if self._closing:
@@ -162,6 +162,12 @@ class DockerProcess(Process):
     async def terminate(self, grace: float = 2.0) -> Exit | None:
         # Kill before closing the stream: dropping a stream docker is blocked on makes it record a made-up 126.
         await self._backend._end_tree(self._api, self.handle, grace)
+        # Read the last output away first: if docker is still writing it when we hang up, docker
+        # overwrites the exit code it recorded with 126.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2):
+                while await self.read():
+                    pass
         try:
             info = await self._backend._settled(self._api, self.exec_id)
         finally:
@@ -185,7 +191,7 @@ class DockerProcess(Process):
         # shutdown() ends a pending read with EOF; the socket is closed once no read is using it.
         with contextlib.suppress(OSError, AttributeError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        if not self._reads:
+        if not self._reading.locked():
             self._release()
 
     def _release(self) -> None:

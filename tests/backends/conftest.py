@@ -14,48 +14,11 @@ from terminals.backends.base import Backend, Tags
 from terminals.backends.procfs import ProcessIdentity
 
 BACKENDS = ["local", "tmux", "docker"]
-TEST_IMAGE = "tether/busybox:test"
 
 
 def make_tags(session: str | None = None) -> Tags:
     me = ProcessIdentity.of(os.getpid())
     return Tags(session=session or f"test-{uuid.uuid4().hex[:8]}", owner_pid=me.pid, owner_started_at=me.start_time)
-
-
-@pytest.fixture
-def tmux_socket():
-    name = f"tether-test-{uuid.uuid4().hex[:8]}"
-    yield name
-    subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True)
-
-
-@pytest.fixture
-def container():
-    """A throwaway container from the locally built image, without a network."""
-    name = f"tether-test-{uuid.uuid4().hex[:8]}"
-    started = subprocess.run(
-        [
-            "docker",
-            "run",
-            "-d",
-            "--rm",
-            "--network",
-            "none",
-            "--label",
-            "tether.test=1",
-            "--name",
-            name,
-            TEST_IMAGE,
-            "sleep",
-            "2147483647",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    if started.returncode != 0:
-        pytest.fail(f"dockerd or {TEST_IMAGE} is not available (make services builds it): {started.stderr}")
-    yield name
-    subprocess.run(["docker", "rm", "-f", name], capture_output=True)
 
 
 @pytest.fixture(params=BACKENDS)

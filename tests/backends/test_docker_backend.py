@@ -1,0 +1,226 @@
+"""The docker exec backend against a real dockerd: what is left behind, and what another process can see."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from terminals.backends.base import BackendError, SpawnError, SpawnSpec, Status
+from terminals.backends.docker import DockerBackend
+from terminals.backends.procfs import find_tree
+from tests.backends.conftest import make_tags
+from tests.backends.test_contract import read_until, shell
+
+REPO = Path(__file__).resolve().parents[2]
+MAIN = "sleep 2147483647"  # the container's own process; everything else was exec'd
+
+
+def exec_processes(container: str) -> list[str]:
+    """Every process in the container except its main one, as `docker top` lists them."""
+    top = subprocess.run(["docker", "top", container, "-eo", "pid,args"], capture_output=True, text=True, check=True)
+    return [line for line in top.stdout.splitlines()[1:] if not line.strip().endswith(MAIN)]
+
+
+async def settled_exec_processes(container: str, timeout: float = 5.0) -> list[str]:
+    """exec_processes once no transient one is left; the last listing if some stay."""
+    left = exec_processes(container)
+    for _ in range(int(timeout / 0.1)):
+        if not left:
+            break
+        await asyncio.sleep(0.1)
+        left = exec_processes(container)
+    return left
+
+
+# A shell with a child that ignores HUP and TERM, and a detached grandchild in its own session.
+STUBBORN = (
+    "(trap '' HUP TERM; while :; do sleep 0.1; done) & setsid sh -c 'trap \"\" HUP TERM; while :; do sleep 0.1; done' &"
+    " echo ready",
+    "sleep 1000",
+)
+
+
+async def test_terminate_leaves_no_exec_process_in_the_container(container):
+    tags = make_tags()
+    process = await DockerBackend(container=container).spawn(shell(*STUBBORN), tags)
+    await read_until(process, b"ready")
+    assert len(exec_processes(container)) >= 4
+    exit = await asyncio.wait_for(process.terminate(grace=0.3), 30)
+    assert exit is not None and exit.source == "docker exec inspect"
+    assert await settled_exec_processes(container) == []
+    assert find_tree(marker=tags.marker) == []
+    assert (await DockerBackend(container=container).inspect(process.handle)).status == Status.EXITED
+
+
+async def test_terminate_from_inside_the_container_when_host_pids_are_not_ours(container):
+    """The path for a remote engine: no host pid in the handle, so a separate exec ends the tree."""
+    tags = make_tags()
+    process = await DockerBackend(container=container).spawn(shell(*STUBBORN), tags)
+    await read_until(process, b"ready")
+    del process.handle["process"]
+    await asyncio.wait_for(process.terminate(grace=0.3), 30)
+    assert await settled_exec_processes(container) == []
+    assert find_tree(marker=tags.marker) == []
+
+
+async def test_a_dropped_stream_keeps_the_program_running_until_it_is_removed(container):
+    """Docker 20.10 neither signals nor stops a TTY exec whose client went away: we must end it."""
+    tags = make_tags()
+    backend = DockerBackend(container=container)
+    process = await backend.spawn(shell("echo ready; while :; do echo tick; sleep 0.1; done"), tags)
+    await read_until(process, b"ready")
+    await process.detach()
+    await asyncio.sleep(1)
+    assert (await backend.inspect(process.handle)).status == Status.ALIVE
+    assert exec_processes(container), "docker ended the exec when its stream was dropped"
+    await DockerBackend(container=container).remove(process.handle, grace=0.3)
+    assert await settled_exec_processes(container) == []
+    assert find_tree(marker=tags.marker) == []
+
+
+async def test_abandon_leaves_nothing_behind(container):
+    tags = make_tags()
+    process = await DockerBackend(container=container).spawn(shell(*STUBBORN), tags)
+    await read_until(process, b"ready")
+    await asyncio.wait_for(process.abandon(grace=0.3), 30)
+    assert await settled_exec_processes(container) == []
+    assert find_tree(marker=tags.marker) == []
+
+
+async def test_dropping_a_stalled_stream_fakes_an_exit_that_inspect_does_not_believe(container):
+    """Docker records 126 and hangs up the terminal if it was blocked writing to us; a HUP-proof program goes on."""
+    backend = DockerBackend(container=container)
+    script = "trap '' HUP; while :; do echo xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; done"
+    process = await backend.spawn(shell(script), make_tags())
+    await read_until(process, b"xxxx")
+    await asyncio.sleep(1.5)  # nobody reads: the program and dockerd block in write
+    await process.detach()
+    raw = await asyncio.to_thread(backend._clients[""].exec_inspect, process.handle["exec_id"])
+    await asyncio.sleep(0.5)
+    seen = await backend.inspect(process.handle)
+    assert seen.status == Status.ALIVE, f"{seen} (docker said running={raw['Running']} code={raw['ExitCode']})"
+    assert exec_processes(container)
+    await backend.remove(process.handle, grace=0.3)
+    assert await settled_exec_processes(container) == []
+    seen = await backend.inspect(process.handle)
+    assert seen.status == Status.EXITED and seen.exit.code == 126 and "126" in seen.detail
+
+
+SPAWNER = """
+import asyncio, json, sys, time
+from terminals.backends.docker import DockerBackend
+from terminals.backends.base import SpawnSpec
+from tests.backends.conftest import make_tags
+
+async def main():
+    process = await DockerBackend(container=sys.argv[1]).spawn(SpawnSpec(argv=tuple(sys.argv[2:])), make_tags())
+    # Read what comes at first (a prompt), so docker has no write in flight to us when we are killed.
+    try:
+        while await asyncio.wait_for(process.read(), 0.5):
+            pass
+    except TimeoutError:
+        pass
+    print(json.dumps(process.handle), flush=True)
+    time.sleep(1000)  # hold the stream open until killed
+
+asyncio.run(main())
+"""
+
+
+def spawn_in_other_process(container: str, *argv: str) -> tuple[subprocess.Popen, dict]:
+    spawner = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(SPAWNER), container, *argv],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    line = spawner.stdout.readline()
+    assert line, "the spawner printed no handle"
+    return spawner, json.loads(line)
+
+
+@pytest.mark.parametrize("script", ["sleep 2; exit 5", "sleep 2; echo done; exit 5"])
+async def test_inspect_from_a_new_process_reads_the_exit_after_the_spawner_was_killed(container, script):
+    spawner, handle = spawn_in_other_process(container, "/bin/sh", "-c", script)
+    os.kill(spawner.pid, signal.SIGKILL)
+    spawner.wait()
+    observer = DockerBackend(container=container)
+    assert (await observer.inspect(handle)).status == Status.ALIVE
+
+    async def settled():
+        while (seen := await observer.inspect(handle)).status == Status.ALIVE:
+            await asyncio.sleep(0.1)
+        return seen
+
+    seen = await asyncio.wait_for(settled(), 10)
+    assert seen.status == Status.EXITED
+    assert seen.exit.code == 5 and seen.exit.source == "docker exec inspect"
+
+
+async def test_a_killed_spawners_shell_is_found_and_removed_from_another_process(container):
+    spawner, handle = spawn_in_other_process(container, "/bin/sh")
+    os.kill(spawner.pid, signal.SIGKILL)
+    spawner.wait()
+    await asyncio.sleep(0.5)
+    backend = DockerBackend(container=container)
+    seen = await backend.inspect(handle)
+    assert seen.status == Status.ALIVE, seen
+    assert exec_processes(container)
+    await backend.remove(handle, grace=0.3)
+    assert await settled_exec_processes(container) == []
+    assert (await backend.inspect(handle)).status == Status.EXITED
+
+
+async def test_inspect_says_gone_once_the_container_is_removed(container):
+    backend = DockerBackend(container=container)
+    process = await backend.spawn(shell(), make_tags())
+    subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=True)
+    seen = await backend.inspect(process.handle)
+    assert seen.status == Status.GONE
+    assert container in seen.detail
+    with pytest.raises(BackendError, match="no longer knows"):
+        await asyncio.wait_for(process.wait(), 10)
+    await process.detach()
+
+
+async def test_spawn_into_a_missing_container_says_so():
+    with pytest.raises(SpawnError, match=r"container 'tether-test-nonexistent' not found on the local docker engine"):
+        await DockerBackend(container="tether-test-nonexistent").spawn(shell(), make_tags())
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [(SpawnSpec(argv=("/no/such/program",)), "no such file"), (SpawnSpec(argv=("sh",), cwd="/no/dir"), "/no/dir")],
+)
+async def test_spawn_of_what_cannot_start_says_why(container, spec, reason):
+    with pytest.raises(SpawnError, match=reason):
+        await DockerBackend(container=container).spawn(spec, make_tags())
+    assert await settled_exec_processes(container) == []
+
+
+async def test_an_unreachable_engine_is_unknown_not_gone(container, tmp_path):
+    backend = DockerBackend(container=container, engine=f"unix://{tmp_path}/no-docker.sock")
+    with pytest.raises(SpawnError, match="unreachable"):
+        await backend.spawn(shell(), make_tags())
+    handle = {"engine": backend.engine, "container": container, "exec_id": "0" * 64, "marker": "m"}
+    assert (await backend.inspect(handle)).status == Status.UNKNOWN
+
+
+async def test_every_terminal_has_its_size_right_after_spawn(container):
+    """The size is set once the exec runs; docker refuses earlier, so spawn retries until it takes."""
+    backend = DockerBackend(container=container)
+    sizes = [(60 + n, 20 + n) for n in range(8)]
+    processes = await asyncio.gather(*(backend.spawn(shell(cols=c, rows=r), make_tags()) for c, r in sizes))
+    try:
+        for process, (cols, rows) in zip(processes, sizes, strict=True):
+            await process.write(b"stty size\n")
+            await read_until(process, f"{rows} {cols}".encode())
+    finally:
+        await asyncio.gather(*(process.terminate(grace=0.3) for process in processes))
+    assert await settled_exec_processes(container) == []

@@ -1,0 +1,214 @@
+"""Real processes for the bridge tests: daphne servers and owner workers on Redis and the test database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.db import connection
+from django.test import Client
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    return f"postgres:///{db['NAME']}?host={db['HOST'] or '/var/run/postgresql'}"
+
+
+@dataclass
+class Stack:
+    """Daphne servers and workers sharing one channel prefix on the real Redis."""
+
+    prefix: str = field(default_factory=lambda: f"tether-test-{uuid.uuid4().hex[:8]}")
+    ports: list[int] = field(default_factory=list)
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    workers: list[subprocess.Popen] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path = field(default_factory=lambda: Path(os.environ.get("TETHER_TEST_LOGS", "/tmp/tether-test-logs")))
+
+    def _log(self, name: str):
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return open(self.log_dir / f"{self.prefix}-{name}-{len(self.processes)}.log", "w+b")
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "REDIS_URL": REDIS_URL,
+            "TETHER_CHANNEL_PREFIX": self.prefix,
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "TETHER_HEARTBEAT_SECONDS": "1",
+            "TETHER_LEASE_TTL_SECONDS": "4",
+            **self.extra_env,
+        }
+
+    def start_daphne(self) -> int:
+        port = free_port()
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "--websocket_timeout",
+                "-1",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "config.asgi:application",
+            ],
+            cwd=ROOT,
+            env=self.env(),
+            stdout=subprocess.DEVNULL,
+            stderr=self._log("daphne"),
+        )
+        self.processes.append(process)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if process.poll() is not None:
+                    raise AssertionError(f"daphne died; see {self.log_dir}")
+                time.sleep(0.05)
+        else:
+            raise AssertionError("daphne did not start")
+        self.ports.append(port)
+        return port
+
+    def start_worker(self, backends: str = "local,tmux,docker") -> subprocess.Popen:
+        log = self._log("worker")
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "terminal_worker", "--poll", "0.1", "--backends", backends],
+            cwd=ROOT,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while b" ready (" not in Path(log.name).read_bytes():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"worker did not start: {Path(log.name).read_text()[-2000:]}")
+            time.sleep(0.05)
+        self.processes.append(process)
+        self.workers.append(process)
+        return process
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def session_cookie(user) -> str:
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value
+
+
+class Viewer:
+    """A WebSocket client speaking the terminal protocol, like the browser page does."""
+
+    def __init__(self, ws: ClientConnection):
+        self.ws = ws
+        self.output = bytearray()
+        self.messages: list[dict] = []
+        self.offset = 0
+
+    @classmethod
+    async def open(cls, port: int, session_id, cookie: str, *, origin: str | None = None) -> Viewer:
+        headers = {"Cookie": f"sessionid={cookie}", "Origin": origin or f"http://127.0.0.1:{port}"}
+        ws = await connect(
+            f"ws://127.0.0.1:{port}/ws/terminals/{session_id}/", additional_headers=headers, max_size=2**22
+        )
+        return cls(ws)
+
+    async def attach(self, since: int = 0, cols: int = 80, rows: int = 24, generation: int | None = None) -> dict:
+        await self.send_json({"type": "attach", "since": since, "cols": cols, "rows": rows, "generation": generation})
+        return await self.wait_for("attached")
+
+    async def send_json(self, message: dict) -> None:
+        await self.ws.send(json.dumps(message))
+
+    async def type(self, data: bytes | str) -> None:
+        await self.ws.send(data.encode() if isinstance(data, str) else data)
+
+    async def _next(self, timeout: float) -> None:
+        frame = await asyncio.wait_for(self.ws.recv(), timeout)
+        if isinstance(frame, bytes):
+            self.output += frame
+            self.offset += len(frame)
+        else:
+            message = json.loads(frame)
+            self.messages.append(message)
+            if message["type"] == "attached":
+                self.offset = message["offset"]
+
+    async def read_until(self, needle: bytes, timeout: float = 15.0) -> bytes:
+        deadline = time.monotonic() + timeout
+        start = len(self.output) - len(needle) if len(self.output) > len(needle) else 0
+        while needle not in self.output[start:]:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"{needle!r} not seen; got {bytes(self.output[-500:])!r}; {self.messages[-5:]}")
+            await self._next(remaining)
+        return bytes(self.output)
+
+    async def read_match(self, pattern: bytes, timeout: float = 15.0) -> re.Match:
+        """Wait until ``pattern`` matches output received from now on; return the match."""
+        start = len(self.output)
+        deadline = time.monotonic() + timeout
+        while (match := re.search(pattern, bytes(self.output[start:]))) is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"{pattern!r} not seen; got {bytes(self.output[-500:])!r}; {self.messages[-5:]}")
+            await self._next(remaining)
+        return match
+
+    async def wait_for(self, kind: str, timeout: float = 20.0) -> dict:
+        seen = len(self.messages)
+        deadline = time.monotonic() + timeout
+        while True:
+            for message in self.messages[seen:]:
+                if message["type"] == kind:
+                    return message
+            seen = len(self.messages)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no {kind!r} message; got {self.messages[-5:]}")
+            await self._next(remaining)
+
+    async def wait_closed(self, timeout: float = 10.0) -> int:
+        try:
+            while True:
+                await self._next(timeout)
+        except ConnectionClosed as closed:
+            return closed.rcvd.code if closed.rcvd else closed.code
+
+    async def close(self) -> None:
+        await self.ws.close()

@@ -1,0 +1,184 @@
+"""The path end to end: browser socket -> daphne -> Redis -> owner worker -> process, and back."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+
+import pytest
+from asgiref.sync import sync_to_async
+from websockets.exceptions import InvalidStatus
+
+from executions import actions as exec_actions
+from executions.models import Evidence, Execution, State
+from terminals.models import ProcessLease
+from terminals.protocol import CloseCode
+from tests.bridge.harness import Viewer, session_cookie
+from tests.factories import TEST_ACTOR, make_spec
+
+pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.mark.parametrize("backend", ["local", "tmux", "docker"])
+async def test_echo_round_trip(stack, terminal, operator, backend):
+    session, cookie = await sync_to_async(terminal)(operator, backend)
+    viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+    attached = await viewer.attach()
+    assert attached["process_state"] == "live"
+    await viewer.type("echo tether-$((6*7))\r")
+    await viewer.read_until(b"tether-42")
+    await viewer.close()
+
+
+async def test_command_runs_once_and_its_exit_code_is_recorded(stack, place, tmp_path):
+    counter = tmp_path / "launches"
+    machine = await sync_to_async(place)("local", "cmd-box")
+    spec = make_spec("sh", "-c", f"echo launched >> {counter}; exit 7")
+
+    def submit():
+        return exec_actions.submit_execution(
+            scope="team-a", execution_id="deploy-1", machine_name=machine.name, spec=spec, actor=TEST_ACTOR
+        )
+
+    execution, created = await sync_to_async(submit)()
+    assert created
+    for _ in range(200):
+        execution = await sync_to_async(Execution.objects.get)(pk=execution.pk)
+        if execution.state == State.COMPLETED:
+            break
+        await asyncio.sleep(0.05)
+    assert (execution.state, execution.evidence, execution.exit_code) == (State.COMPLETED, Evidence.EXITED, 7)
+    again, created = await sync_to_async(submit)()
+    assert not created and again.pk == execution.pk
+    await asyncio.sleep(1.0)  # a worker that wrongly re-ran it would have appended by now
+    assert counter.read_text() == "launched\n"
+
+
+async def test_second_viewer_supersedes_the_first_with_4001(stack, terminal, operator):
+    session, cookie = await sync_to_async(terminal)(operator)
+    first = await Viewer.open(stack.ports[0], session.id, cookie)
+    await first.attach()
+    await first.type("echo one-$((1+1))\r")
+    await first.read_until(b"one-2")
+    second = await Viewer.open(stack.ports[0], session.id, cookie)
+    await second.attach()
+    superseded = await first.wait_for("superseded")
+    assert superseded["text"] == "Superseded by another window"
+    assert await first.wait_closed() == CloseCode.SUPERSEDED
+    # The new viewer owns input and sees the same shell's history.
+    await second.type("echo two-$((2+2))\r")
+    output = await second.read_until(b"two-4")
+    assert b"one-2" in output
+
+
+async def test_reset_gives_a_new_process(stack, terminal, operator):
+    session, cookie = await sync_to_async(terminal)(operator)
+    viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+    await viewer.attach()
+    await viewer.type('echo "pid:$$:"\r')
+    first_pid = (await viewer.read_match(rb"pid:(\d+):")).group(1)
+    await viewer.send_json({"type": "reset"})
+    await viewer.wait_for("reset")
+    await viewer.wait_for("attached")
+    await viewer.type('echo "pid:$$:"\r')
+    second_pid = (await viewer.read_match(rb"pid:(\d+):")).group(1)
+    assert second_pid != first_pid
+    old = await sync_to_async(lambda: Execution.objects.get(execution_id=f"terminal-{session.id}-1"))()
+    assert (old.state, old.evidence) == (State.COMPLETED, Evidence.RESET)
+
+
+async def test_resize_is_seen_by_stty(stack, terminal, operator):
+    session, cookie = await sync_to_async(terminal)(operator)
+    viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+    await viewer.attach(cols=101, rows=31)
+    await viewer.type("stty size\r")
+    await viewer.read_until(b"31 101")
+    await viewer.send_json({"type": "resize", "cols": 132, "rows": 43})
+    await viewer.type("stty size\r")
+    await viewer.read_until(b"43 132")
+
+
+async def test_foreign_user_and_bad_origin_are_refused(stack, terminal, alice, bob):
+    session, alice_cookie = await sync_to_async(terminal)(alice, "docker")
+    bob_cookie = await sync_to_async(session_cookie)(bob)
+    with pytest.raises(InvalidStatus) as refused:
+        await Viewer.open(stack.ports[0], session.id, bob_cookie)
+    assert refused.value.response.status_code == 403
+    with pytest.raises(InvalidStatus):
+        await Viewer.open(stack.ports[0], session.id, alice_cookie, origin="http://evil.example")
+    with pytest.raises(InvalidStatus):
+        await Viewer.open(stack.ports[0], uuid.uuid4(), alice_cookie)
+    with pytest.raises(InvalidStatus):
+        await Viewer.open(stack.ports[0], session.id, "not-a-session")
+    # Alice herself gets in.
+    viewer = await Viewer.open(stack.ports[0], session.id, alice_cookie)
+    await viewer.attach()
+
+
+async def test_malformed_frames_get_errors_and_the_session_survives(stack, terminal, operator):
+    session, cookie = await sync_to_async(terminal)(operator)
+    viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+    await viewer.attach()
+    bad = [
+        "{not json",
+        "[1,2]",
+        '{"type": 5}',
+        '{"type": "launch_missiles"}',
+        '{"type": "resize", "cols": 0, "rows": 9}',
+        '{"type": "resize", "cols": 80, "rows": 999}',
+        '{"type": "ack", "offset": -1}',
+        "x" * (65 * 1024),
+    ]
+    for frame in bad:
+        await viewer.ws.send(frame)
+        error = await viewer.wait_for("error")
+        assert error["message"]
+    await viewer.ws.send(b"x" * (65 * 1024))
+    assert "over the" in (await viewer.wait_for("error"))["message"]
+    await viewer.type("echo alive-$((3*3))\r")
+    await viewer.read_until(b"alive-9")
+
+
+async def test_worker_that_lost_its_lease_stops_writing_for_that_session(stack, terminal, operator):
+    session, cookie = await sync_to_async(terminal)(operator)
+    viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+    await viewer.attach()
+    await viewer.type("echo before\r")
+    await viewer.read_until(b"before\r\n")
+
+    def bump():
+        lease = ProcessLease.objects.get(execution__terminal_session=session)
+        ProcessLease.objects.filter(pk=lease.pk).update(token=lease.token + 1)
+        return lease.execution_id
+
+    execution_pk = await sync_to_async(bump)()
+    closed = await viewer.wait_for("closed", timeout=10)
+    assert closed["reason"] == "server_restart"
+    await asyncio.sleep(1.5)
+    execution = await sync_to_async(Execution.objects.get)(pk=execution_pk)
+    # The old owner wrote nothing more: no exit, no unknown, the lease untouched but for the bump.
+    assert execution.state == State.RUNNING
+    lease = await sync_to_async(ProcessLease.objects.get)(execution_id=execution_pk)
+    assert lease.released_at is None
+
+
+async def test_two_daphnes_and_two_workers_serve_sessions_whichever_daphne(stack, terminal, operator):
+    stack.start_daphne()
+    stack.start_worker()
+    sessions = [await sync_to_async(terminal)(operator, "local") for _ in range(1)]
+    sessions.append(await sync_to_async(terminal)(operator, "tmux"))
+    for index, (session, cookie) in enumerate(sessions):
+        first = await Viewer.open(stack.ports[index % 2], session.id, cookie)
+        await first.attach()
+        await first.type(f"echo s{index}-$((5*5))\r")
+        await first.read_until(f"s{index}-25".encode())
+        # Take over from the other daphne: same shell, earlier output replayed.
+        second = await Viewer.open(stack.ports[(index + 1) % 2], session.id, cookie)
+        await second.attach()
+        assert await first.wait_closed() == CloseCode.SUPERSEDED
+        await second.read_until(f"s{index}-25".encode())
+        await second.type(f"echo again{index}\r")
+        await second.read_until(f"again{index}\r\n".encode())
+    workers = await sync_to_async(lambda: set(ProcessLease.objects.values_list("worker_id", flat=True)))()
+    assert len(workers) >= 1
