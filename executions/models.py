@@ -69,6 +69,17 @@ ENDED_STATES = FINAL_STATES | {State.UNKNOWN}
 SLOT_STATES = frozenset({State.PENDING, State.DISPATCHED, State.RUNNING, State.UNKNOWN})
 
 
+# How a completed execution that did not simply exit is described to people.
+_ENDED_LABELS = {
+    Evidence.SPAWN_FAILED: "Did not start",
+    Evidence.RESET: "Ended by reset",
+    Evidence.KILLED: "Killed",
+    Evidence.IDLE_REAPED: "Closed: idle",
+    Evidence.DEADLINE: "Closed: session deadline reached",
+    Evidence.OUTPUT_LIMIT: "Closed: output limit reached",
+}
+
+
 class Machine(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     backend = models.CharField(max_length=16, choices=Backend.choices)
@@ -188,7 +199,7 @@ class Execution(models.Model):
                 return f"Exited with code {self.exit_code}"
             if self.evidence == Evidence.SIGNALED and self.exit_signal is not None:
                 return f"Ended by signal {self.exit_signal}"
-            return f"Ended ({self.get_evidence_display()})"
+            return _ENDED_LABELS.get(self.evidence, f"Ended ({self.evidence})")
         if self.state == State.UNKNOWN:
             return "Connection lost; outcome unknown"
         if self.state == State.RESOLVED:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import socket
@@ -14,6 +15,26 @@ from http.cookiejar import CookieJar
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+OPEN_TERMINAL = """
+from django.contrib.auth import get_user_model
+from executions.models import Machine
+from terminals.actions import open_terminal
+session, _ = open_terminal(Machine.objects.get(name="this-host"), get_user_model().objects.get(username="admin"))
+print(session.id)
+"""
+
+
+async def _echo(port: int, session_id: str, cookie: str) -> bytes:
+    from tests.bridge.harness import Viewer
+
+    viewer = await Viewer.open(port, session_id, cookie)
+    await viewer.attach()
+    await viewer.type("echo embedded-$((6*7))\r")
+    output = await viewer.read_until(b"embedded-42")
+    await viewer.close()
+    return output
 
 
 def _free_port() -> int:
@@ -36,11 +57,11 @@ def test_embedded_mode_serves_admin_with_the_printed_login(tmp_path):
 
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+        [sys.executable, "manage.py", "tether_serve", "--port", str(port)],
         cwd=ROOT,
         env=environ,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=(tmp_path / "serve.log").open("wb"),
     )
     try:
         base = f"http://127.0.0.1:{port}"
@@ -65,6 +86,14 @@ def test_embedded_mode_serves_admin_with_the_printed_login(tmp_path):
         # Static files are served by the same process in embedded mode.
         css = opener.open(f"{base}/static/admin/css/base.css", timeout=5)
         assert css.status == 200
+
+        # The owner worker runs inside the same process, on the in-memory channel layer.
+        opened = run("shell", "-c", OPEN_TERMINAL)
+        assert opened.returncode == 0, opened.stderr
+        session_id = opened.stdout.strip().splitlines()[-1]
+        cookie = next(c.value for c in jar if c.name == "sessionid")
+        echoed = asyncio.run(_echo(port, session_id, cookie))
+        assert b"embedded-42" in echoed
     finally:
         server.terminate()
-        server.wait(timeout=10)
+        server.wait(timeout=30)

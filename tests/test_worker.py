@@ -1,0 +1,136 @@
+"""The owner worker as a loop over one step, its leases, and what it leaves behind when it stops."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from executions import actions as exec_actions
+from executions.errors import Refused, SlotTaken
+from executions.models import Evidence, Execution, State
+from terminals import actions
+from terminals.models import ProcessLease, ProcessState, TerminalSession, Worker, WorkerState
+from terminals.worker import OwnerWorker
+from tests.bridge.harness import Stack
+from tests.factories import TEST_ACTOR, make_machine, make_spec
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def _until(predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await sync_to_async(predicate)()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+async def test_one_step_claims_runs_and_records_a_command():
+    machine = await sync_to_async(make_machine)("step-box")
+
+    def submit(execution_id: str, *argv: str):
+        return exec_actions.submit_execution(
+            scope="team-a",
+            execution_id=execution_id,
+            machine_name=machine.name,
+            spec=make_spec(*argv),
+            actor=TEST_ACTOR,
+        )[0]
+
+    worker = OwnerWorker(backends={"local"})
+    await worker.start()
+    assert await worker.handle_one_step() is False  # nothing pending: an idle step
+    execution = await sync_to_async(submit)("job-1", "sh", "-c", "printf 'out put'; exit 3")
+    assert await worker.handle_one_step() is True
+    done = await _until(lambda: Execution.objects.filter(pk=execution.pk, state=State.COMPLETED).first())
+    assert (done.evidence, done.exit_code, bytes(done.output)) == (Evidence.EXITED, 3, b"out put")
+    events = await sync_to_async(lambda: list(done.events.values_list("to_state", "actor")))()
+    assert [to for to, _ in events] == ["pending", "dispatched", "running", "completed"]
+    assert all(actor == f"worker:{worker.worker.worker_id}" for _, actor in events[1:])
+    lease = await sync_to_async(ProcessLease.objects.get)(execution=done)
+    assert lease.released_at is not None and lease.token == 1
+    await worker.shutdown()
+
+
+async def test_a_program_that_cannot_start_is_recorded_plainly():
+    machine = await sync_to_async(make_machine)("nowhere-box")
+    execution = await sync_to_async(
+        lambda: exec_actions.submit_execution(
+            scope="team-a",
+            execution_id="bad",
+            machine_name=machine.name,
+            spec=make_spec("no-such-program-q"),
+            actor=TEST_ACTOR,
+        )[0]
+    )()
+    worker = OwnerWorker(backends={"local"})
+    await worker.start()
+    await worker.handle_one_step()
+    done = await sync_to_async(Execution.objects.get)(pk=execution.pk)
+    assert (done.state, done.evidence) == (State.COMPLETED, Evidence.SPAWN_FAILED)
+    assert done.outcome_label == "Did not start"
+    await worker.shutdown()
+
+
+def test_a_live_terminal_holds_the_slot_and_opening_again_reattaches(operator):
+    machine = make_machine("term-box")
+    session, created = actions.open_terminal(machine, operator)
+    again, created_again = actions.open_terminal(machine, operator)
+    assert created and not created_again and again.pk == session.pk
+    with pytest.raises(SlotTaken, match=f"held by team-a/terminal-{session.id}-1"):
+        exec_actions.submit_execution(
+            scope="team-a", execution_id="cmd", machine_name=machine.name, spec=make_spec(), actor=TEST_ACTOR
+        )
+
+
+def test_host_shells_are_for_staff_and_the_session_cap_holds(alice, operator, settings):
+    with pytest.raises(Refused, match="may not open a shell"):
+        actions.open_terminal(make_machine("host-1"), alice)
+    settings.TETHER_SESSIONS_PER_USER = 2
+    actions.open_terminal(make_machine("cap-1"), operator)
+    actions.open_terminal(make_machine("cap-2"), operator)
+    with pytest.raises(Refused, match="reattach to one of them"):
+        actions.open_terminal(make_machine("cap-3"), operator)
+
+
+def test_a_stale_worker_cannot_write_after_losing_its_lease():
+    machine = make_machine("fence-box")
+    exec_actions.submit_execution(
+        scope="team-a", execution_id="fenced", machine_name=machine.name, spec=make_spec(), actor=TEST_ACTOR
+    )
+    me = Worker.objects.create(
+        worker_id="w1", host="h", pid=1, process_started_at=1, boot_id="b", heartbeat_at="2026-01-01T00:00Z"
+    )
+    execution, lease = actions.claim_next_execution(me, {"local"})
+    ProcessLease.objects.filter(pk=lease.pk).update(token=lease.token + 1)  # someone else claimed it
+    with pytest.raises(actions.LeaseLost):
+        actions.fenced_transition(execution, State.RUNNING, worker=me, token=lease.token, evidence=Evidence.OBSERVED)
+    assert Execution.objects.get(pk=execution.pk).state == State.DISPATCHED
+
+
+def test_sigterm_stops_the_worker_and_records_what_it_ended(operator):
+    machine = make_machine("stop-box")
+    session, _ = actions.open_terminal(machine, operator)
+    stack = Stack()
+    try:
+        worker = stack.start_worker("local")
+        deadline = time.monotonic() + 15
+        while Execution.objects.get(pk=session.execution_id).state != State.RUNNING:
+            assert time.monotonic() < deadline, "the terminal never started"
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 0
+    finally:
+        stack.stop()
+    execution = Execution.objects.get(pk=session.execution_id)
+    # A local PTY cannot outlive its owner: it was ended, proven gone, and recorded as killed, never "failed".
+    assert (execution.state, execution.evidence) == (State.COMPLETED, Evidence.KILLED)
+    session = TerminalSession.objects.get(pk=session.pk)
+    assert (session.process_state, session.close_reason) == (ProcessState.CLOSED, "server_restart")
+    assert Worker.objects.get().state == WorkerState.STOPPED
