@@ -89,7 +89,7 @@ class Stack:
                 break
             except OSError:
                 if process.poll() is not None:
-                    raise AssertionError(f"daphne died; see {self.log_dir}")
+                    raise AssertionError(f"daphne died; see {self.log_dir}") from None
                 time.sleep(0.05)
         else:
             raise AssertionError("daphne did not start")
