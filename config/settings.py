@@ -147,6 +147,8 @@ TETHER_SESSIONS_PER_USER = env_int("TETHER_SESSIONS_PER_USER", 5, minimum=1)
 # Unacknowledged output a viewer may have in flight before the worker stops reading the process.
 TETHER_FLOW_HIGH_BYTES = env_int("TETHER_FLOW_HIGH_BYTES", 512 * 1024, minimum=65536)
 TETHER_FLOW_LOW_BYTES = env_int("TETHER_FLOW_LOW_BYTES", 128 * 1024, minimum=0)
+# How long a departed viewer's flow window holds the output for it (a reconnect within it has no gap).
+TETHER_RECONNECT_GRACE_SECONDS = env_int("TETHER_RECONNECT_GRACE_SECONDS", 60, minimum=0)
 # Host shells (local, tmux) are for staff unless this allows everyone.
 TETHER_HOST_SHELLS_FOR_ALL = env_bool("TETHER_HOST_SHELLS_FOR_ALL", False)
 # The worker runs inside the web process in embedded mode (make run).

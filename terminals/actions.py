@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.errors import Refused, TransitionRefused
-from executions.models import Backend, Evidence, Execution, Kind, Machine, State
+from executions.models import Backend, Evidence, Execution, ExecutionEvent, Kind, Machine, State
 from executions.spec import ExecutionSpec
 from terminals.models import (
     CloseReason,
@@ -57,14 +57,19 @@ def register_worker(*, worker_id: str, host: str, pid: int, started_at: int, boo
     )
 
 
-def worker_heartbeat(worker: Worker) -> dict[int, int]:
-    """Beat for the worker and extend every lease it still holds. Returns {execution id: token} still held."""
+def worker_heartbeat(worker: Worker) -> dict[int, tuple[int, str]]:
+    """Beat for the worker and extend every lease it still holds.
+
+    Returns {execution id: (token, requested action)} for the leases still held.
+    """
     ttl = settings.TETHER_LEASE_TTL_SECONDS
     with transaction.atomic():
         Worker.objects.filter(pk=worker.pk).exclude(state=WorkerState.STOPPED).update(heartbeat_at=Now())
         held = ProcessLease.objects.filter(worker=worker, released_at__isnull=True)
         held.update(heartbeat_at=Now(), expires_at=_in(ttl))
-        return dict(held.values_list("execution_id", "token"))
+        return {
+            pk: (token, request) for pk, token, request in held.values_list("execution_id", "token", "requested_action")
+        }
 
 
 def stop_worker(worker: Worker) -> None:
@@ -324,3 +329,33 @@ def settle_execution(
                 output_offset=output_offset,
             )
     return execution
+
+
+REQUESTABLE = {"cancel", "kill", "fail", "complete", "reset"}
+
+
+def request_process_action(execution: Execution, action: str, *, actor: Actor, reason: str = "") -> ProcessLease:
+    """Ask the owner of a running process to act on it. Compare-and-set: one request at a time."""
+    if action not in REQUESTABLE:
+        raise exec_actions.UsageError(f"unknown action {action!r}")
+    with transaction.atomic():
+        changed = ProcessLease.objects.filter(
+            execution=execution, released_at__isnull=True, requested_action=""
+        ).update(requested_action=action, requested_by=actor.label, requested_at=Now())
+        lease = ProcessLease.objects.filter(execution=execution).first()
+        if changed != 1:
+            if lease is None or lease.released_at is not None:
+                raise TransitionRefused(f"{execution}", execution.state, action, "no live process holds it")
+            raise TransitionRefused(
+                f"{execution}", execution.state, action, f"{lease.requested_action} already requested"
+            )
+        ExecutionEvent.objects.create(
+            execution=execution,
+            from_state=execution.state,
+            to_state=execution.state,
+            actor=actor.label,
+            user=actor.user,
+            reason=reason or f"{action} requested",
+            detail={"requested": action},
+        )
+    return lease

@@ -191,6 +191,10 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if self.attached:
             await self._to_worker("session.ack", offset=offset)
 
+    async def client_keepalive(self, message: dict) -> None:
+        if self.attached:
+            await self._to_worker("session.keepalive")
+
     async def client_ping(self, message: dict) -> None:
         await self.send_json({"type": "pong"})
 
@@ -305,6 +309,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             self.attached = False
             await asyncio.sleep(0.2)
             await self._attach()
+
+    async def terminal_warning(self, event: dict) -> None:
+        await self.send_json({"type": "warning", "reason": event["reason"], "seconds_left": event["seconds_left"]})
 
     async def terminal_superseded(self, event: dict) -> None:
         self.attached = False

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
 
 from terminals.backends.base import BackendError, Exit, Process
 from terminals.buffer import OutputBuffer
+from terminals.lifetimes import Limits
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +27,6 @@ OUTPUT_MESSAGE_BYTES = 64 * 1024  # cap on one channel message's payload
 class Viewer:
     channel: str
     viewer_id: str
-    acked: int  # absolute offset the viewer has confirmed rendering
 
 
 @dataclass
@@ -45,18 +46,38 @@ class LiveProcess:
     closing: bool = False
     close_reason: str = ""
     handle_backend: str = ""
+    limits: Limits = field(default_factory=Limits)
+    started: float = field(default_factory=time.monotonic)
+    last_activity: float = field(default_factory=time.monotonic)
+    warned: str = ""  # the reason the current viewer was last warned about
+    handled_request: str = ""
+    acked: int = 0  # offset the last viewer confirmed rendering; kept while it is away
+    viewer_gone_at: float | None = None
 
     def __post_init__(self) -> None:
         self.flow_open.set()
 
+    def touch(self) -> None:
+        """Someone is here: input, a keep-alive or an attach resets the idle clock."""
+        self.last_activity = time.monotonic()
+        self.warned = ""
+
     # --- flow control ----------------------------------------------------------------------
 
     def in_flight(self) -> int:
-        return self.buffer.end - self.viewer.acked if self.viewer else 0
+        return self.buffer.end - self.acked
 
     def update_flow(self) -> None:
-        """Pause reading above the high watermark; resume below the low one."""
-        if self.viewer is None:
+        """Pause reading above the high watermark of unacknowledged output; resume below the low one.
+
+        A viewer that just went away keeps its window for the reconnect grace period, so a
+        quick reconnect resumes with no gap; after that the session runs free and the bounded
+        buffer keeps only the tail (a reconnect is then told how much was lost).
+        """
+        if self.viewer is None and (
+            self.viewer_gone_at is None
+            or time.monotonic() - self.viewer_gone_at >= settings.TETHER_RECONNECT_GRACE_SECONDS
+        ):
             self.flow_open.set()
         elif self.in_flight() >= settings.TETHER_FLOW_HIGH_BYTES:
             self.flow_open.clear()
@@ -66,8 +87,13 @@ class LiveProcess:
     def ack(self, viewer_id: str, offset: int) -> None:
         if self.viewer and self.viewer.viewer_id == viewer_id:
             # An ack can never move backwards or past what was produced.
-            self.viewer.acked = max(self.viewer.acked, min(offset, self.buffer.end))
+            self.acked = max(self.acked, min(offset, self.buffer.end))
             self.update_flow()
+
+    def viewer_left(self) -> None:
+        self.viewer = None
+        self.viewer_gone_at = time.monotonic()
+        self.update_flow()
 
     # --- reading ---------------------------------------------------------------------------
 

@@ -53,6 +53,11 @@ class ProcessLease(models.Model):
     heartbeat_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     released_at = models.DateTimeField(null=True, blank=True)
+    # An operator's or a command's request for the owner to act on the process (cancel, kill, fail,
+    # complete, reset). The owner picks it up on its next heartbeat: the row is the message.
+    requested_action = models.CharField(max_length=16, blank=True)
+    requested_by = models.CharField(max_length=200, blank=True)
+    requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [

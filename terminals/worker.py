@@ -26,13 +26,23 @@ from executions.spec import ExecutionSpec
 from terminals import actions
 from terminals.backends.base import SpawnError, SpawnSpec, Tags
 from terminals.backends.procfs import ProcessIdentity, boot_id
-from terminals.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Viewer
-from terminals.models import CloseReason, ProcessState, TerminalSession, Worker
+from terminals.lifetimes import Limits, judge
+from terminals.live import LiveProcess
+from terminals.models import CloseReason, TerminalSession, Worker
 from terminals.registry import available_backends, backend_for
+from terminals.viewing import ViewerHandlers
 
 log = logging.getLogger(__name__)
 
-MAX_COLS, MAX_ROWS = 500, 200
+
+# A requested action -> the close reason the owner ends the process with.
+_REQUESTS = {
+    "cancel": CloseReason.KILLED,
+    "kill": CloseReason.KILLED,
+    "fail": CloseReason.FAILED,
+    "reset": CloseReason.RESET,
+    "complete": CloseReason.COMPLETED,
+}
 
 # close_reason -> (evidence recorded when we ended the process ourselves)
 _ENDED_BY_US = {
@@ -54,7 +64,7 @@ def _session_for(execution_pk: int) -> TerminalSession | None:
     return TerminalSession.objects.filter(execution_id=execution_pk).first()
 
 
-class OwnerWorker:
+class OwnerWorker(ViewerHandlers):
     def __init__(self, *, backends: set[str] | None = None, poll_interval: float = 0.5):
         self.backends = backends or available_backends()
         self.poll_interval = poll_interval
@@ -64,6 +74,13 @@ class OwnerWorker:
         self.channel = ""
         self.draining = False
         self.me = ProcessIdentity.of(os.getpid())
+        self._tasks: set[asyncio.Task] = set()
+
+    def _background(self, work) -> None:
+        """Run ``work`` beside the loop, keeping a reference so it is not collected mid-flight."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -83,7 +100,11 @@ class OwnerWorker:
         """Serve until ``stop`` is set, then shut down without lying about what was held."""
         if self.worker is None:
             await self.start()
-        helpers = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._heartbeat_loop())]
+        helpers = [
+            asyncio.create_task(self._receive_loop()),
+            asyncio.create_task(self._heartbeat_loop()),
+            asyncio.create_task(self._lifetimes_loop()),
+        ]
         try:
             while not stop.is_set():
                 while not stop.is_set() and await self.handle_one_step():
@@ -120,8 +141,12 @@ class OwnerWorker:
         execution = await db(_load_execution)(execution.pk)
         if execution.state in (State.DISPATCHED, State.RUNNING):
             await db(actions.settle_execution)(
-                execution, worker=self.worker, token=token, to_state=State.UNKNOWN,
-                evidence=Evidence.CONTROLLER_LOST, reason=f"launch failed: {error!r}",
+                execution,
+                worker=self.worker,
+                token=token,
+                to_state=State.UNKNOWN,
+                evidence=Evidence.CONTROLLER_LOST,
+                reason=f"launch failed: {error!r}",
                 close_reason=CloseReason.CONTROLLER_LOST,
             )
 
@@ -142,7 +167,8 @@ class OwnerWorker:
         execution = await db(_load_execution)(execution.pk)
         machine = execution.machine
         session = await db(_session_for)(execution.pk)
-        spec = SpawnSpec.from_execution_spec(ExecutionSpec.from_json(execution.spec))
+        full_spec = ExecutionSpec.from_json(execution.spec)
+        spec = SpawnSpec.from_execution_spec(full_spec)
         tags = Tags(
             session=str(session.id) if session else f"{execution.scope}/{execution.execution_id}",
             owner_pid=self.me.pid,
@@ -176,6 +202,7 @@ class OwnerWorker:
             session_id=str(session.id) if session else None,
             generation=session.generation if session else 0,
             handle_backend=machine.backend,
+            limits=Limits(full_spec.idle_seconds, full_spec.session_seconds, full_spec.output_limit_bytes),
         )
         self.live[execution.pk] = live
         live.pump_task = asyncio.create_task(self._supervise(live, execution))
@@ -209,7 +236,8 @@ class OwnerWorker:
         fields = {}
         if live.kind == Kind.COMMAND:
             fields = {"output": output, "output_truncated": max(truncated, 0)}
-        if exit is None:
+        if exit is None or (live.closing and live.lost_observation):
+            # No trustworthy exit, or we could not prove the tree we ended is gone.
             state, evidence = State.UNKNOWN, Evidence.CONTROLLER_LOST
             note = live.lost_observation
         elif live.closing and reason in _ENDED_BY_US:
@@ -278,117 +306,6 @@ class OwnerWorker:
             await self._send(live.viewer.channel, {"type": "terminal.closed", "reason": "server_restart", "text": why})
         await live.process.detach()
 
-    # --- output to viewers -------------------------------------------------------------------
-
-    async def _send(self, channel: str, message: dict) -> bool:
-        try:
-            await self.layer.send(channel, message)
-        except Exception as error:  # a full or vanished channel: the viewer resyncs by offset
-            log.info("could not reach viewer %s: %r", channel, error)
-            return False
-        return True
-
-    async def _send_output(self, live: LiveProcess, offset: int, data: bytes) -> None:
-        if live.viewer is None:
-            return
-        for start in range(0, len(data), OUTPUT_MESSAGE_BYTES):
-            piece = data[start : start + OUTPUT_MESSAGE_BYTES]
-            await self._send(live.viewer.channel, {"type": "terminal.output", "offset": offset + start, "data": piece})
-
-    # --- viewer messages ---------------------------------------------------------------------
-
-    async def _receive_loop(self) -> None:
-        while True:
-            message = await self.layer.receive(self.channel)
-            handler = getattr(self, "on_" + message.get("type", "").removeprefix("session."), None)
-            if handler is None:
-                log.warning("unknown message type %r", message.get("type"))
-                continue
-            try:
-                await handler(message)
-            except Exception:
-                log.exception("handling %s failed", message.get("type"))
-
-    def _held(self, message: dict) -> LiveProcess | None:
-        return self.live.get(message.get("execution"))
-
-    async def _refuse(self, message: dict, code: str, text: str) -> None:
-        await self._send(message["reply"], {"type": "terminal.error", "code": code, "message": text})
-
-    async def on_attach(self, message: dict) -> None:
-        live = self._held(message)
-        if live is None or live.closing:
-            await self._refuse(message, "not_held", "this worker does not hold that session")
-            return
-        old = live.viewer
-        if old and old.viewer_id != message["viewer"]:
-            await self._send(old.channel, {"type": "terminal.superseded"})
-        cols, rows = message.get("cols"), message.get("rows")
-        if isinstance(cols, int) and isinstance(rows, int) and 1 <= cols <= MAX_COLS and 1 <= rows <= MAX_ROWS:
-            await live.process.resize(cols, rows)
-        since = message.get("since", 0) if message.get("generation") == live.generation else 0
-        first, data, lost = live.buffer.since(max(int(since), 0))
-        live.viewer = Viewer(channel=message["reply"], viewer_id=message["viewer"], acked=first)
-        await self._send(
-            message["reply"],
-            {
-                "type": "terminal.attached",
-                "offset": first,
-                "lost": lost,
-                "generation": live.generation,
-                "execution": live.execution_pk,
-                "process_state": ProcessState.LIVE,
-            },
-        )
-        await self._send_output(live, first, data)
-        live.update_flow()
-        if live.session_id:
-            await db(actions.note_viewer)(live.session_id)
-
-    async def on_input(self, message: dict) -> None:
-        live = self._held(message)
-        if live is None or live.closing:
-            await self._refuse(message, "not_held", "the session is not running")
-        elif live.viewer is None or live.viewer.viewer_id != message["viewer"]:
-            await self._refuse(message, "superseded", "another window owns this session's input")
-        else:
-            await live.process.write(message["data"])
-
-    async def on_resize(self, message: dict) -> None:
-        live = self._held(message)
-        if live and live.viewer and live.viewer.viewer_id == message["viewer"] and not live.closing:
-            await live.process.resize(message["cols"], message["rows"])
-
-    async def on_ack(self, message: dict) -> None:
-        live = self._held(message)
-        if live:
-            live.ack(message["viewer"], int(message["offset"]))
-
-    async def on_resend(self, message: dict) -> None:
-        live = self._held(message)
-        if live and live.viewer and live.viewer.viewer_id == message["viewer"]:
-            first, data, lost = live.buffer.since(int(message["since"]))
-            if lost:
-                await self._send(live.viewer.channel, {"type": "terminal.gap", "offset": first, "lost": lost})
-            await self._send_output(live, first, data)
-
-    async def on_detach(self, message: dict) -> None:
-        live = self._held(message)
-        if live and live.viewer and live.viewer.viewer_id == message["viewer"]:
-            live.viewer = None
-            live.update_flow()
-            if live.session_id:
-                await db(actions.note_viewer)(live.session_id)
-
-    async def on_reset(self, message: dict) -> None:
-        live = self._held(message)
-        if live is None:
-            await self._refuse(message, "not_held", "the session is not running")
-        elif live.viewer is None or live.viewer.viewer_id != message["viewer"]:
-            await self._refuse(message, "superseded", "another window owns this session")
-        else:
-            await self._end(live, CloseReason.RESET)
-
     # --- leases ------------------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
@@ -399,6 +316,48 @@ class OwnerWorker:
     async def heartbeat_once(self) -> None:
         held = await db(actions.worker_heartbeat)(self.worker)
         for live in list(self.live.values()):
-            if held.get(live.execution_pk) != live.token:
+            token, request = held.get(live.execution_pk, (None, ""))
+            if token != live.token:
                 log.warning("execution %s: lease lost; letting go", live.execution_pk)
                 await self._let_go(live, "lease lost")
+            elif request and request != live.handled_request:
+                live.handled_request = request
+                log.info("execution %s: %s requested", live.execution_pk, request)
+                self._background(self._end(live, _REQUESTS[request]))
+
+    async def _lifetimes_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1)
+            self.check_lifetimes()
+
+    def check_lifetimes(self) -> None:
+        """Warn the viewer before an idle or deadline close; close what is past its limits."""
+        now = time.monotonic()
+        for live in list(self.live.values()):
+            if live.closing:
+                continue
+            live.update_flow()  # a departed viewer's grace period may have run out
+            verdict = judge(
+                live.limits,
+                now=now,
+                started=live.started,
+                last_activity=live.last_activity,
+                produced=live.buffer.end,
+                interactive=live.session_id is not None,
+            )
+            if verdict is None:
+                continue
+            if verdict.action == "close":
+                self._background(self._end(live, verdict.reason))
+            elif live.viewer and live.warned != verdict.reason:
+                live.warned = verdict.reason
+                self._background(
+                    self._send(
+                        live.viewer.channel,
+                        {
+                            "type": "terminal.warning",
+                            "reason": verdict.reason,
+                            "seconds_left": verdict.seconds_left,
+                        },
+                    )
+                )

@@ -19,6 +19,13 @@ def _require_postgres(django_db_setup, django_db_blocker):
             pytest.exit("tests must run against PostgreSQL: set DATABASE_URL (make test does)", returncode=1)
 
 
+@pytest.fixture(autouse=True)
+def _plain_test_shell(settings):
+    """Shells in tests skip the machine's rc files: a login shell here runs `pyenv rehash`, whose lock a
+    killed shell can leave behind, stalling every later shell for a minute."""
+    settings.TETHER_SHELL = ["/bin/bash", "--noprofile", "--norc"]
+
+
 def _make_user(django_user_model, username: str, **extra):
     return django_user_model.objects.create_user(username=username, password=f"{username}-password", **extra)
 

@@ -46,6 +46,7 @@ def _free_port() -> int:
 def test_embedded_mode_serves_admin_with_the_printed_login(tmp_path):
     environ = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"}}
     environ["TETHER_DATA_DIR"] = str(tmp_path)
+    environ["TETHER_SHELL"] = "/bin/bash,--noprofile,--norc"
     run = lambda *args: subprocess.run(  # noqa: E731
         [sys.executable, "manage.py", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120
     )

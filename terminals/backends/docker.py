@@ -46,6 +46,7 @@ from terminals.backends.base import (
 )
 
 SOURCE = "docker exec inspect"
+LAST_OUTPUT_LIMIT = 8 * 1024 * 1024  # what the terminal and dockerd still buffer once the tree is gone
 ENGINE_ERRORS = (DockerException, requests.RequestException)
 # Signals every process in the container whose environment carries the marker ($2) with each
 # signal in $1 and prints its pid; `kill -0` only lists them. The marker comes as an argument,
@@ -80,7 +81,7 @@ class DockerProcess(Process):
         self._sock = raw
         # TLS and ssh streams cannot be driven by the loop's socket calls; they fall back to a thread per call.
         self._on_loop = isinstance(raw, socket.socket) and not isinstance(raw, ssl.SSLSocket)
-        self._pending = b""
+        self._pending = bytearray()
         if self._on_loop:
             raw.setblocking(False)
             buffered = getattr(getattr(conn, "_response", None), "raw", None)
@@ -88,10 +89,11 @@ class DockerProcess(Process):
             if reader is not None:
                 # http.client may have read output past the upgrade headers into its buffer.
                 with contextlib.suppress(OSError, ValueError):
-                    self._pending = reader.peek(READ_CHUNK) or b""
+                    self._pending += reader.peek(READ_CHUNK) or b""
                     reader.read(len(self._pending))
         self._eof = asyncio.Event()
         self._reading = asyncio.Lock()
+        self._users = 0  # reads and writes in progress on the socket
         self._closing = False
         self._exit: Exit | None = None
 
@@ -100,30 +102,36 @@ class DockerProcess(Process):
         return self.handle["exec_id"]
 
     async def read(self) -> bytes:
-        if self._pending:
-            chunk, self._pending = self._pending[:READ_CHUNK], self._pending[READ_CHUNK:]
-            return chunk
         # One read at a time: a second sock_recv on the same socket would orphan the first one's wakeup.
         async with self._reading:
-            if self._closing or self._eof.is_set():
-                return b""
-            try:
-                if self._on_loop:
-                    chunk = await asyncio.get_running_loop().sock_recv(self._sock, READ_CHUNK)
-                else:
-                    chunk = await asyncio.to_thread(self._sock.recv, READ_CHUNK)
-            except OSError:
-                chunk = b""  # a reset stream has ended just the same; wait() says how the program ended
-            finally:
-                if self._closing:
-                    self._release()
-            if not chunk:
-                self._eof.set()
-            return chunk
+            if self._pending:
+                chunk = bytes(self._pending[:READ_CHUNK])
+                del self._pending[:READ_CHUNK]
+                return chunk
+            return await self._receive()
+
+    async def _receive(self) -> bytes:
+        """The next chunk from the socket; the caller holds ``_reading``."""
+        if self._closing or self._eof.is_set():
+            return b""
+        self._users += 1
+        try:
+            if self._on_loop:
+                chunk = await asyncio.get_running_loop().sock_recv(self._sock, READ_CHUNK)
+            else:
+                chunk = await asyncio.to_thread(self._sock.recv, READ_CHUNK)
+        except OSError:
+            chunk = b""  # a reset stream has ended just the same; wait() says how the program ended
+        finally:
+            self._done_with_socket()
+        if not chunk:
+            self._eof.set()
+        return chunk
 
     async def write(self, data: bytes) -> None:
         if self._closing:
             raise BackendError("the exec's stream is closed")
+        self._users += 1
         try:
             if self._on_loop:
                 await asyncio.get_running_loop().sock_sendall(self._sock, data)
@@ -131,6 +139,8 @@ class DockerProcess(Process):
                 await asyncio.to_thread(self._sock.sendall, data)
         except OSError as error:
             raise BackendError(f"cannot write to the exec's stream: {error}") from None
+        finally:
+            self._done_with_socket()
 
     async def resize(self, cols: int, rows: int) -> None:
         try:
@@ -160,14 +170,16 @@ class DockerProcess(Process):
         return self._exit
 
     async def terminate(self, grace: float = 2.0) -> Exit | None:
-        # Kill before closing the stream: dropping a stream docker is blocked on makes it record a made-up 126.
         await self._backend._end_tree(self._api, self.handle, grace)
-        # Read the last output away first: if docker is still writing it when we hang up, docker
-        # overwrites the exit code it recorded with 126.
+        # Take in the last output before hanging up: if docker is still writing it when the stream goes,
+        # docker overwrites the exit code it recorded with 126. It stays readable for the consumer.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(2):
-                while await self.read():
-                    pass
+                while len(self._pending) < LAST_OUTPUT_LIMIT:
+                    async with self._reading:
+                        if not (chunk := await self._receive()):
+                            break
+                        self._pending += chunk
         try:
             info = await self._backend._settled(self._api, self.exec_id)
         finally:
@@ -188,16 +200,18 @@ class DockerProcess(Process):
         if self._closing:
             return
         self._closing = True
-        # shutdown() ends a pending read with EOF; the socket is closed once no read is using it.
+        # shutdown() wakes a pending read (EOF) or write (EPIPE); closing the fd under them would strand them.
         with contextlib.suppress(OSError, AttributeError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        if not self._reading.locked():
-            self._release()
+        self._users += 1
+        self._done_with_socket()
 
-    def _release(self) -> None:
-        for closable in (self._conn, self._sock):
-            with contextlib.suppress(OSError, AttributeError):
-                closable.close()
+    def _done_with_socket(self) -> None:
+        self._users -= 1
+        if self._closing and not self._users:
+            for closable in (self._conn, self._sock):
+                with contextlib.suppress(OSError, AttributeError):
+                    closable.close()
 
 
 class DockerBackend(Backend):
@@ -278,17 +292,12 @@ class DockerBackend(Backend):
         process = DockerProcess(self, api, handle, conn)
         try:
             info = await self._started(api, created["Id"])
-        except BaseException:
-            process._close()
-            raise
-        if not info["Pid"]:
-            # Nothing started; docker wrote runc's reason (missing program or directory) into the stream.
-            reason = ""
-            with contextlib.suppress(TimeoutError):
-                reason = (await asyncio.wait_for(process.read(), 2)).decode(errors="replace").strip()
-            process._close()
-            raise SpawnError(f"could not start {program!r} in {self.container!r}: {reason or 'no reason given'}")
-        try:
+            if not info["Pid"]:
+                # Nothing started; docker wrote runc's reason (missing program or directory) into the stream.
+                reason = "no reason given"
+                with contextlib.suppress(TimeoutError):
+                    reason = (await asyncio.wait_for(process.read(), 2)).decode(errors="replace").strip()
+                raise SpawnError(f"could not start {program!r} in {self.container!r}: {reason}")
             identity = procfs.ProcessIdentity.of(info["Pid"])
             if identity is not None and procfs._has_marker(identity.pid, tags.marker):
                 handle["process"] = identity.to_json()  # dockerd shares our /proc: signal from here
@@ -313,7 +322,7 @@ class DockerBackend(Backend):
         return info
 
     async def _resize_when_started(self, api: docker.APIClient, exec_id: str, cols: int, rows: int) -> None:
-        """Docker refuses to resize an exec whose process is not running yet: retry with a short backoff."""
+        """Docker fails to resize an exec that is not ready yet (20.10: after 10s); retry with a short backoff."""
         delay, deadline = 0.01, time.monotonic() + 5
         while True:
             try:

@@ -61,8 +61,9 @@ class Stack:
             **self.extra_env,
         }
 
-    def start_daphne(self) -> int:
-        port = free_port()
+    def start_daphne(self, port: int | None = None) -> int:
+        """Start a daphne server (on ``port`` when given, e.g. to come back where a killed one was)."""
+        port = port or free_port()
         process = subprocess.Popen(
             [
                 sys.executable,

@@ -1,0 +1,50 @@
+"""Session lifetimes: idle, deadline and output budget, each closing with its own reason.
+
+A pure decision per live process, so the rules are testable without a clock or
+a worker: the worker calls ``judge`` every second and acts on the verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from terminals.models import CloseReason
+
+
+@dataclass(frozen=True)
+class Limits:
+    idle_seconds: int = 0  # 0: no limit
+    session_seconds: int = 0
+    output_limit_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: str  # "warn" or "close"
+    reason: str  # a CloseReason
+    seconds_left: int = 0
+
+
+def warning_lead(limit_seconds: int) -> int:
+    """How long before a close the viewer is warned: a fifth of the limit, at most 5 minutes, at least 1 s."""
+    return max(1, min(300, limit_seconds // 5))
+
+
+def judge(
+    limits: Limits, *, now: float, started: float, last_activity: float, produced: int, interactive: bool
+) -> Verdict | None:
+    """What should happen to a process now. Closing wins over warning; the deadline over idleness."""
+    if limits.output_limit_bytes and produced > limits.output_limit_bytes:
+        return Verdict("close", CloseReason.OUTPUT_LIMIT)
+    candidates = []
+    if limits.session_seconds:
+        candidates.append((CloseReason.DEADLINE, limits.session_seconds, started + limits.session_seconds - now))
+    if interactive and limits.idle_seconds:
+        candidates.append((CloseReason.IDLE, limits.idle_seconds, last_activity + limits.idle_seconds - now))
+    for reason, _limit, left in candidates:
+        if left <= 0:
+            return Verdict("close", reason)
+    for reason, limit, left in candidates:
+        if left <= warning_lead(limit):
+            return Verdict("warn", reason, int(left + 0.999))
+    return None

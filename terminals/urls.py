@@ -1,0 +1,11 @@
+from django.urls import path
+
+from terminals import views
+
+app_name = "terminals"
+
+urlpatterns = [
+    path("", views.workspaces, name="workspaces"),
+    path("machines/<slug:name>/open/", views.open_machine, name="open"),
+    path("terminals/<uuid:session_id>/", views.terminal, name="terminal"),
+]

@@ -1,0 +1,152 @@
+"""How the owner worker serves viewers: attach, input, resize, acks, resends, detach and reset.
+
+Messages arrive on the worker's own channel from the consumers; answers and
+output go to the viewer's channel. Only the current viewer may type, resize or
+reset; a new attach supersedes the old viewer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from channels.db import database_sync_to_async as db
+
+from terminals import actions
+from terminals.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Viewer
+from terminals.models import CloseReason, ProcessState
+from terminals.protocol import MAX_COLS, MAX_ROWS
+
+log = logging.getLogger(__name__)
+
+
+class ViewerHandlers:
+    """Mixed into OwnerWorker, which provides ``layer``, ``channel``, ``live`` and ``_end``."""
+
+    # --- output to viewers -------------------------------------------------------------------
+
+    async def _send(self, channel: str, message: dict) -> bool:
+        try:
+            await self.layer.send(channel, message)
+        except Exception as error:  # a full or vanished channel: the viewer resyncs by offset
+            log.info("could not reach viewer %s: %r", channel, error)
+            return False
+        return True
+
+    async def _send_output(self, live: LiveProcess, offset: int, data: bytes) -> None:
+        if live.viewer is None:
+            return
+        for start in range(0, len(data), OUTPUT_MESSAGE_BYTES):
+            piece = data[start : start + OUTPUT_MESSAGE_BYTES]
+            await self._send(live.viewer.channel, {"type": "terminal.output", "offset": offset + start, "data": piece})
+
+    # --- viewer messages ---------------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                message = await self.layer.receive(self.channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # Redis restarting: keep trying, the database holds every fact
+                log.warning("channel layer receive failed (%r); retrying in %.1fs", error, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.1
+            handler = getattr(self, "on_" + message.get("type", "").removeprefix("session."), None)
+            if handler is None:
+                log.warning("unknown message type %r", message.get("type"))
+                continue
+            try:
+                await handler(message)
+            except Exception:
+                log.exception("handling %s failed", message.get("type"))
+
+    def _held(self, message: dict) -> LiveProcess | None:
+        return self.live.get(message.get("execution"))
+
+    async def _refuse(self, message: dict, code: str, text: str) -> None:
+        await self._send(message["reply"], {"type": "terminal.error", "code": code, "message": text})
+
+    async def on_attach(self, message: dict) -> None:
+        live = self._held(message)
+        if live is None or live.closing:
+            await self._refuse(message, "not_held", "this worker does not hold that session")
+            return
+        old = live.viewer
+        if old and old.viewer_id != message["viewer"]:
+            await self._send(old.channel, {"type": "terminal.superseded"})
+        cols, rows = message.get("cols"), message.get("rows")
+        if isinstance(cols, int) and isinstance(rows, int) and 1 <= cols <= MAX_COLS and 1 <= rows <= MAX_ROWS:
+            await live.process.resize(cols, rows)
+        since = message.get("since", 0) if message.get("generation") == live.generation else 0
+        first, data, lost = live.buffer.since(max(int(since), 0))
+        live.viewer = Viewer(channel=message["reply"], viewer_id=message["viewer"])
+        live.acked = first
+        live.touch()
+        await self._send(
+            message["reply"],
+            {
+                "type": "terminal.attached",
+                "offset": first,
+                "lost": lost,
+                "generation": live.generation,
+                "execution": live.execution_pk,
+                "process_state": ProcessState.LIVE,
+            },
+        )
+        await self._send_output(live, first, data)
+        live.update_flow()
+        if live.session_id:
+            await db(actions.note_viewer)(live.session_id)
+
+    async def on_input(self, message: dict) -> None:
+        live = self._held(message)
+        if live is None or live.closing:
+            await self._refuse(message, "not_held", "the session is not running")
+        elif live.viewer is None or live.viewer.viewer_id != message["viewer"]:
+            await self._refuse(message, "superseded", "another window owns this session's input")
+        else:
+            live.touch()
+            await live.process.write(message["data"])
+
+    async def on_keepalive(self, message: dict) -> None:
+        live = self._held(message)
+        if live and live.viewer and live.viewer.viewer_id == message["viewer"]:
+            live.touch()
+
+    async def on_resize(self, message: dict) -> None:
+        live = self._held(message)
+        if live and live.viewer and live.viewer.viewer_id == message["viewer"] and not live.closing:
+            await live.process.resize(message["cols"], message["rows"])
+
+    async def on_ack(self, message: dict) -> None:
+        live = self._held(message)
+        if live:
+            live.ack(message["viewer"], int(message["offset"]))
+
+    async def on_resend(self, message: dict) -> None:
+        live = self._held(message)
+        if live and live.viewer and live.viewer.viewer_id == message["viewer"]:
+            first, data, lost = live.buffer.since(int(message["since"]))
+            if lost:
+                await self._send(live.viewer.channel, {"type": "terminal.gap", "offset": first, "lost": lost})
+            await self._send_output(live, first, data)
+
+    async def on_detach(self, message: dict) -> None:
+        live = self._held(message)
+        if live and live.viewer and live.viewer.viewer_id == message["viewer"]:
+            live.viewer_left()
+            if live.session_id:
+                await db(actions.note_viewer)(live.session_id)
+
+    async def on_reset(self, message: dict) -> None:
+        live = self._held(message)
+        if live is None:
+            await self._refuse(message, "not_held", "the session is not running")
+        elif live.viewer is None or live.viewer.viewer_id != message["viewer"]:
+            await self._refuse(message, "superseded", "another window owns this session")
+        else:
+            await self._end(live, CloseReason.RESET)

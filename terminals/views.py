@@ -1,0 +1,118 @@
+"""The portal's pages: "My workspaces" and the terminal page. Views read; ``terminals.actions`` changes state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from uuid import UUID
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import OuterRef, Subquery
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render, resolve_url
+from django.urls import reverse
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET, require_POST
+
+from executions.errors import Refused
+from executions.models import ENDED_STATES, Backend, Execution, Kind, Machine, MachineState
+from terminals import actions
+from terminals.models import ProcessState, TerminalSession
+
+HOST_BACKENDS = {Backend.LOCAL, Backend.TMUX}
+
+
+@dataclass
+class Workspace:
+    """One row of "My workspaces": a machine and what the user may know about its terminal."""
+
+    machine: Machine
+    session: TerminalSession | None  # the machine's open session, when it is this user's to see
+    in_use_by_other: bool
+    last_outcome: str
+
+
+def _workspaces(user) -> list[Workspace]:
+    machines = [
+        machine
+        for machine in Machine.objects.exclude(state=MachineState.DELETED).order_by("name")
+        if actions.may_use_machine(user, machine)
+    ]
+    open_sessions = {
+        session.machine_id: session
+        for session in TerminalSession.objects.filter(
+            machine__in=machines, process_state__in=[ProcessState.LIVE, ProcessState.CLOSING]
+        ).select_related("execution")
+    }
+    ended = Execution.objects.filter(kind=Kind.TERMINAL, state__in=sorted(ENDED_STATES))
+    if not user.is_staff:
+        # Another user's shell history on a shared machine is not this user's business.
+        ended = ended.filter(requested_by=user)
+    latest = ended.filter(machine=OuterRef("pk")).order_by("-ended_at", "-id").values("pk")[:1]
+    last_ids = Machine.objects.filter(pk__in=[m.pk for m in machines]).annotate(last=Subquery(latest))
+    last_outcome = {
+        execution.machine_id: execution.outcome_label
+        for execution in Execution.objects.filter(pk__in=[row.last for row in last_ids if row.last])
+    }
+    rows = []
+    for machine in machines:
+        session = open_sessions.get(machine.pk)
+        visible = session is not None and actions.may_view_session(user, session)
+        rows.append(
+            Workspace(
+                machine=machine,
+                session=session if visible else None,
+                in_use_by_other=session is not None and not visible,
+                last_outcome=last_outcome.get(machine.pk, ""),
+            )
+        )
+    return rows
+
+
+@login_required
+@require_GET
+def workspaces(request: HttpRequest) -> HttpResponse:
+    context = {"workspaces": _workspaces(request.user)}
+    # htmx refreshes only the list; a plain request (or no JS at all) gets the whole page.
+    template = "terminals/workspaces.html#workspace-list" if request.htmx else "terminals/workspaces.html"
+    return render(request, template, context)
+
+
+@login_required
+@require_POST
+def open_machine(request: HttpRequest, name: str) -> HttpResponse:
+    machine = get_object_or_404(Machine.objects.exclude(state=MachineState.DELETED), name=name)
+    if not actions.may_use_machine(request.user, machine):
+        if machine.backend in HOST_BACKENDS:
+            text = f"{machine.name} is a host shell ({machine.get_backend_display()}); host shells are for staff only."
+        else:
+            text = f"You may not open a shell on {machine.name}."
+        messages.error(request, text)
+        return redirect("terminals:workspaces")
+    try:
+        session, _ = actions.open_terminal(machine, request.user)
+    except Refused as refused:
+        messages.error(request, f"Could not open {machine.name}: {refused}")
+        return redirect("terminals:workspaces")
+    return redirect("terminals:terminal", session_id=session.id)
+
+
+@login_required
+@require_GET
+def terminal(request: HttpRequest, session_id: UUID) -> HttpResponse:
+    session = TerminalSession.objects.select_related("machine", "execution").filter(pk=session_id).first()
+    # Unknown and foreign sessions look the same, so session ids cannot be probed.
+    if session is None or not actions.may_view_session(request.user, session):
+        raise Http404("No such terminal")
+    page_state = {
+        "session": str(session.id),
+        "machine": session.machine.name,
+        "wsPath": f"/ws/terminals/{session.id}/",
+        "processState": session.process_state,
+        "generation": session.generation,
+        "idleMinutes": max(1, round(settings.TETHER_IDLE_SECONDS / 60)),
+        "loginUrl": f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': request.get_full_path()})}",
+        "workspacesUrl": reverse("terminals:workspaces"),
+    }
+    return render(request, "terminals/terminal.html", {"session": session, "page_state": page_state})
