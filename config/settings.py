@@ -138,15 +138,19 @@ TETHER_OUTPUT_LIMIT_BYTES = env_int("TETHER_OUTPUT_LIMIT_BYTES", 1024 * 1024 * 1
 # Owner worker and sessions.
 TETHER_LEASE_TTL_SECONDS = env_int("TETHER_LEASE_TTL_SECONDS", 15, minimum=2)
 TETHER_HEARTBEAT_SECONDS = env_int("TETHER_HEARTBEAT_SECONDS", 3, minimum=1)
-TETHER_BUFFER_BYTES = env_int("TETHER_BUFFER_BYTES", 256 * 1024, minimum=4096)
+TETHER_BUFFER_BYTES = env_int("TETHER_BUFFER_BYTES", 256 * 1024, minimum=128 * 1024)
 TETHER_COMMAND_OUTPUT_BYTES = env_int("TETHER_COMMAND_OUTPUT_BYTES", 256 * 1024, minimum=0)
 TETHER_SHELL = env_list("TETHER_SHELL", ["/bin/bash", "-l"] if Path("/bin/bash").exists() else ["/bin/sh"])
 TETHER_CONTAINER_SHELL = env_list("TETHER_CONTAINER_SHELL", ["/bin/sh"])
 TETHER_AUTO_RESET = env_bool("TETHER_AUTO_RESET", True)
 TETHER_SESSIONS_PER_USER = env_int("TETHER_SESSIONS_PER_USER", 5, minimum=1)
 # Unacknowledged output a viewer may have in flight before the worker stops reading the process.
-TETHER_FLOW_HIGH_BYTES = env_int("TETHER_FLOW_HIGH_BYTES", 512 * 1024, minimum=65536)
-TETHER_FLOW_LOW_BYTES = env_int("TETHER_FLOW_LOW_BYTES", 128 * 1024, minimum=0)
+# Every unacknowledged byte must still be in the buffer (one 64 KiB read may overshoot), or a reconnect
+# would find a gap it need not have had.
+TETHER_FLOW_HIGH_BYTES = env_int(
+    "TETHER_FLOW_HIGH_BYTES", TETHER_BUFFER_BYTES - 64 * 1024, minimum=4096, maximum=TETHER_BUFFER_BYTES - 64 * 1024
+)
+TETHER_FLOW_LOW_BYTES = env_int("TETHER_FLOW_LOW_BYTES", TETHER_FLOW_HIGH_BYTES // 3, minimum=0)
 # How long a departed viewer's flow window holds the output for it (a reconnect within it has no gap).
 TETHER_RECONNECT_GRACE_SECONDS = env_int("TETHER_RECONNECT_GRACE_SECONDS", 60, minimum=0)
 # Host shells (local, tmux) are for staff unless this allows everyone.

@@ -288,6 +288,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         )
 
     async def terminal_output(self, event: dict) -> None:
+        if not self.attached:
+            return  # output for a stream this viewer has not (re)joined yet; the attach replays it
         offset, data = event["offset"], event["data"]
         end = offset + len(data)
         if end <= self.expected:

@@ -51,6 +51,7 @@ class LiveProcess:
     last_activity: float = field(default_factory=time.monotonic)
     warned: str = ""  # the reason the current viewer was last warned about
     handled_request: str = ""
+    send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     acked: int = 0  # offset the last viewer confirmed rendering; kept while it is away
     viewer_gone_at: float | None = None
 
@@ -105,9 +106,12 @@ class LiveProcess:
                 chunk = await self.process.read()
                 if not chunk:
                     break
-                offset = self.buffer.append(chunk)
-                self.update_flow()
-                await deliver(offset, chunk)
+                # Appending and sending under one lock keeps every viewer's stream in offset order:
+                # an attach replays from the buffer under the same lock, so no chunk overtakes it.
+                async with self.send_lock:
+                    offset = self.buffer.append(chunk)
+                    self.update_flow()
+                    await deliver(offset, chunk)
         except BackendError as error:
             self.lost_observation = f"output stream failed: {error}"
             log.warning("execution %s: %s", self.execution_pk, self.lost_observation)

@@ -82,22 +82,23 @@ class ViewerHandlers:
         if isinstance(cols, int) and isinstance(rows, int) and 1 <= cols <= MAX_COLS and 1 <= rows <= MAX_ROWS:
             await live.process.resize(cols, rows)
         since = message.get("since", 0) if message.get("generation") == live.generation else 0
-        first, data, lost = live.buffer.since(max(int(since), 0))
-        live.viewer = Viewer(channel=message["reply"], viewer_id=message["viewer"])
-        live.acked = first
-        live.touch()
-        await self._send(
-            message["reply"],
-            {
-                "type": "terminal.attached",
-                "offset": first,
-                "lost": lost,
-                "generation": live.generation,
-                "execution": live.execution_pk,
-                "process_state": ProcessState.LIVE,
-            },
-        )
-        await self._send_output(live, first, data)
+        async with live.send_lock:
+            first, data, lost = live.buffer.since(max(int(since), 0))
+            live.viewer = Viewer(channel=message["reply"], viewer_id=message["viewer"])
+            live.acked = first
+            live.touch()
+            await self._send(
+                message["reply"],
+                {
+                    "type": "terminal.attached",
+                    "offset": first,
+                    "lost": lost,
+                    "generation": live.generation,
+                    "execution": live.execution_pk,
+                    "process_state": ProcessState.LIVE,
+                },
+            )
+            await self._send_output(live, first, data)
         live.update_flow()
         if live.session_id:
             await db(actions.note_viewer)(live.session_id)
@@ -130,10 +131,11 @@ class ViewerHandlers:
     async def on_resend(self, message: dict) -> None:
         live = self._held(message)
         if live and live.viewer and live.viewer.viewer_id == message["viewer"]:
-            first, data, lost = live.buffer.since(int(message["since"]))
-            if lost:
-                await self._send(live.viewer.channel, {"type": "terminal.gap", "offset": first, "lost": lost})
-            await self._send_output(live, first, data)
+            async with live.send_lock:
+                first, data, lost = live.buffer.since(int(message["since"]))
+                if lost:
+                    await self._send(live.viewer.channel, {"type": "terminal.gap", "offset": first, "lost": lost})
+                await self._send_output(live, first, data)
 
     async def on_detach(self, message: dict) -> None:
         live = self._held(message)

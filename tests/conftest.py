@@ -8,6 +8,10 @@ import uuid
 import pytest
 from django.db import connection
 
+from executions.actions import Actor, add_machine
+from terminals import actions as terminal_actions
+from tests.bridge.harness import Stack, session_cookie
+
 TEST_IMAGE = "tether/busybox:test"
 
 
@@ -89,3 +93,42 @@ def container():
         pytest.fail(f"dockerd or {TEST_IMAGE} is not available (make services builds it): {started.stderr}")
     yield name
     subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+@pytest.fixture
+def stack():
+    stack = Stack()
+    try:
+        stack.start_daphne()
+        stack.start_worker()
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def place(request, tmux_socket):
+    """Machine factory: a local, tmux (own socket) or docker (own container) machine."""
+
+    def make(backend: str, name: str | None = None):
+        ref = ""
+        if backend == "tmux":
+            ref = tmux_socket
+        elif backend == "docker":
+            ref = request.getfixturevalue("container")
+        return add_machine(
+            name=name or f"{backend}-box", backend=backend, ref=ref, scope="team-a", actor=Actor.command("tests")
+        )
+
+    return make
+
+
+@pytest.fixture
+def terminal(place):
+    """Open a terminal session on a new machine for ``user``; returns (session, cookie)."""
+
+    def make(user, backend: str = "local"):
+        session, _ = terminal_actions.open_terminal(place(backend), user)
+        return session, session_cookie(user)
+
+    return make

@@ -63,7 +63,7 @@ class LocalProcess(Process):
     async def read(self) -> bytes:
         while self._master is not None:
             try:
-                data = os.read(self._master, READ_CHUNK)
+                data = self._read_available()
             except BlockingIOError:
                 await _until_ready(self._master)
             except OSError as error:
@@ -75,6 +75,20 @@ class LocalProcess(Process):
                 await asyncio.sleep(0)
                 return data
         return b""
+
+    def _read_available(self) -> bytes:
+        """One read, then more while more is ready: a PTY hands out about 4 KiB per read, and fewer,
+        larger chunks make every hop after this one cheaper. Raises BlockingIOError when nothing is ready."""
+        data = os.read(self._master, READ_CHUNK)
+        while len(data) < READ_CHUNK:
+            try:
+                more = os.read(self._master, READ_CHUNK - len(data))
+            except (BlockingIOError, OSError):
+                break
+            if not more:
+                break
+            data += more
+        return data
 
     async def write(self, data: bytes) -> None:
         view = memoryview(data)

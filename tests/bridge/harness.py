@@ -140,6 +140,8 @@ class Viewer:
         self.output = bytearray()
         self.messages: list[dict] = []
         self.offset = 0
+        self.auto_ack = True  # acknowledge rendered output like the page does; False plays a stalled browser
+        self.acked = 0
 
     @classmethod
     async def open(cls, port: int, session_id, cookie: str, *, origin: str | None = None) -> Viewer:
@@ -153,6 +155,10 @@ class Viewer:
         await self.send_json({"type": "attach", "since": since, "cols": cols, "rows": rows, "generation": generation})
         return await self.wait_for("attached")
 
+    async def ack(self) -> None:
+        self.acked = self.offset
+        await self.send_json({"type": "ack", "offset": self.offset})
+
     async def send_json(self, message: dict) -> None:
         await self.ws.send(json.dumps(message))
 
@@ -164,11 +170,13 @@ class Viewer:
         if isinstance(frame, bytes):
             self.output += frame
             self.offset += len(frame)
+            if self.auto_ack:  # this client renders at once, so everything received is rendered
+                await self.ack()
         else:
             message = json.loads(frame)
             self.messages.append(message)
             if message["type"] == "attached":
-                self.offset = message["offset"]
+                self.offset = self.acked = message["offset"]
 
     async def read_until(self, needle: bytes, timeout: float = 15.0) -> bytes:
         deadline = time.monotonic() + timeout
