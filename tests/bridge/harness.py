@@ -147,7 +147,10 @@ class Viewer:
     async def open(cls, port: int, session_id, cookie: str, *, origin: str | None = None) -> Viewer:
         headers = {"Cookie": f"sessionid={cookie}", "Origin": origin or f"http://127.0.0.1:{port}"}
         ws = await connect(
-            f"ws://127.0.0.1:{port}/ws/terminals/{session_id}/", additional_headers=headers, max_size=2**22
+            f"ws://127.0.0.1:{port}/ws/terminals/{session_id}/",
+            additional_headers=headers,
+            max_size=2**22,
+            ping_interval=None,
         )
         return cls(ws)
 
