@@ -153,6 +153,8 @@ TETHER_FLOW_HIGH_BYTES = env_int(
 TETHER_FLOW_LOW_BYTES = env_int("TETHER_FLOW_LOW_BYTES", TETHER_FLOW_HIGH_BYTES // 3, minimum=0)
 # How long a departed viewer's flow window holds the output for it (a reconnect within it has no gap).
 TETHER_RECONNECT_GRACE_SECONDS = env_int("TETHER_RECONNECT_GRACE_SECONDS", 60, minimum=0)
+# A browser sending more bad frames than this within 10 s is closed with 4008.
+TETHER_STRIKE_LIMIT = env_int("TETHER_STRIKE_LIMIT", 50, minimum=1)
 # Host shells (local, tmux) are for staff unless this allows everyone.
 TETHER_HOST_SHELLS_FOR_ALL = env_bool("TETHER_HOST_SHELLS_FOR_ALL", False)
 # The worker runs inside the web process in embedded mode (make run).

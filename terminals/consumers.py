@@ -27,7 +27,6 @@ from terminals.protocol import (
     MAX_COLS,
     MAX_FRAME_BYTES,
     MAX_ROWS,
-    STRIKE_LIMIT,
     STRIKE_WINDOW_SECONDS,
     CloseCode,
 )
@@ -40,6 +39,16 @@ AUTO_RESET_REASONS = {"exited", "killed", "failed", "server_restart", "spawn_fai
 
 class ProtocolError(Exception):
     pass
+
+
+# Offsets fit in a JavaScript number, and in the channel layer's 64-bit integers.
+MAX_INTEGER = 2**53
+
+
+def _integer(value, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INTEGER:
+        raise ProtocolError(f"{name} must be an integer from 0 to 2^53")
+    return value
 
 
 def _load_session(session_id: str, user) -> TerminalSession | None:
@@ -143,7 +152,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         now = time.monotonic()
         self.strikes = [t for t in self.strikes if now - t < STRIKE_WINDOW_SECONDS] + [now]
         await self.send_json({"type": "error", "message": text})
-        if len(self.strikes) > STRIKE_LIMIT:
+        if len(self.strikes) > settings.TETHER_STRIKE_LIMIT:
             await self.send_json({"type": "closed", "reason": "policy_violation", "text": "too many bad frames"})
             await self.close(CloseCode.POLICY_VIOLATION)
 
@@ -159,14 +168,13 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         return cols, rows
 
     async def client_attach(self, message: dict) -> None:
-        since = message.get("since", 0)
-        if not isinstance(since, int) or isinstance(since, bool) or since < 0:
-            raise ProtocolError("since must be a non-negative integer offset")
+        since = _integer(message.get("since", 0), "since")
         generation = message.get("generation")
-        if generation is not None and not isinstance(generation, int):
-            raise ProtocolError("generation must be an integer")
+        if generation is not None:
+            generation = _integer(generation, "generation")
         self.grid = self._grid(message)
         self.expected, self.generation = since, generation
+        self.attached = False  # until the worker confirms; output meanwhile is replayed by the attach
         await self._attach()
 
     client_takeover = client_attach
@@ -185,9 +193,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         await self._to_worker("session.reset")
 
     async def client_ack(self, message: dict) -> None:
-        offset = message.get("offset")
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            raise ProtocolError("ack needs a non-negative integer offset")
+        offset = _integer(message.get("offset"), "ack offset")
         if self.attached:
             await self._to_worker("session.ack", offset=offset)
 
@@ -307,8 +313,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
 
     async def terminal_error(self, event: dict) -> None:
         await self.send_json({"type": "error", "code": event.get("code"), "message": event["message"]})
-        if event.get("code") == "not_held":
-            self.attached = False
+        if event.get("code") == "attach_refused" and not self.attached:
+            # The lease moved (or the process is closing) between our lookup and the worker: look again.
             await asyncio.sleep(0.2)
             await self._attach()
 

@@ -2,8 +2,8 @@
 
 MAX_FRAME_BYTES = 64 * 1024
 MAX_COLS, MAX_ROWS = 500, 200
-# A client that sends this many bad frames within the window is closed with POLICY_VIOLATION.
-STRIKE_LIMIT = 50
+# A client that sends more than TETHER_STRIKE_LIMIT bad frames within this window is closed with
+# POLICY_VIOLATION (the limit is a setting so that a fuzzer can be let through).
 STRIKE_WINDOW_SECONDS = 10.0
 ATTACH_WAIT_SECONDS = 20.0
 

@@ -73,7 +73,7 @@ class ViewerHandlers:
     async def on_attach(self, message: dict) -> None:
         live = self._held(message)
         if live is None or live.closing:
-            await self._refuse(message, "not_held", "this worker does not hold that session")
+            await self._refuse(message, "attach_refused", "this worker does not hold that session")
             return
         old = live.viewer
         if old and old.viewer_id != message["viewer"]:

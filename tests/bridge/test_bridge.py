@@ -181,3 +181,17 @@ async def test_two_daphnes_and_two_workers_serve_sessions_whichever_daphne(stack
         await second.read_until(f"again{index}\r\n".encode())
     workers = await sync_to_async(lambda: set(ProcessLease.objects.values_list("worker_id", flat=True)))()
     assert len(workers) >= 1
+
+
+async def test_a_repeat_offender_is_closed_with_4008_and_the_session_is_unharmed(stack, terminal, operator):
+    session, cookie = await sync_to_async(terminal)(operator)
+    viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+    await viewer.attach()
+    for _ in range(60):
+        await viewer.ws.send("{garbage")
+    assert await viewer.wait_closed() == CloseCode.POLICY_VIOLATION
+    assert any(m.get("reason") == "policy_violation" for m in viewer.messages)
+    again = await Viewer.open(stack.ports[0], session.id, cookie)
+    await again.attach()
+    await again.type("echo unharmed-$((2*5))\r")
+    await again.read_until(b"unharmed-10")
