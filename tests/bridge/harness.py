@@ -34,6 +34,38 @@ def database_url() -> str:
     return f"postgres:///{db['NAME']}?host={db['HOST'] or '/var/run/postgresql'}"
 
 
+class RedisServer:
+    """A private redis-server for tests that restart it, so the shared one is never disturbed."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
 @dataclass
 class Stack:
     """Daphne servers and workers sharing one channel prefix on the real Redis."""
@@ -43,6 +75,7 @@ class Stack:
     processes: list[subprocess.Popen] = field(default_factory=list)
     workers: list[subprocess.Popen] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+    redis_url: str = REDIS_URL
     log_dir: Path = field(default_factory=lambda: Path(os.environ.get("TETHER_TEST_LOGS", "/tmp/tether-test-logs")))
 
     def _log(self, name: str):
@@ -53,7 +86,7 @@ class Stack:
         return {
             **os.environ,
             "DATABASE_URL": database_url(),
-            "REDIS_URL": REDIS_URL,
+            "REDIS_URL": self.redis_url,
             "TETHER_CHANNEL_PREFIX": self.prefix,
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
             "TETHER_HEARTBEAT_SECONDS": "1",
