@@ -49,15 +49,17 @@ SOURCE = "docker exec inspect"
 LAST_OUTPUT_LIMIT = 8 * 1024 * 1024  # what the terminal and dockerd still buffer once the tree is gone
 ENGINE_ERRORS = (DockerException, requests.RequestException)
 # Signals every process in the container whose environment carries the marker ($2) with each
-# signal in $1 and prints its pid; `kill -0` only lists them. The marker comes as an argument,
-# so this script's own environment never matches.
+# signal in $1 (`kill -0` only checks) and exits with how many it found, so no output has to be
+# read back. The marker comes as an argument, so this script's own environment never matches.
 KILL_SCRIPT = f"""
+n=0
 for d in /proc/[0-9]*; do
   if tr '\\0' '\\n' < "$d/environ" 2>/dev/null | grep -qxF "{procfs.MARKER_VARIABLE}=$2"; then
-    for s in $1; do kill -$s "${{d#/proc/}}" 2>/dev/null; done && echo "${{d#/proc/}}"
+    for s in $1; do kill -$s "${{d#/proc/}}" 2>/dev/null; done && n=$((n+1))
   fi
 done
-exit 0
+[ $n -gt 100 ] && n=100
+exit $n
 """
 
 
@@ -67,6 +69,18 @@ def _host_identity(handle: dict) -> procfs.ProcessIdentity | None:
     if not data or data["boot_id"] != procfs.boot_id():
         return None
     return procfs.ProcessIdentity.from_json(data)
+
+
+async def _our_process(pid: int, marker: str) -> procfs.ProcessIdentity | None:
+    """The exec's process in our /proc once it shows our marker (runc's init holds the pid until its execve)."""
+    deadline = time.monotonic() + 2
+    while (identity := procfs.ProcessIdentity.of(pid)) is not None and identity.is_alive():
+        if procfs._has_marker(pid, marker):
+            return identity
+        if time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(0.01)
+    return None
 
 
 class DockerProcess(Process):
@@ -279,16 +293,9 @@ class DockerBackend(Backend):
             raise SpawnError(f"docker could not start {program!r} in {self.container!r}: {error.explanation}") from None
         except ENGINE_ERRORS as error:
             raise SpawnError(f"{self._where(self.engine)} failed to start an exec: {error}") from None
-        handle = {
-            "backend": "docker",
-            "engine": self.engine,
-            "container": self.container,
-            "exec_id": created["Id"],
-            "marker": tags.marker,
-            "session": tags.session,
-            "owner_pid": tags.owner_pid,
-            "owner_started_at": tags.owner_started_at,
-        }
+        handle = {"backend": "docker", "engine": self.engine, "container": self.container, "exec_id": created["Id"]}
+        handle |= {"marker": tags.marker, "session": tags.session}
+        handle |= {"owner_pid": tags.owner_pid, "owner_started_at": tags.owner_started_at}
         process = DockerProcess(self, api, handle, conn)
         try:
             info = await self._started(api, created["Id"])
@@ -298,8 +305,7 @@ class DockerBackend(Backend):
                 with contextlib.suppress(TimeoutError):
                     reason = (await asyncio.wait_for(process.read(), 2)).decode(errors="replace").strip()
                 raise SpawnError(f"could not start {program!r} in {self.container!r}: {reason}")
-            identity = procfs.ProcessIdentity.of(info["Pid"])
-            if identity is not None and procfs._has_marker(identity.pid, tags.marker):
+            if api.base_url == "http+docker://localhost" and (identity := await _our_process(info["Pid"], tags.marker)):
                 handle["process"] = identity.to_json()  # dockerd shares our /proc: signal from here
             if info["Running"]:
                 await self._resize_when_started(api, created["Id"], spec.cols, spec.rows)
@@ -385,30 +391,35 @@ class DockerBackend(Backend):
         give_up = time.monotonic() + 10
         while left:
             if time.monotonic() > give_up:
-                raise BackendError(f"processes still alive in {container!r} after SIGKILL: {left}")
+                raise BackendError(f"{left} process(es) still alive in {container!r} after SIGKILL")
             await self._kill_in_container(api, container, marker, "KILL")
             await asyncio.sleep(0.05)
             left = await self._kill_in_container(api, container, marker, "0")
 
-    async def _kill_in_container(self, api: docker.APIClient, container: str, marker: str, signals: str) -> list[int]:
-        """Run KILL_SCRIPT in a separate exec; the pids it found. No container, no processes."""
+    async def _kill_in_container(self, api: docker.APIClient, container: str, marker: str, signals: str) -> int:
+        """Run KILL_SCRIPT in a separate exec; how many processes it found. No container, no processes."""
 
-        def run() -> tuple[bytes, dict]:
+        def run() -> dict:
             created = api.exec_create(container, ["sh", "-c", KILL_SCRIPT, "sh", signals, marker], user="0")
-            output = api.exec_start(created["Id"])
-            return output, api.exec_inspect(created["Id"])
+            # Detached: an attached exec_start waits for output without any timeout.
+            api.exec_start(created["Id"], detach=True)
+            deadline = time.monotonic() + 10
+            while (info := api.exec_inspect(created["Id"]))["Running"] or info["ExitCode"] is None:
+                if time.monotonic() > deadline:
+                    raise BackendError(f"the process scan in {container!r} did not finish within 10s")
+                time.sleep(0.02)
+            return info
 
         try:
-            output, info = await asyncio.to_thread(run)
+            info = await asyncio.to_thread(run)
         except NotFound:
-            return []
+            return 0
         except APIError as error:
             if error.status_code == 409:  # the container is not running, so nothing in it is
-                return []
+                return 0
             raise BackendError(f"cannot end processes in {container!r}: {error.explanation}") from None
         except ENGINE_ERRORS as error:
             raise BackendError(f"cannot end processes in {container!r}: {error}") from None
-        if info.get("ExitCode") != 0:
-            text = output.decode(errors="replace").strip()
-            raise BackendError(f"cannot end processes in {container!r} (needs sh, tr, grep, kill): {text}")
-        return [int(line) for line in output.split() if line.isdigit()]
+        if info["ExitCode"] > 100:
+            raise BackendError(f"cannot end processes in {container!r} (needs sh, tr, grep, kill): {info['ExitCode']}")
+        return info["ExitCode"]

@@ -11,9 +11,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import docker
 import pytest
 
-from terminals.backends.base import BackendError, SpawnError, SpawnSpec, Status
+from terminals.backends.base import BackendError, Exit, SpawnError, SpawnSpec, Status
 from terminals.backends.docker import DockerBackend
 from terminals.backends.procfs import find_tree
 from tests.backends.conftest import make_tags
@@ -25,7 +26,9 @@ MAIN = "sleep 2147483647"  # the container's own process; everything else was ex
 
 def exec_processes(container: str) -> list[str]:
     """Every process in the container except its main one, as `docker top` lists them."""
-    top = subprocess.run(["docker", "top", container, "-eo", "pid,args"], capture_output=True, text=True, check=True)
+    top = subprocess.run(
+        ["docker", "top", container, "-eo", "pid,args"], capture_output=True, text=True, check=True, timeout=30
+    )
     return [line for line in top.stdout.splitlines()[1:] if not line.strip().endswith(MAIN)]
 
 
@@ -52,12 +55,38 @@ async def test_terminate_leaves_no_exec_process_in_the_container(container):
     tags = make_tags()
     process = await DockerBackend(container=container).spawn(shell(*STUBBORN), tags)
     await read_until(process, b"ready")
+    for _ in range(50):  # the shell, its child, the detached grandchild and `sleep 1000`
+        if len(exec_processes(container)) >= 4:
+            break
+        await asyncio.sleep(0.1)
     assert len(exec_processes(container)) >= 4
     exit = await asyncio.wait_for(process.terminate(grace=0.3), 30)
     assert exit is not None and exit.source == "docker exec inspect"
     assert await settled_exec_processes(container) == []
     assert find_tree(marker=tags.marker) == []
     assert (await DockerBackend(container=container).inspect(process.handle)).status == Status.EXITED
+
+
+async def test_last_words_stay_readable_after_terminate(container):
+    backend = DockerBackend(container=container)
+    script = "trap 'echo goodbye-$((6*7)); exit 3' HUP TERM; echo ready; while :; do sleep 0.1; done"
+    process = await backend.spawn(shell(script), make_tags())
+    await read_until(process, b"ready")
+    assert await asyncio.wait_for(process.terminate(grace=2), 30) == Exit(code=3, source="docker exec inspect")
+    await read_until(process, b"goodbye-42")
+    assert await process.read() == b""
+
+
+async def test_terminating_a_stalled_stream_keeps_the_real_exit_code(container):
+    """Docker replaces a recorded exit code with 126 if the stream goes while it still writes to us."""
+    backend = DockerBackend(container=container)
+    process = await backend.spawn(shell("while :; do echo xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; done"), make_tags())
+    await read_until(process, b"xxxx")
+    await asyncio.sleep(1)  # nobody reads: dockerd blocks writing to us
+    exit = await asyncio.wait_for(process.terminate(grace=0.3), 30)
+    assert exit.code in {128 + signal.SIGHUP, 128 + signal.SIGTERM, 128 + signal.SIGKILL}
+    await asyncio.sleep(0.5)
+    assert (await DockerBackend(container=container).inspect(process.handle)).exit == exit
 
 
 async def test_terminate_from_inside_the_container_when_host_pids_are_not_ours(container):
@@ -103,10 +132,11 @@ async def test_dropping_a_stalled_stream_fakes_an_exit_that_inspect_does_not_bel
     await read_until(process, b"xxxx")
     await asyncio.sleep(1.5)  # nobody reads: the program and dockerd block in write
     await process.detach()
-    raw = await asyncio.to_thread(backend._clients[""].exec_inspect, process.handle["exec_id"])
     await asyncio.sleep(0.5)
+    said = docker.APIClient().exec_inspect(process.handle["exec_id"])
+    assert (said["Running"], said["ExitCode"]) == (False, 126)
     seen = await backend.inspect(process.handle)
-    assert seen.status == Status.ALIVE, f"{seen} (docker said running={raw['Running']} code={raw['ExitCode']})"
+    assert seen.status == Status.ALIVE, seen
     assert exec_processes(container)
     await backend.remove(process.handle, grace=0.3)
     assert await settled_exec_processes(container) == []
@@ -145,7 +175,7 @@ def spawn_in_other_process(container: str, *argv: str) -> tuple[subprocess.Popen
     return spawner, json.loads(line)
 
 
-@pytest.mark.parametrize("script", ["sleep 2; exit 5", "sleep 2; echo done; exit 5"])
+@pytest.mark.parametrize("script", ["sleep 3; exit 5", "sleep 3; echo done; exit 5"])
 async def test_inspect_from_a_new_process_reads_the_exit_after_the_spawner_was_killed(container, script):
     spawner, handle = spawn_in_other_process(container, "/bin/sh", "-c", script)
     os.kill(spawner.pid, signal.SIGKILL)
@@ -223,4 +253,18 @@ async def test_every_terminal_has_its_size_right_after_spawn(container):
             await read_until(process, f"{rows} {cols}".encode())
     finally:
         await asyncio.gather(*(process.terminate(grace=0.3) for process in processes))
+    assert await settled_exec_processes(container) == []
+
+
+async def test_detach_wakes_a_pending_read_and_later_writes_fail(container):
+    process = await DockerBackend(container=container).spawn(shell("echo ready", "sleep 1000"), make_tags())
+    await read_until(process, b"ready")
+    reading = asyncio.ensure_future(process.read())
+    await asyncio.sleep(0.3)
+    assert not reading.done()
+    await process.detach()
+    assert await asyncio.wait_for(reading, 5) == b""
+    with pytest.raises(BackendError, match="closed"):
+        await process.write(b"echo hello\n")
+    await DockerBackend(container=container).remove(process.handle, grace=0.3)
     assert await settled_exec_processes(container) == []
