@@ -359,3 +359,34 @@ def request_process_action(execution: Execution, action: str, *, actor: Actor, r
             detail={"requested": action},
         )
     return lease
+
+
+# --- operator actions on sessions ------------------------------------------------------------
+
+OPERATOR_ACTIONS = ("dismiss", "complete", "fail", "kill", "reset")
+
+
+def operator_session_action(session: TerminalSession, action: str, *, actor: Actor, reason: str = "") -> None:
+    """Dismiss hides the snapshot only; complete, fail, kill and reset ask the owner to act on the process.
+
+    Each is refused, with the reason, when the session's state does not allow it.
+    """
+    if action not in OPERATOR_ACTIONS:
+        raise exec_actions.UsageError(f"unknown operator action {action!r}")
+    if action == "dismiss":
+        with transaction.atomic():
+            if not TerminalSession.objects.filter(pk=session.pk, snapshot_hidden=False).update(snapshot_hidden=True):
+                raise TransitionRefused(f"session {session.id}", "dismissed", "dismissed", "already hidden")
+            session_event(session, "dismissed", actor, reason)
+        return
+    if session.process_state == ProcessState.CLOSED:
+        raise TransitionRefused(f"session {session.id}", "closed", action, "the process has already ended")
+    with transaction.atomic():
+        if action == "complete":
+            # The lease moves toward closing: no new viewer input is wanted, the process is asked to finish.
+            if not TerminalSession.objects.filter(pk=session.pk, process_state=ProcessState.LIVE).update(
+                process_state=ProcessState.CLOSING, updated_at=Now()
+            ):
+                raise TransitionRefused(f"session {session.id}", "closing", action, "it is already closing")
+        request_process_action(session.execution, action, actor=actor, reason=reason)
+        session_event(session, action, actor, reason)

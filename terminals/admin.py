@@ -1,0 +1,184 @@
+"""Admin for sessions, leases and workers: inspection, and operator actions behind confirmation and permissions."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.template.response import TemplateResponse
+from django.utils.html import format_html
+from django.utils.timesince import timesince
+
+from executions.actions import Actor
+from executions.errors import ExecutionError
+from terminals import actions
+from terminals.models import ProcessLease, SessionEvent, TerminalSession, Worker
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(required=True, max_length=500, help_text="Recorded with the event.")
+
+
+def _confirmed_action(action: str, description: str):
+    """An admin action that asks for confirmation and a reason (Django's delete_selected flow)."""
+
+    def run(modeladmin, request, queryset):
+        form = ReasonForm(request.POST if request.POST.get("post") else None)
+        if request.POST.get("post") and form.is_valid():
+            actor = Actor.for_user(request.user)
+            done = 0
+            for session in queryset.select_related("execution", "machine"):
+                try:
+                    actions.operator_session_action(session, action, actor=actor, reason=form.cleaned_data["reason"])
+                except ExecutionError as error:
+                    modeladmin.message_user(request, f"{session.id}: refused: {error}", messages.ERROR)
+                else:
+                    done += 1
+            if done:
+                modeladmin.message_user(request, f"{description}: {done} session(s)", messages.SUCCESS)
+            return None
+        return TemplateResponse(
+            request,
+            "admin/terminals/confirm_action.html",
+            {
+                **modeladmin.admin_site.each_context(request),
+                "title": f"{description}?",
+                "description": description,
+                "action": f"{action}_sessions",
+                "queryset": queryset,
+                "form": form,
+                "opts": modeladmin.model._meta,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            },
+        )
+
+    run.__name__ = f"{action}_sessions"
+    return admin.action(description=f"{description}…", permissions=[action])(run)
+
+
+class SessionEventInline(admin.TabularInline):
+    model = SessionEvent
+    fields = readonly_fields = ["at", "kind", "actor", "reason", "detail"]
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(TerminalSession)
+class TerminalSessionAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "machine",
+        "user",
+        "generation",
+        "process_state",
+        "snapshot_kind",
+        "close_reason",
+        "lease_owner",
+        "heartbeat_age",
+        "updated_at",
+    ]
+    list_filter = ["process_state", "snapshot_kind", "close_reason", "machine"]
+    search_fields = ["id", "machine__name", "user__username"]
+    list_select_related = ["machine", "user", "execution__lease__worker"]
+    inlines = [SessionEventInline]
+    exclude = ["snapshot"]
+    readonly_fields = [
+        "id",
+        "machine",
+        "user",
+        "execution",
+        "generation",
+        "process_state",
+        "snapshot_kind",
+        "snapshot_hidden",
+        "close_reason",
+        "output_offset",
+        "last_viewer_at",
+        "created_at",
+        "closed_at",
+        "lease_owner",
+        "lease_token",
+        "heartbeat_age",
+        "snapshot_text",
+    ]
+    actions = [
+        _confirmed_action("dismiss", "Dismiss the snapshot"),
+        _confirmed_action("complete", "Ask the process to complete"),
+        _confirmed_action("fail", "Fail the session (end the process, archive a failed capture)"),
+        _confirmed_action("kill", "Kill the session's process tree"),
+        _confirmed_action("reset", "Reset to a fresh shell"),
+    ]
+
+    def _lease(self, obj) -> ProcessLease | None:
+        return ProcessLease.objects.select_related("worker").filter(execution_id=obj.execution_id).first()
+
+    @admin.display(description="owner worker")
+    def lease_owner(self, obj):
+        lease = self._lease(obj)
+        if lease is None or lease.released_at:
+            return "—"
+        return str(lease.worker)
+
+    @admin.display(description="fencing token")
+    def lease_token(self, obj):
+        lease = self._lease(obj)
+        return lease.token if lease else "—"
+
+    @admin.display(description="heartbeat age")
+    def heartbeat_age(self, obj):
+        lease = self._lease(obj)
+        if lease is None or lease.released_at:
+            return "—"
+        return timesince(lease.heartbeat_at)
+
+    @admin.display(description="latest snapshot")
+    def snapshot_text(self, obj):
+        if obj.snapshot_hidden:
+            return "(dismissed)"
+        text = bytes(obj.snapshot).decode("utf-8", "replace")
+        return format_html(
+            '<pre style="max-height:30em;overflow:auto;background:#111;color:#eee;padding:8px">{}</pre>', text
+        )
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def _has(self, request, action: str) -> bool:
+        return request.user.has_perm(f"terminals.{action}_terminalsession")
+
+    def has_dismiss_permission(self, request):
+        return self._has(request, "dismiss")
+
+    def has_complete_permission(self, request):
+        return self._has(request, "complete")
+
+    def has_fail_permission(self, request):
+        return self._has(request, "fail")
+
+    def has_kill_permission(self, request):
+        return self._has(request, "kill")
+
+    def has_reset_permission(self, request):
+        return self._has(request, "reset")
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    list_display = ["worker_id", "host", "pid", "state", "heartbeat_at", "started_at"]
+    list_filter = ["state", "host"]
+    readonly_fields = [f.name for f in Worker._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -1,0 +1,89 @@
+"""Operator actions on sessions: confirmation, permissions, guards, and what the owner worker then does."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.urls import reverse
+
+from executions.errors import TransitionRefused
+from executions.models import Evidence, Execution, State
+from terminals import actions
+from terminals.models import ProcessLease, ProcessState, SessionEvent, SnapshotKind, TerminalSession
+from tests.factories import TEST_ACTOR, make_machine
+
+CHANGELIST = "admin:terminals_terminalsession_changelist"
+
+
+def _post_action(client, action: str, session, reason: str = "operator says so", confirm: bool = True):
+    data = {"action": f"{action}_sessions", "_selected_action": [str(session.pk)]}
+    if confirm:
+        data.update(post="yes", reason=reason)
+    return client.post(reverse(CHANGELIST), data, follow=True)
+
+
+@pytest.mark.django_db
+def test_actions_ask_for_confirmation_and_a_reason_first(client, admin_user, operator):
+    session, _ = actions.open_terminal(make_machine("conf-box"), operator)
+    client.force_login(admin_user)
+    page = _post_action(client, "dismiss", session, confirm=False)
+    assert "Dismiss the snapshot for these sessions" in page.text
+    assert TerminalSession.objects.get(pk=session.pk).snapshot_hidden is False
+    _post_action(client, "dismiss", session, reason="")  # a reason is required
+    assert TerminalSession.objects.get(pk=session.pk).snapshot_hidden is False
+    _post_action(client, "dismiss", session)
+    assert TerminalSession.objects.get(pk=session.pk).snapshot_hidden is True
+    event = SessionEvent.objects.get(session=session, kind="dismissed")
+    assert (event.actor, event.reason) == ("user:admin", "operator says so")
+
+
+@pytest.mark.django_db
+def test_each_action_needs_its_own_permission(client, django_user_model, operator):
+    session, _ = actions.open_terminal(make_machine("perm-box"), operator)
+    staff = django_user_model.objects.create_user("viewer", password="x", is_staff=True)
+    staff.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_terminalsession", "dismiss_terminalsession"])
+    )
+    client.force_login(staff)
+    page = client.get(reverse(CHANGELIST))
+    assert "dismiss_sessions" in page.text and "kill_sessions" not in page.text
+    _post_action(client, "kill", session)
+    assert not ProcessLease.objects.filter(requested_action="kill").exists()
+
+
+@pytest.mark.django_db
+def test_an_action_not_allowed_in_the_current_state_is_refused_with_the_reason(operator):
+    session, _ = actions.open_terminal(make_machine("closed-box"), operator)
+    actions.close_session(session, reason="exited", actor=TEST_ACTOR)
+    session.refresh_from_db()
+    with pytest.raises(TransitionRefused, match="the process has already ended"):
+        actions.operator_session_action(session, "kill", actor=TEST_ACTOR)
+    with pytest.raises(TransitionRefused, match="no live process holds it"):
+        actions.operator_session_action(
+            actions.open_terminal(make_machine("pending-box"), operator)[0], "kill", actor=TEST_ACTOR
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_admin_kill_ends_the_process_and_archives_a_failed_capture(stack, client, admin_user, operator):
+    session, _ = actions.open_terminal(make_machine("kill-box"), operator)
+    deadline = time.monotonic() + 15
+    while Execution.objects.get(pk=session.execution_id).state != State.RUNNING:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    client.force_login(admin_user)
+    page = _post_action(client, "kill", session)
+    assert "Kill the session" in page.text and "1 session(s)" in page.text
+    while TerminalSession.objects.get(pk=session.pk).process_state != ProcessState.CLOSED:
+        assert time.monotonic() < deadline + 15
+        time.sleep(0.1)
+    closed = TerminalSession.objects.get(pk=session.pk)
+    assert (closed.snapshot_kind, closed.close_reason) == (SnapshotKind.ARCHIVED, "killed")
+    assert bytes(closed.snapshot)  # the last screen is kept
+    execution = Execution.objects.get(pk=session.execution_id)
+    assert (execution.state, execution.evidence) == (State.COMPLETED, Evidence.KILLED)
+    assert execution.events.filter(actor="user:admin", reason="operator says so").exists()
+    detail = client.get(reverse("admin:terminals_terminalsession_change", args=[session.pk]))
+    assert "Archived" in detail.text and "Killed" in detail.text
