@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from channels.db import database_sync_to_async as db
 
@@ -55,6 +56,14 @@ class ViewerHandlers:
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.1
+            if time.monotonic() > self.leases_fresh_until:
+                # Woken after a long stall (SIGSTOP, a frozen VM): our leases may have passed to another
+                # worker. Check before acting, so two owners never act on one session.
+                try:
+                    await self.heartbeat_once()
+                except Exception as error:  # the database is away: act on nothing we cannot vouch for
+                    log.warning("cannot confirm leases (%r); dropping a %s", error, message.get("type"))
+                    continue
             handler = getattr(self, "on_" + message.get("type", "").removeprefix("session."), None)
             if handler is None:
                 log.warning("unknown message type %r", message.get("type"))

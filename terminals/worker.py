@@ -75,6 +75,7 @@ class OwnerWorker(ViewerHandlers):
         self.draining = False
         self.me = ProcessIdentity.of(os.getpid())
         self._tasks: set[asyncio.Task] = set()
+        self.leases_fresh_until = 0.0
 
     def _background(self, work) -> None:
         """Run ``work`` beside the loop, keeping a reference so it is not collected mid-flight."""
@@ -221,6 +222,9 @@ class OwnerWorker(ViewerHandlers):
         try:
             await live.pump(deliver)
             exit = await live.observe_exit()
+            # No longer a live process of ours: the heartbeat must not mistake the lease it is about
+            # to release for a lost one.
+            self.live.pop(live.execution_pk, None)
             await self._settle(live, execution, exit, bytes(captured), live.buffer.end - len(captured))
         except actions.LeaseLost as error:
             log.warning("%s; letting go", error)
@@ -314,7 +318,10 @@ class OwnerWorker(ViewerHandlers):
             await self.heartbeat_once()
 
     async def heartbeat_once(self) -> None:
+        began = time.monotonic()
         held = await db(actions.worker_heartbeat)(self.worker)
+        # Until then our leases provably stand: no other worker may claim them before they expire.
+        self.leases_fresh_until = began + settings.TETHER_LEASE_TTL_SECONDS
         for live in list(self.live.values()):
             token, request = held.get(live.execution_pk, (None, ""))
             if token != live.token:
