@@ -226,6 +226,9 @@ class OwnerWorker(ViewerHandlers):
             # to release for a lost one.
             self.live.pop(live.execution_pk, None)
             await self._settle(live, execution, exit, bytes(captured), live.buffer.end - len(captured))
+            if live.handle_backend == BackendKind.TMUX and not live.closing:
+                # The dead pane only held the exit status, which is now recorded: remove the session.
+                await live.process.terminate(grace=0.5)
         except actions.LeaseLost as error:
             log.warning("%s; letting go", error)
             await self._let_go(live, "lease lost")

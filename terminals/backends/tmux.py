@@ -1,0 +1,493 @@
+"""The tmux backend: each program runs in a detached session on a dedicated tmux socket.
+
+The session outlives its owner worker, so a later worker can adopt it (``attach``) or clean it up
+(``list_tagged`` + ``remove``). Output is streamed through a control-mode client (``tmux -C``) and
+input goes back as ``send-keys -H``; nobody's screen is scraped. The pane's first process is
+``tmux_shim.py``, which keeps tmux from dropping the last output when the program exits and reports
+the exit (see there).
+
+Backpressure, measured on tmux 3.3a. tmux stops reading a pane whose only clients are control clients
+holding 512+ bytes of unwritten output, but it refills that output only after a write to the client
+succeeds. When the pipe to us fills while fewer than 512 bytes are queued, tmux goes on reading the
+pane and keeps everything for the client: with a stalled reader, a writer ran on in 6 of 6 tries
+(reading 64 KiB at a time) and 1 of 8 (this module's reads), the server growing by 5-15 MiB/s (to
+~100 MiB within 6 s). ``pause-after`` and ``refresh-client -A %pane:off`` (per tmux's source) make
+tmux read on and discard. So when the consumer has not asked for output for ``STALL_AFTER``, the
+pane's terminal is stopped with ``tcflow(TCOOFF)``: the writer blocks in write(), tmux stays within a
+few MiB (15 of 15 tries), and the next ``read()`` starts it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pwd
+import re
+import shutil
+import sys
+import termios
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from terminals.backends import procfs
+from terminals.backends.base import (
+    READ_CHUNK,
+    Backend,
+    BackendError,
+    Exit,
+    Inspection,
+    Process,
+    SpawnError,
+    SpawnSpec,
+    Status,
+    TaggedSession,
+    Tags,
+    child_env,
+)
+from terminals.backends.tmux_control import ControlClient, Event, Sentinel
+from terminals.backends.tmux_shim import SENTINEL
+
+log = logging.getLogger(__name__)
+
+SHIM = Path(__file__).with_name("tmux_shim.py")
+STALL_AFTER = 0.1
+PAUSE_AFTER = 300  # seconds; without it tmux drops a control client that is 5 minutes behind
+SEND_KEYS_BATCH = 1024
+FORCED_BY_TMUX = ("TERM", "TERM_PROGRAM", "TERM_PROGRAM_VERSION", "TMUX", "TMUX_PANE", "SHELL")
+GONE_ERRORS = ("no server running", "error connecting", "can't find", "no such session", "server exited")
+TAGS = ("session", "owner_pid", "owner_started_at", "heartbeat", "marker")
+SESSION_OPTIONS = {"status": "off", "destroy-unattached": "off", "detach-on-destroy": "on"}
+# window-size manual: the control client never resizes the window (set globally, it crashes tmux 3.3a).
+WINDOW_OPTIONS = {
+    "window-size": "manual",
+    "remain-on-exit": "on",
+    "automatic-rename": "off",
+    "allow-rename": "off",
+    "monitor-bell": "off",
+}
+STATE = "#{pane_id}|#{pane_pid}|#{pane_tty}|#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{@tether_exit}"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    screen: bytes  # capture-pane -p -e -J: the visible screen with its SGR escapes, wrapped lines joined
+    cursor_x: int
+    cursor_y: int
+    cols: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class PaneState:
+    status: Status
+    ours: bool = False  # the pane id, session name and marker all matched
+    exit: Exit | None = None
+    pid: int = 0
+    tty: str = ""
+    program_ended: bool = False  # the shim recorded the program's exit (it may still wait to be released)
+    detail: str = ""
+
+
+def session_name(tags: Tags) -> str:
+    # tmux session names cannot hold ':' or '.'; the marker keeps a respawned session apart.
+    return f"{re.sub(r'[^A-Za-z0-9_-]', '_', tags.session)[:48]}-{tags.marker[:8]}"
+
+
+def _exit_from(recorded: str, dead: str, status: str, signal: str) -> Exit | None:
+    kind, _, number = recorded.partition(":")
+    if kind == "code" and number.isdigit():
+        return Exit(code=int(number), source="tmux_shim waitpid (tmux @tether_exit)")
+    if kind == "signal" and number.isdigit():
+        return Exit(signal=int(number), source="tmux_shim waitpid (tmux @tether_exit)")
+    if dead != "1":
+        return None
+    if signal.isdigit():
+        return Exit(signal=int(signal), source="tmux pane_dead_signal")
+    return Exit(code=int(status), source="tmux pane_dead_status") if status.isdigit() else None
+
+
+def _chain(commands: list[list[str]]) -> list[str]:
+    """One tmux command line running ``commands`` in order, stopping at the first that fails."""
+    # tmux ends a command at any argument ending in ';' unless it ends in '\\;'.
+    quoted = [[f"{arg[:-1]}\\;" if arg.endswith(";") else arg for arg in command] for command in commands]
+    return [arg for command in quoted for arg in (*command, ";")][:-1]
+
+
+def _tty_of(pid: int) -> int | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(raw[raw.rindex(")") + 2 :].split()[4])
+
+
+class TmuxProcess(Process):
+    def __init__(self, backend: TmuxBackend, handle: dict, state: PaneState):
+        self.handle = handle
+        self._backend = backend
+        self._pane = handle["pane"]
+        self._tty = state.tty
+        self._shim = procfs.ProcessIdentity.of(state.pid) if state.pid else None
+        self._client: ControlClient | None = None
+        self._replies: list[Callable[[Event], None] | None] = []
+        self._ready = bytearray()
+        self._sentinel = Sentinel(SENTINEL % handle["marker"].encode())
+        self._ended = False
+        self._dead_checks = 0
+        self._stall: asyncio.TimerHandle | None = None
+        self._stopped = False
+        self._exit: Exit | None = None
+        self._watching: asyncio.Future | None = None
+
+    async def _open(self) -> None:
+        argv = [*self._backend._argv(), "-u", "-C", "attach-session", "-t", f"={self.handle['session']}"]
+        try:
+            self._client = await ControlClient.start(argv, self._backend._env)
+        except OSError as error:
+            raise BackendError(f"cannot run tmux: {error}") from None
+        # Commands on stdin may run before the attach itself: wait until the client is in the session.
+        try:
+            async with asyncio.timeout(10):
+                while (event := await self._client.reader.next()) is not None:
+                    if event.kind == "reply" and event.error:
+                        break
+                    if event.kind == "other" and event.lines[0].startswith("%session-changed"):
+                        break
+        except TimeoutError:
+            event = None
+        if event is None or event.kind != "other":
+            await self._client.close()
+            raise BackendError(f"cannot attach to {self.handle['session']}: {' '.join(event.lines if event else [])}")
+        self._send(f"refresh-client -f pause-after={PAUSE_AFTER}")
+        self._send("refresh-client -B 'tether-dead::#{pane_dead}'")  # pane subscriptions skip dead panes
+
+    def _send(self, command: str, reply: Callable[[Event], None] | None = None, *, quiet: bool = False) -> None:
+        if self._client is None or not self._client.open:
+            if quiet:  # bookkeeping of a stream that is being closed
+                return
+            raise BackendError(f"the tmux control client of {self.handle['session']} is closed")
+        self._client.send(command)
+        self._replies.append(reply)
+
+    async def read(self) -> bytes:
+        self._resume()
+        if self._client is None:
+            return b""
+        try:
+            waited = False
+            reader = self._client.reader
+            # Parse what is already here up to a full chunk, but touch the pipe only when there is nothing.
+            while not self._ended and len(self._ready) < READ_CHUNK:
+                if not reader.buffered():
+                    if self._ready:
+                        break
+                    waited = True
+                self._handle(await reader.next())
+            if not waited:
+                await asyncio.sleep(0)  # data was already here: a fast producer must not starve the loop
+        finally:
+            if not self._ended:
+                self._stall = asyncio.get_running_loop().call_later(STALL_AFTER, self._flow, termios.TCOOFF)
+        if self._ended and not self._ready:
+            await self.detach()  # the pane is dead and everything was read: free the client
+        chunk = bytes(self._ready[:READ_CHUNK])
+        del self._ready[:READ_CHUNK]
+        return chunk
+
+    def _handle(self, event: Event | None) -> None:
+        if event is None or event.kind == "exit":
+            self._end()
+        elif event.kind == "output" and event.pane == self._pane:
+            self._ready += self._sentinel.feed(event.data)
+            if self._sentinel.seen and self._dead_checks == 0:
+                # All the program's output is here: let the shim end, then confirm the pane is dead.
+                self._unlock("release")
+                self._check_dead()
+        elif event.kind == "reply" and event.ours:
+            reply = self._replies.pop(0) if self._replies else None
+            if reply is not None:
+                reply(event)
+            elif event.error:
+                log.warning("tmux %s: %s", self.handle["session"], " ".join(event.lines))
+        elif event.kind == "subscription" and event.pane == "tether-dead" and event.lines[0].startswith("1"):
+            self._check_dead()
+        elif event.kind == "pause" and event.pane == self._pane:
+            log.warning("tmux paused %s after %ss behind; output was lost", self.handle["session"], PAUSE_AFTER)
+            self._send(f"refresh-client -A '{self._pane}:continue'", quiet=True)
+
+    def _unlock(self, gate: str) -> None:
+        """Open one of the shim's gates; opening it twice is harmless (tmux says it is not locked)."""
+        self._send(f"wait-for -U tether-{gate}-{self.handle['marker']}", lambda reply: None, quiet=True)
+
+    def _check_dead(self) -> None:
+        """Ask whether the pane is dead; the reply comes after every line written before it."""
+        if self._ended or self._client is None or not self._client.open:
+            return
+        self._dead_checks += 1
+        self._send(f"display -p -t {self._pane} '#{{pane_dead}}'", self._dead_reply, quiet=True)
+
+    def _dead_reply(self, reply: Event) -> None:
+        if reply.lines[:1] == ["1"]:
+            self._end()
+        elif self._sentinel.seen and self._dead_checks < 250:  # the shim ends at once; a forged sentinel not
+            asyncio.get_running_loop().call_later(0.02, self._check_dead)
+
+    def _end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._ready += self._sentinel.flush()
+
+    def _resume(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        if self._stopped:
+            self._flow(termios.TCOON)
+
+    def _flow(self, action: int) -> None:
+        """Stop or start the pane's terminal output, only while its tty is still the shim's."""
+        self._stall = None
+        if self._shim is None or not self._shim.is_alive() or not self._tty:
+            self._stopped = False
+            return
+        try:
+            fd = os.open(self._tty, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            if os.fstat(fd).st_rdev == _tty_of(self._shim.pid):  # a pts number can be reused
+                termios.tcflow(fd, action)
+                self._stopped = action == termios.TCOOFF
+        except OSError as error:
+            log.warning("tmux %s: tcflow failed: %s", self.handle["session"], error)
+        finally:
+            os.close(fd)
+
+    async def write(self, data: bytes) -> None:
+        for start in range(0, len(data), SEND_KEYS_BATCH):
+            self._send(f"send-keys -H -t {self._pane} {data[start : start + SEND_KEYS_BATCH].hex(' ')}")
+        await self._drain()
+
+    async def resize(self, cols: int, rows: int) -> None:
+        self._send(f"resize-window -t {self._pane} -x {int(cols)} -y {int(rows)}")
+        await self._drain()
+
+    async def _drain(self) -> None:
+        try:
+            await self._client.drain()
+        except OSError as error:
+            raise BackendError(str(error)) from None
+
+    async def wait(self) -> Exit:
+        if self._watching is None:
+            self._watching = asyncio.ensure_future(self._watch())
+        return await asyncio.shield(self._watching)
+
+    async def _watch(self) -> Exit:
+        while self._exit is None:
+            state = await self._backend._state(self.handle)
+            if state.exit is None and state.status != Status.ALIVE:
+                raise BackendError(f"no exit can be known for {self.handle['session']}: {state.detail}")
+            self._exit = state.exit
+            if self._exit is None:
+                # The shim wakes this channel; the timeout covers a session killed from outside.
+                await self._backend._run("wait-for", f"tether-exit-{self.handle['marker']}", timeout=10)
+        return self._exit
+
+    async def terminate(self, grace: float = 2.0) -> Exit | None:
+        # Without a control client tmux reads the pane freely, so the shim can write its sentinel and end.
+        await self.detach()
+        await self._backend._end_tree(self.handle, grace)
+        exit = self._exit
+        for _ in range(100):
+            state = await self._backend._state(self.handle)
+            exit = state.exit or exit
+            if exit is not None or state.status != Status.ALIVE:
+                break
+            await asyncio.sleep(0.02)
+        await self._backend._run("kill-session", "-t", f"={self.handle['session']}")
+        self._exit = exit
+        return exit
+
+    async def detach(self) -> None:
+        self._resume()
+        self._ended = True
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    async def snapshot(self) -> Snapshot:
+        return await self._backend.snapshot(self.handle)
+
+
+class TmuxBackend(Backend):
+    name = "tmux"
+
+    def __init__(self, socket: str = "tether"):
+        self.socket = socket
+        self._tmux = shutil.which("tmux") or "tmux"
+        # A clean environment: the server copies it into every pane otherwise.
+        self._env = {"LANG": "C.UTF-8", **{k: os.environ[k] for k in ("TMUX_TMPDIR",) if k in os.environ}}
+
+    def _handle(self, session: str, pane: str, marker: str) -> dict:
+        return {"backend": "tmux", "socket": self.socket, "session": session, "pane": pane, "marker": marker}
+
+    def _argv(self) -> list[str]:
+        return [self._tmux, "-L", self.socket, "-f", "/dev/null"]
+
+    async def _exec(self, *args: str, **streams) -> asyncio.subprocess.Process:
+        try:
+            return await asyncio.create_subprocess_exec(*self._argv(), *args, env=self._env, **streams)
+        except OSError as error:
+            raise BackendError(f"cannot run tmux: {error}") from None
+
+    async def _run(self, *args: str, timeout: float = 30) -> tuple[int, str, str]:
+        pipe = asyncio.subprocess.PIPE
+        process = await self._exec(*args, stdin=asyncio.subprocess.DEVNULL, stdout=pipe, stderr=pipe)
+        try:
+            out, err = await asyncio.wait_for(process.communicate(), timeout)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            return -1, "", "timed out"
+        return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+    async def _state(self, handle: dict) -> PaneState:
+        fmt = f"{STATE}|#{{@tether_marker}}|#{{session_name}}"
+        try:
+            code, out, err = await self._run("display-message", "-p", "-t", handle["pane"], fmt)
+        except BackendError as error:
+            return PaneState(Status.UNKNOWN, detail=str(error))
+        if code != 0:
+            gone = any(text in err for text in GONE_ERRORS)
+            return PaneState(Status.GONE if gone else Status.UNKNOWN, detail=err.strip() or f"tmux exited {code}")
+        fields = out.rstrip("\n").split("|", 8)
+        # display-message falls back to another pane, or to none, when the target is missing.
+        if len(fields) < 9 or (fields[0], fields[7], fields[8]) != (
+            handle["pane"],
+            handle["marker"],
+            handle["session"],
+        ):
+            return PaneState(Status.GONE, detail=f"no pane {handle['pane']} of session {handle['session']}")
+        _, pid, tty, dead, status, signal, recorded = fields[:7]
+        exit = _exit_from(recorded, dead, status, signal)
+        if exit is not None:
+            verdict, detail = Status.EXITED, exit.describe()
+        else:
+            verdict, detail = (Status.UNKNOWN, "dead pane without a status") if dead == "1" else (Status.ALIVE, "")
+        # A dead pane's pid may already name another process.
+        pid_if_alive = int(pid) if dead == "0" else 0
+        return PaneState(verdict, True, exit, pid_if_alive, tty, program_ended=bool(recorded), detail=detail)
+
+    async def spawn(self, spec: SpawnSpec, tags: Tags) -> TmuxProcess:
+        account = pwd.getpwuid(os.getuid())
+        env = child_env(spec, tags, {"HOME": account.pw_dir, "USER": account.pw_name, "SHELL": account.pw_shell})
+        program, cwd = spec.argv[0], spec.cwd or account.pw_dir
+        if not os.path.isdir(cwd):
+            raise SpawnError(f"working directory does not exist: {cwd}")
+        if shutil.which(program if "/" not in program else os.path.join(cwd, program), path=env["PATH"]) is None:
+            raise SpawnError(f"program not found: {program}")
+        fixes = [
+            x
+            for name in FORCED_BY_TMUX
+            for x in (("--set", f"{name}={env[name]}") if name in env else ("--unset", name))
+        ]
+        name, target = session_name(tags), f"={session_name(tags)}:"
+        shim = [sys.executable, "-I", "-S", str(SHIM), self._tmux, *fixes, "--", *spec.argv]
+        options = {**SESSION_OPTIONS, **{f"@tether_{key}": str(value) for key, value in asdict(tags).items()}}
+        size = ["-x", str(spec.cols), "-y", str(spec.rows)]
+        env_args = [x for key, value in env.items() for x in ("-e", f"{key}={value}")]
+        create = ["new-session", "-d", "-s", name, *size, "-c", cwd.replace("#", "##")]
+        commands = [
+            ["start-server"],
+            ["set-option", "-s", "escape-time", "0"],
+            ["set-option", "-g", "update-environment", ""],
+            [*create, *env_args, "-P", "-F", "#{pane_id}", "--", *shim],
+            # The shim's gates. This list runs before any other client's command, so before the shim asks;
+            # a lock, unlike a signal, is never lost or undone by a second wake.
+            *(["wait-for", "-L", f"tether-{gate}-{tags.marker}"] for gate in ("go", "release")),
+            *(["set-option", "-t", target, option, value] for option, value in options.items()),
+            *(["set-option", "-w", "-t", target, option, value] for option, value in WINDOW_OPTIONS.items()),
+        ]
+        code, out, err = await self._run(*_chain(commands))
+        if not out.startswith("%"):  # no session was made (a failed command list stops at the failure)
+            raise SpawnError(f"tmux could not start {program}: {err.strip() or out.strip()}")
+        handle = self._handle(name, out.split()[0], tags.marker)
+        try:
+            if code != 0:
+                raise BackendError(f"tmux could not set up {name}: {err.strip()}")
+            return await self._adopt(handle)
+        except BackendError as error:
+            await self._end_tree(handle, 0.5)
+            await self._run("kill-session", "-t", f"={name}")
+            raise SpawnError(str(error)) from None
+
+    async def _adopt(self, handle: dict) -> TmuxProcess:
+        state = await self._state(handle)
+        if state.status not in (Status.ALIVE, Status.EXITED):
+            raise BackendError(f"cannot attach to {handle['session']}: {state.detail}")
+        process = TmuxProcess(self, handle, state)
+        await process._open()
+        process._flow(termios.TCOON)  # a dead owner may have left the terminal stopped
+        # Start the program if the old owner died before it did; a spare unlock is harmless.
+        process._unlock("go")
+        if (await self._state(handle)).program_ended:
+            # Its sentinel may have gone to nobody: release the shim once what reached us was read.
+            process._send("display -p synced", lambda reply: process._unlock("release"))
+        await process._drain()
+        return process
+
+    async def attach(self, handle: dict) -> TmuxProcess:
+        return await self._adopt(handle)
+
+    async def inspect(self, handle: dict) -> Inspection:
+        state = await self._state(handle)
+        return Inspection(state.status, state.exit, state.detail)
+
+    async def list_tagged(self) -> list[TaggedSession]:
+        fmt = "|".join(["#{session_name}", "#{pane_id}", *(f"#{{@tether_{key}}}" for key in TAGS)])
+        code, out, _ = await self._run("list-sessions", "-F", fmt)
+        found = []
+        for line in out.splitlines() if code == 0 else []:
+            name, pane, *values = line.split("|")
+            tags = dict(zip(TAGS[1:], values[-4:], strict=True))
+            tags["session"] = "|".join(values[:-4])  # the free-text field, in case it holds the separator
+            if tags["session"] and tags["marker"]:
+                found.append(TaggedSession(handle=self._handle(name, pane, tags["marker"]), tags=tags))
+        return found
+
+    async def tag(self, handle: dict, **values: str | int) -> None:
+        """Update owner tags (owner_pid, owner_started_at, heartbeat), e.g. by the worker that adopted it."""
+        if not (await self._state(handle)).ours:
+            raise BackendError(f"no session {handle['session']} to tag")
+        commands = [
+            ["set-option", "-t", f"={handle['session']}:", f"@tether_{key}", str(value)]
+            for key, value in values.items()
+        ]
+        code, _, err = await self._run(*_chain(commands))
+        if code != 0:
+            raise BackendError(f"could not tag {handle['session']}: {err.strip()}")
+
+    async def _end_tree(self, handle: dict, grace: float) -> None:
+        await self._run("wait-for", "-U", f"tether-release-{handle['marker']}")  # the shim ends with the program
+        await procfs.terminate_tree(marker=handle["marker"], grace=grace)
+
+    async def remove(self, handle: dict, grace: float = 2.0) -> None:
+        state = await self._state(handle)
+        await self._end_tree(handle, grace)
+        if state.ours:  # never a session whose pane, name and marker do not all match
+            await self._run("kill-session", "-t", f"={handle['session']}")
+
+    async def snapshot(self, handle: dict) -> Snapshot:
+        fmt = "#{pane_id}|#{@tether_marker}|#{cursor_x}|#{cursor_y}|#{pane_width}|#{pane_height}"
+        target = ("-t", handle["pane"])
+        code, out, err = await self._run(
+            "capture-pane", "-p", "-e", "-J", *target, ";", "display-message", "-p", *target, fmt
+        )
+        screen, _, last = out.rstrip("\n").rpartition("\n")
+        fields = last.split("|")
+        if code != 0 or fields[:2] != [handle["pane"], handle["marker"]]:
+            raise BackendError(f"no screen for {handle['session']}: {err.strip() or 'not this session'}")
+        return Snapshot(screen.encode(), *(int(x) for x in fields[2:]))

@@ -1,0 +1,219 @@
+"""tmux specifics: sessions that outlive their owner, tags, adoption, snapshots and honest exits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from terminals.backends.base import Inspection, SpawnError, SpawnSpec, Status
+from terminals.backends.procfs import find_tree
+from terminals.backends.tmux import TmuxBackend
+from tests.backends.conftest import make_tags
+from tests.backends.test_contract import drain, read_until, rss_kib
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def backend(tmux_socket) -> TmuxBackend:
+    return TmuxBackend(socket=tmux_socket)
+
+
+def tmux(socket: str, *args: str) -> str:
+    return subprocess.run(["tmux", "-L", socket, *args], capture_output=True, text=True, check=True).stdout
+
+
+def spawn_elsewhere(socket: str, *argv: str) -> tuple[subprocess.Popen, dict]:
+    """Spawn from another OS process, which can then be killed like a crashed worker."""
+    spawner = subprocess.Popen(
+        [sys.executable, "-m", "tests.backends.spawner", "tmux", json.dumps({"socket": socket}), *argv],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return spawner, json.loads(spawner.stdout.readline())
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[Inspection]], done: Callable[[Inspection], bool], timeout: float = 10.0
+) -> Inspection:
+    async with asyncio.timeout(timeout):
+        while not done(value := await probe()):
+            await asyncio.sleep(0.05)
+    return value
+
+
+def kill(spawner: subprocess.Popen) -> None:
+    spawner.send_signal(signal.SIGKILL)
+    spawner.wait()
+
+
+async def test_a_session_survives_its_killed_spawner_and_its_exit_is_read_from_a_new_process(backend, tmux_socket):
+    spawner, handle = spawn_elsewhere(tmux_socket, "/bin/sh")
+    assert handle["backend"] == "tmux" and handle["socket"] == tmux_socket
+    kill(spawner)
+    seen = await TmuxBackend(socket=tmux_socket).inspect(handle)
+    assert seen.status == Status.ALIVE
+    assert seen.exit is None
+    tmux(tmux_socket, "send-keys", "-t", handle["pane"], "exit 4", "Enter")
+    seen = await eventually(lambda: backend.inspect(handle), lambda seen: seen.status == Status.EXITED)
+    assert (seen.exit.code, seen.exit.signal) == (4, None)
+    # A new owner of the ended program gets the end of its output and the same exit.
+    adopted = await backend.attach(handle)
+    await drain(adopted)
+    assert (await adopted.wait()).code == 4
+    await backend.remove(handle, grace=0.5)
+    assert (await backend.inspect(handle)).status == Status.GONE
+    assert find_tree(marker=handle["marker"]) == []
+
+
+async def test_a_new_owner_adopts_a_live_session_and_sees_new_output(backend, tmux_socket):
+    spawner, handle = spawn_elsewhere(tmux_socket, "/bin/sh")
+    kill(spawner)
+    process = await backend.attach(handle)
+    try:
+        me = make_tags()
+        await backend.tag(handle, owner_pid=me.owner_pid, owner_started_at=me.owner_started_at, heartbeat=7)
+        (listed,) = await backend.list_tagged()
+        assert (listed.tags["owner_pid"], listed.tags["heartbeat"]) == (str(me.owner_pid), "7")
+        await process.write(b"echo adopted-$((2+3))\n")
+        await read_until(process, b"adopted-5")
+        await process.write(b"exit 6\n")
+        assert (await asyncio.wait_for(process.wait(), 10)).code == 6
+    finally:
+        await process.terminate(grace=0.5)
+
+
+async def test_detach_leaves_the_program_running_for_a_later_owner(backend):
+    process = await backend.spawn(SpawnSpec(argv=("/bin/sh",)), make_tags())
+    await process.write(b"n=41\n")
+    await process.detach()
+    assert (await backend.inspect(process.handle)).status == Status.ALIVE
+    again = await backend.attach(process.handle)
+    try:
+        await again.write(b"echo still-$((n+1))\n")
+        await read_until(again, b"still-42")
+    finally:
+        await again.terminate(grace=0.5)
+
+
+async def test_terminate_while_a_read_is_pending_ends_both(backend):
+    process = await backend.spawn(SpawnSpec(argv=("/bin/sh",)), make_tags())
+    await process.write(b"echo ready\n")
+    await read_until(process, b"ready")
+
+    async def pump() -> bytes:
+        while chunk := await process.read():
+            pass
+        return chunk
+
+    reading = asyncio.create_task(pump())
+    await asyncio.sleep(0.2)
+    await asyncio.wait_for(process.terminate(grace=0.5), 15)
+    assert await asyncio.wait_for(reading, 5) == b""
+    assert (await backend.inspect(process.handle)).status == Status.GONE
+
+
+async def test_tagged_sessions_are_listed_and_an_untagged_one_is_never_touched(backend, tmux_socket):
+    tags = make_tags("tether:session.1")  # ':' and '.' cannot be in a tmux session name
+    process = await backend.spawn(SpawnSpec(argv=("sleep", "1000")), tags)
+    tmux(tmux_socket, "new-session", "-d", "-s", "someone-else", "sleep 1000")
+    stranger = tmux(tmux_socket, "display", "-p", "-t", "=someone-else:", "#{pane_id}").strip()
+
+    listed = await backend.list_tagged()
+    assert [entry.handle for entry in listed] == [process.handle]
+    assert listed[0].tags == {
+        "session": "tether:session.1",
+        "owner_pid": str(tags.owner_pid),
+        "owner_started_at": str(tags.owner_started_at),
+        "heartbeat": "0",
+        "marker": tags.marker,
+    }
+
+    # A handle naming the stranger's pane, but not its marker, is refused; the real one is removed.
+    forged = dict(process.handle, pane=stranger, session="someone-else")
+    assert (await backend.inspect(forged)).status == Status.GONE
+    await backend.remove(forged, grace=0.2)
+    for entry in listed:
+        await backend.remove(entry.handle, grace=0.5)
+    assert await backend.list_tagged() == []
+    assert tmux(tmux_socket, "list-sessions", "-F", "#{session_name}").split() == ["someone-else"]
+
+
+async def test_snapshot_has_the_screen_with_colours_and_the_cursor(backend):
+    spec = SpawnSpec(argv=("/bin/sh",), env={"PS1": "tether> "}, cols=70, rows=20)
+    process = await backend.spawn(spec, make_tags())
+    try:
+        await process.write(b"printf 'hello-%s \\033[31mred\\033[0m\\n' snapshot\n")
+        await read_until(process, b"red\x1b[0m\r\ntether> ")
+        shot = await process.snapshot()
+        assert b"hello-snapshot \x1b[31mred" in shot.screen
+        assert (shot.cols, shot.rows) == (70, 20)
+        plain = re.sub(rb"\x1b\[[0-9;]*m", b"", shot.screen).split(b"\n")
+        assert plain[shot.cursor_y] == b"tether> "
+        assert shot.cursor_x == len(b"tether> ")
+    finally:
+        await process.terminate(grace=0.5)
+
+
+async def test_the_last_output_before_a_fast_exit_is_never_lost(backend):
+    # tmux alone drops what it has not passed on when the pane's process exits.
+    process = await backend.spawn(SpawnSpec(argv=("sh", "-c", "seq 1 200000; printf the-end")), make_tags())
+    output = await drain(process, timeout=60)
+    assert output.endswith(b"199999\r\n200000\r\nthe-end")
+    assert output.count(b"\r\n") == 200000
+    assert (await process.wait()).code == 0
+
+
+async def test_the_program_sees_its_own_environment_not_tmux_or_worker_secrets(backend, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/tether")
+    script = "echo db=[$DATABASE_URL] term=$TERM tmux=[$TMUX$TMUX_PANE$TERM_PROGRAM] marker=$TETHER_PROCESS_MARKER"
+    tags = make_tags()
+    process = await backend.spawn(SpawnSpec(argv=("sh", "-c", script)), tags)
+    output = await drain(process)
+    assert f"db=[] term=xterm-256color tmux=[] marker={tags.marker}".encode() in output
+
+
+async def test_arguments_reach_the_program_unchanged(backend):
+    # tmux would end a command at an argument ending in ';', and expands formats in some arguments.
+    argv = ("sh", "-c", 'printf "[%s]" "$@" "$SEMI"', "sh", "a;", "b\\;", ";", "#{pane_id}")
+    process = await backend.spawn(SpawnSpec(argv=argv, env={"SEMI": "v;"}), make_tags())
+    assert await drain(process) == b"[a;][b\\;][;][#{pane_id}][v;]"
+
+
+async def test_a_signal_is_reported_as_a_signal(backend):
+    process = await backend.spawn(SpawnSpec(argv=("sh", "-c", "echo up; kill -TERM $$")), make_tags())
+    await drain(process)
+    exit = await asyncio.wait_for(process.wait(), 10)
+    assert (exit.code, exit.signal) == (None, signal.SIGTERM)
+    assert (await backend.inspect(process.handle)).exit == exit
+
+
+async def test_a_missing_program_is_a_spawn_error_and_leaves_nothing(backend):
+    with pytest.raises(SpawnError, match="not found"):
+        await backend.spawn(SpawnSpec(argv=("no-such-program-tether",)), make_tags())
+    assert await backend.list_tagged() == []
+
+
+async def test_a_stalled_reader_keeps_the_tmux_server_small(backend, tmux_socket):
+    line = b"x" * 200 + b"\r\n"
+    process = await backend.spawn(SpawnSpec(argv=("yes", "x" * 200)), make_tags())
+    try:
+        await read_until(process, line * 2)
+        server = int(tmux(tmux_socket, "display", "-p", "#{pid}"))
+        await asyncio.sleep(0.5)
+        before = rss_kib(server)
+        await asyncio.sleep(3)
+        # Without stopping the terminal, tmux 3.3a could buffer 5-15 MiB/s here for a reader that is away.
+        assert rss_kib(server) - before < 4 * 1024
+        await read_until(process, line * 2)
+    finally:
+        await process.terminate(grace=0.5)
