@@ -4,12 +4,16 @@ PY := .venv/bin/python
 TEST_DATABASE_URL ?= postgres:///tether?host=/var/run/postgresql
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test venv services lint
+.PHONY: run test venv frontend services lint
 
 venv:
 	@scripts/setup-venv.sh
 
-run: venv
+# static/dist/ (xterm.js bundle, CSS, htmx): rebuilt only when frontend/ or the npm lock changed.
+frontend:
+	@scripts/build-frontend.sh
+
+run: venv frontend
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_admin
 	@echo "Tether: http://127.0.0.1:8000/ (admin at /admin/)"
@@ -17,11 +21,12 @@ run: venv
 
 services:
 	@scripts/ensure-services.sh
+	@scripts/clean-test-leftovers.sh
 
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-test: venv services lint
+test: venv services lint frontend
 	DATABASE_URL='$(TEST_DATABASE_URL)' $(PY) manage.py makemigrations --check --dry-run
 	DATABASE_URL='$(TEST_DATABASE_URL)' TEST_REDIS_URL='$(TEST_REDIS_URL)' $(PY) -m pytest

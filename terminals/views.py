@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
-from executions.errors import Refused
+from executions.errors import ExecutionError
 from executions.models import ENDED_STATES, Backend, Execution, Kind, Machine, MachineState
 from terminals import actions
 from terminals.models import ProcessState, TerminalSession
@@ -92,7 +92,7 @@ def open_machine(request: HttpRequest, name: str) -> HttpResponse:
         return redirect("terminals:workspaces")
     try:
         session, _ = actions.open_terminal(machine, request.user)
-    except Refused as refused:
+    except ExecutionError as refused:  # a guard (cap, someone else's shell, busy slot), never a 500
         messages.error(request, f"Could not open {machine.name}: {refused}")
         return redirect("terminals:workspaces")
     return redirect("terminals:terminal", session_id=session.id)

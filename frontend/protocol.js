@@ -1,0 +1,54 @@
+// Words and numbers of docs/protocol.md as the page uses them.
+
+export const STATUS = {
+  connecting: "Connecting…",
+  connected: "Connected",
+  reconnecting: "Reconnecting to your session…",
+  lost: "Connection lost; outcome unknown",
+  superseded: "Superseded by another window",
+  starting: "Starting a fresh shell…",
+};
+
+// Closes whose reattach the server answers with a fresh shell (TETHER_AUTO_RESET).
+const AUTO_RESET_REASONS = new Set(["exited", "killed", "failed", "server_restart", "spawn_failed", "reset", "completed"]);
+
+// What a close means for the page (docs/protocol.md, "Close codes"). A closed socket is never a
+// failed command: an outcome is shown only when the server said it (`exit`) or the code says so.
+//   superseded: keep the frame, offer Take over     login: go to the login page
+//   ended: show `text`, offer `next`                 retry: reconnect with backoff
+export function closeVerdict(code, { exitSeen, closedInfo, idleMinutes }) {
+  const reason = closedInfo?.reason ?? exitSeen?.reason;
+  switch (code) {
+    case 4001:
+      return { kind: "superseded" };
+    case 4003:
+    case 4016:
+      return { kind: "login" };
+    case 4013:
+      return { kind: "ended", text: exitSeen?.outcome ?? "The shell exited", next: "new-shell" };
+    case 4010:
+      return { kind: "ended", text: `Closed: idle for ${closedInfo?.idle_minutes ?? idleMinutes} min`, next: "reopen" };
+    case 4011:
+      return { kind: "ended", text: "Closed: session deadline reached", next: "reopen" };
+    case 4012:
+      return { kind: "ended", text: "Closed: output limit reached", next: "reopen" };
+    case 4015:
+      return {
+        kind: "ended",
+        text: `Closed: ${closedInfo?.text || reason || "the session was closed"}`,
+        next: AUTO_RESET_REASONS.has(reason) ? "new-shell" : "reopen",
+      };
+    case 4008:
+      return { kind: "ended", text: "Disconnected: too many bad frames", next: "reconnect" };
+  }
+  // An exit was seen but the close was not the usual 4013: the shell still ended as it said.
+  if (exitSeen) return { kind: "ended", text: exitSeen.outcome, next: "new-shell" };
+  return { kind: "retry" };
+}
+
+export function warningText({ reason, seconds_left: secondsLeft }) {
+  const left = secondsLeft >= 90 ? `${Math.round(secondsLeft / 60)} min` : `${Math.max(0, Math.round(secondsLeft))} s`;
+  return reason === "idle"
+    ? `Idle: this session closes in ${left} unless you type or keep it open`
+    : `Session deadline: this session closes in ${left}`;
+}

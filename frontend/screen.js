@@ -1,0 +1,86 @@
+// The terminal screen and its place in the output stream.
+//
+// Offsets are absolute byte positions in one generation's output (docs/protocol.md).
+// `received` is where the next byte from the server belongs; `rendered` is how far
+// xterm.js has actually parsed. They differ while xterm's write queue is busy, and
+// only `rendered` may be acknowledged or used as `since`: a byte handed to xterm
+// but not parsed yet could still be cut off by a regrid.
+
+export class Screen {
+  constructor(term, onRendered) {
+    this.term = term;
+    this.onRendered = onRendered;
+    this.received = 0;
+    this.rendered = 0;
+    this.pending = 0; // writes handed to xterm whose callback has not fired yet
+    this.epoch = 0; // bumped whenever the stream restarts, so stale write callbacks are ignored
+    this.empty = true; // nothing of any shell is on screen (page load, or just reset)
+    this.drainWaiters = [];
+  }
+
+  // The stream (re)starts at `offset`, as `attached` says.
+  start(offset) {
+    this.epoch += 1;
+    this.received = offset;
+    this.rendered = offset;
+  }
+
+  writeOutput(bytes) {
+    const end = this.received + bytes.length;
+    this.received = end;
+    this.empty = false;
+    this._write(bytes, end);
+  }
+
+  // Output before `offset` is gone (a gap): show that, then continue at `offset`.
+  skipTo(offset, marker) {
+    this.received = offset;
+    this._write(marker, offset);
+  }
+
+  // A line of our own (lost output, a previous shell's outcome): it does not move offsets.
+  writeMarker(text) {
+    this._write(text, null);
+  }
+
+  // Bytes that are not part of the live stream (the archived screen of a closed session).
+  writeUnsequenced(bytes) {
+    this.empty = false;
+    this._write(bytes, null);
+  }
+
+  // A fresh shell: wipe the screen and forget the old generation's offsets.
+  clear() {
+    this.epoch += 1;
+    this.term.reset();
+    this.received = 0;
+    this.rendered = 0;
+    this.empty = true;
+  }
+
+  // Resolves once xterm has parsed everything it was given.
+  drained() {
+    if (this.pending === 0) return Promise.resolve();
+    return new Promise((resolve) => this.drainWaiters.push(resolve));
+  }
+
+  _write(data, endOffset) {
+    const epoch = this.epoch;
+    this.pending += 1;
+    this.term.write(data, () => {
+      this.pending -= 1;
+      if (endOffset !== null && epoch === this.epoch) this.rendered = endOffset;
+      if (this.pending === 0) {
+        const waiters = this.drainWaiters;
+        this.drainWaiters = [];
+        waiters.forEach((resolve) => resolve());
+      }
+      this.onRendered();
+    });
+  }
+}
+
+// A dim line of our own on the screen, starting on a fresh line.
+export function markerLine(text, { newlineFirst = true } = {}) {
+  return `${newlineFirst ? "\r\n" : ""}\x1b[0;2m${text}\x1b[0m\r\n`;
+}

@@ -1,0 +1,176 @@
+// The terminal page: xterm.js, its toolbar, and the session client (see docs/protocol.md).
+
+import { FitAddon } from "@xterm/addon-fit";
+import { WebLinksAddon } from "@xterm/addon-web-links";
+import { Terminal } from "@xterm/xterm";
+
+import { Screen } from "./screen.js";
+import { SessionClient } from "./session-client.js";
+
+const NOTICE_MS = 10 * 1000;
+
+function bufferText(term) {
+  // Whole buffer (scrollback included), joining soft-wrapped rows back into their lines.
+  const buffer = term.buffer.active;
+  const lines = [];
+  for (let i = 0; i < buffer.length; i++) {
+    const line = buffer.getLine(i);
+    if (!line) continue;
+    const text = line.translateToString(true);
+    if (line.isWrapped && lines.length) lines[lines.length - 1] += text;
+    else lines.push(text);
+  }
+  while (lines.length && lines[lines.length - 1] === "") lines.pop();
+  return lines.join("\n");
+}
+
+async function copyToClipboard(text) {
+  if (navigator.clipboard && window.isSecureContext) {
+    try {
+      await navigator.clipboard.writeText(text);
+      return true;
+    } catch {
+      // Permission refused: fall back to the old way below.
+    }
+  }
+  const area = document.createElement("textarea");
+  area.value = text;
+  area.setAttribute("readonly", "");
+  area.style.cssText = "position:fixed;top:0;left:0;opacity:0";
+  document.body.append(area);
+  area.select();
+  let copied = false;
+  try {
+    copied = document.execCommand("copy");
+  } catch {
+    copied = false;
+  }
+  area.remove();
+  return copied;
+}
+
+class Page {
+  constructor(root) {
+    this.status = root.querySelector("#terminal-status");
+    this.noticeEl = root.querySelector("#terminal-notice");
+    this.actions = {
+      takeover: root.querySelector("#terminal-takeover"),
+      "new-shell": root.querySelector("#terminal-new-shell"),
+      reopen: root.querySelector("#terminal-reopen"),
+      reconnect: root.querySelector("#terminal-reconnect"),
+    };
+    this.noticeTimer = null;
+    this.warningEl = root.querySelector("#terminal-warning");
+    this.keepOpenButton = root.querySelector("#terminal-keep-open");
+  }
+
+  // A standing warning (until cleared with null), unlike a notice that fades.
+  warn(text, offerKeepOpen = false) {
+    this.warningEl.textContent = text ?? "";
+    this.warningEl.hidden = !text;
+    this.keepOpenButton.hidden = !(text && offerKeepOpen);
+  }
+
+  setStatus(text, tone, phase) {
+    this.status.textContent = text;
+    this.status.dataset.tone = tone;
+    document.body.dataset.phase = phase;
+  }
+
+  showActions(names) {
+    for (const [name, element] of Object.entries(this.actions)) {
+      if (element) element.hidden = !names.includes(name);
+    }
+  }
+
+  notice(text) {
+    this.noticeEl.textContent = text;
+    this.noticeEl.hidden = false;
+    clearTimeout(this.noticeTimer);
+    this.noticeTimer = setTimeout(() => {
+      this.noticeEl.hidden = true;
+    }, NOTICE_MS);
+  }
+}
+
+function main() {
+  const config = JSON.parse(document.getElementById("terminal-state").textContent);
+  const root = document.getElementById("terminal-page");
+  const container = document.getElementById("terminal");
+
+  const term = new Terminal({
+    cursorBlink: true,
+    fontFamily: '"DejaVu Sans Mono", "Liberation Mono", Menlo, Consolas, monospace',
+    fontSize: 14,
+    scrollback: 5000,
+    theme: { background: "#14171c", foreground: "#d8dee9", cursor: "#e5c07b", selectionBackground: "#3b4252" },
+  });
+  const fit = new FitAddon();
+  term.loadAddon(fit);
+  term.loadAddon(new WebLinksAddon());
+  term.open(container);
+  fit.fit();
+
+  const page = new Page(root);
+  const screen = new Screen(term, () => {});
+  const client = new SessionClient({ term, fit, screen, page, config });
+
+  term.attachCustomKeyEventHandler((event) => {
+    if (event.type === "keydown") client.input.noteKeyPress();
+    return true;
+  });
+  container.addEventListener("paste", () => client.input.noteKeyPress(), true);
+  term.onData((data) => client.input.text(data));
+  term.onBinary((data) => client.input.binary(data));
+
+  new ResizeObserver(() => client.onContainerResize()).observe(container);
+  window.addEventListener("pagehide", () => client.persist());
+
+  const dialog = root.querySelector("#reset-dialog");
+  root.querySelector("#terminal-reset").addEventListener("click", () => dialog.showModal());
+  dialog.addEventListener("close", () => {
+    if (dialog.returnValue === "reset") client.reset();
+    term.focus();
+  });
+  root.querySelector("#terminal-copy").addEventListener("click", async () => {
+    const selection = term.getSelection();
+    const text = selection || bufferText(term);
+    const copied = await copyToClipboard(text);
+    page.notice(copied ? (selection ? "Copied the selection" : "Copied the whole buffer") : "Could not copy");
+    term.focus();
+  });
+  root.querySelector("#terminal-clear").addEventListener("click", () => {
+    term.clear(); // this screen only: the shell and the server's buffer are untouched
+    term.focus();
+  });
+  page.actions.takeover.addEventListener("click", () => client.takeOver());
+  page.actions["new-shell"].addEventListener("click", () => client.startNewShell());
+  page.actions.reconnect.addEventListener("click", () => client.reconnect());
+  page.keepOpenButton.addEventListener("click", () => {
+    client.keepOpen();
+    term.focus();
+  });
+
+  // A handle for people debugging in the console, and for the browser tests.
+  window.tetherTerminal = {
+    term,
+    client,
+    text: () => bufferText(term),
+    state: () => ({
+      phase: client.phase,
+      status: client.status,
+      generation: client.generation,
+      received: screen.received,
+      rendered: screen.rendered,
+      replaying: client.replay.active,
+      droppedKeys: client.input.dropped,
+      cols: term.cols,
+      rows: term.rows,
+    }),
+  };
+
+  client.start();
+  term.focus();
+}
+
+main();
