@@ -47,7 +47,7 @@ class MachineEventInline(ReadOnlyInline):
     readonly_fields = fields
 
 
-def _apply(modeladmin, request, queryset, operation, done: str) -> None:
+def apply_each(modeladmin, request, queryset, operation, done: str) -> None:
     """Run ``operation`` per object; a refusal is reported with its reason and the rest carry on."""
     succeeded = 0
     for obj in queryset:
@@ -102,7 +102,7 @@ class MachineAdmin(admin.ModelAdmin):
     @admin.action(description="Stop selected machines (refused while a slot is held)", permissions=["change"])
     def stop_machines(self, request, queryset):
         actor = actions.Actor.for_user(request.user)
-        _apply(
+        apply_each(
             self,
             request,
             queryset,
@@ -113,7 +113,7 @@ class MachineAdmin(admin.ModelAdmin):
     @admin.action(description="Start selected machines", permissions=["change"])
     def start_machines(self, request, queryset):
         actor = actions.Actor.for_user(request.user)
-        _apply(
+        apply_each(
             self,
             request,
             queryset,
@@ -174,4 +174,6 @@ class ExecutionAdmin(admin.ModelAdmin):
     @admin.action(description="Cancel selected pending executions", permissions=["change"])
     def cancel_pending(self, request, queryset):
         actor = actions.Actor.for_user(request.user)
-        _apply(self, request, queryset, lambda e: actions.cancel_execution(e, actor=actor, reason="admin"), "Cancelled")
+        apply_each(
+            self, request, queryset, lambda e: actions.cancel_execution(e, actor=actor, reason="admin"), "Cancelled"
+        )

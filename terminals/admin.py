@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin import helpers
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.timesince import timesince
 
 from executions.actions import Actor
-from executions.errors import ExecutionError
+from executions.admin import apply_each
 from terminals import actions
 from terminals.models import ProcessLease, SessionEvent, TerminalSession, Worker
 
@@ -25,17 +25,14 @@ def _confirmed_action(action: str, description: str):
     def run(modeladmin, request, queryset):
         form = ReasonForm(request.POST if request.POST.get("post") else None)
         if request.POST.get("post") and form.is_valid():
-            actor = Actor.for_user(request.user)
-            done = 0
-            for session in queryset.select_related("execution", "machine"):
-                try:
-                    actions.operator_session_action(session, action, actor=actor, reason=form.cleaned_data["reason"])
-                except ExecutionError as error:
-                    modeladmin.message_user(request, f"{session.id}: refused: {error}", messages.ERROR)
-                else:
-                    done += 1
-            if done:
-                modeladmin.message_user(request, f"{description}: {done} session(s)", messages.SUCCESS)
+            actor, reason = Actor.for_user(request.user), form.cleaned_data["reason"]
+            apply_each(
+                modeladmin,
+                request,
+                queryset.select_related("execution", "machine"),
+                lambda session: actions.operator_session_action(session, action, actor=actor, reason=reason),
+                description,
+            )
             return None
         return TemplateResponse(
             request,
