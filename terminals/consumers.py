@@ -107,12 +107,14 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.grid: tuple[int, int] | None = None
         self.strikes: list[float] = []
         self.waiting: asyncio.Task | None = None
+        self.replay_check: asyncio.Task | None = None
         await self.accept()
         await self.send_json({"type": "hello", "session": str(self.session.id), "protocol": 1})
 
     async def disconnect(self, code) -> None:
-        if self.waiting:
-            self.waiting.cancel()
+        for task in (self.waiting, getattr(self, "replay_check", None)):
+            if task:
+                task.cancel()
         if getattr(self, "attached", False):
             await self._to_worker("session.detach")
 
@@ -287,11 +289,25 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             {
                 "type": "attached",
                 "offset": event["offset"],
+                "end": event["end"],
                 "lost": event["lost"],
                 "generation": event["generation"],
                 "process_state": event["process_state"],
             }
         )
+        if self.replay_check:
+            self.replay_check.cancel()
+        self.replay_check = asyncio.create_task(self._check_replay(event["end"]))
+
+    async def _check_replay(self, end: int) -> None:
+        """Make sure the replay up to ``end`` arrived: channels-redis can drop a message while another
+        consumer in this process closes (django/channels_redis#366), and an idle shell sends nothing
+        after it that would reveal the gap."""
+        for _ in range(3):
+            await asyncio.sleep(0.5)
+            if not self.attached or self.expected >= end:
+                return
+            await self._to_worker("session.resend", since=self.expected)
 
     async def terminal_output(self, event: dict) -> None:
         if not self.attached:

@@ -101,6 +101,7 @@ class ViewerHandlers:
                 {
                     "type": "terminal.attached",
                     "offset": first,
+                    "end": first + len(data),
                     "lost": lost,
                     "generation": live.generation,
                     "execution": live.execution_pk,

@@ -195,3 +195,18 @@ async def test_a_repeat_offender_is_closed_with_4008_and_the_session_is_unharmed
     await again.attach()
     await again.type("echo unharmed-$((2*5))\r")
     await again.read_until(b"unharmed-10")
+
+
+async def test_a_superseding_viewer_always_gets_its_replay_even_when_a_message_is_dropped(stack, terminal, operator):
+    # channels-redis can drop a message while the superseded consumer in the same daphne closes
+    # (django/channels_redis#366); the consumer checks attached.end and asks for a resend.
+    session, cookie = await sync_to_async(terminal)(operator)
+    first = await Viewer.open(stack.ports[0], session.id, cookie)
+    await first.attach()
+    await first.type("echo replay-$((7*6))\r")
+    await first.read_until(b"replay-42\r\n")
+    for _ in range(15):
+        viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+        attached = await viewer.attach()
+        assert attached["end"] > attached["offset"]
+        await viewer.read_until(b"replay-42\r\n", timeout=5)  # the shell is idle: only the replay can bring it
