@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Value
+from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 
 from executions import actions as exec_actions
@@ -132,18 +132,6 @@ def fenced_transition(execution: Execution, to_state: str, *, worker: Worker, to
 def save_handle(execution_pk: int, worker: Worker, token: int, handle: dict) -> None:
     with fenced(execution_pk, worker, token):
         ProcessLease.objects.filter(execution_id=execution_pk).update(handle=handle)
-
-
-def release_lease(execution_pk: int, worker: Worker, token: int) -> None:
-    """Give up a lease on a process that is proven finished (or whose record is settled)."""
-    with fenced(execution_pk, worker, token):
-        ProcessLease.objects.filter(execution_id=execution_pk).update(released_at=Now())
-
-
-def still_holds(execution_pk: int, worker: Worker, token: int) -> bool:
-    return ProcessLease.objects.filter(
-        execution_id=execution_pk, worker=worker, token=token, released_at__isnull=True
-    ).exists()
 
 
 # --- terminal sessions ---------------------------------------------------------------------
@@ -277,26 +265,6 @@ def close_session(
 def note_viewer(session_pk) -> None:
     """Remember when a viewer was last seen, for idle reaping."""
     TerminalSession.objects.filter(pk=session_pk).update(last_viewer_at=Now())
-
-
-def save_snapshot(session_pk, generation: int, snapshot: bytes, output_offset: int) -> None:
-    TerminalSession.objects.filter(pk=session_pk, generation=generation).update(
-        snapshot=snapshot, output_offset=output_offset, updated_at=Now()
-    )
-
-
-def bump_token(lease: ProcessLease, new_worker: Worker) -> ProcessLease | None:
-    """Compare-and-set the lease to ``new_worker`` with token + 1 (adoption). None when someone else won."""
-    changed = ProcessLease.objects.filter(pk=lease.pk, token=lease.token).update(
-        worker=new_worker,
-        token=F("token") + 1,
-        heartbeat_at=Now(),
-        expires_at=_in(settings.TETHER_LEASE_TTL_SECONDS),
-    )
-    if changed != 1:
-        return None
-    lease.refresh_from_db()
-    return lease
 
 
 def settle_execution(
