@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from asgiref.sync import sync_to_async
 from django.db import connection
 from django.test import Client
 from websockets.asyncio.client import ClientConnection, connect
@@ -257,3 +258,11 @@ class Viewer:
 
     async def close(self) -> None:
         await self.ws.close()
+
+
+async def open_viewer(stack: Stack, terminal, user, backend: str = "local", **attach) -> tuple[Viewer, object, str]:
+    """Open a terminal session for ``user`` on a new machine and attach a viewer through the first daphne."""
+    session, cookie = await sync_to_async(terminal)(user, backend)
+    viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+    await viewer.attach(**attach)
+    return viewer, session, cookie

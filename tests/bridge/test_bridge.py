@@ -13,7 +13,7 @@ from executions import actions as exec_actions
 from executions.models import Evidence, Execution, State
 from terminals.models import ProcessLease
 from terminals.protocol import CloseCode
-from tests.bridge.harness import Viewer, session_cookie
+from tests.bridge.harness import Viewer, open_viewer, session_cookie
 from tests.factories import TEST_ACTOR, make_spec
 
 pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
@@ -21,9 +21,8 @@ pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
 
 @pytest.mark.parametrize("backend", ["local", "tmux", "docker"])
 async def test_echo_round_trip(stack, terminal, operator, backend):
-    session, cookie = await sync_to_async(terminal)(operator, backend)
-    viewer = await Viewer.open(stack.ports[0], session.id, cookie)
-    attached = await viewer.attach()
+    viewer, _session, _cookie = await open_viewer(stack, terminal, operator, backend)
+    attached = viewer.messages[-1]
     assert attached["process_state"] == "live"
     await viewer.type("echo tether-$((6*7))\r")
     await viewer.read_until(b"tether-42")
@@ -55,9 +54,7 @@ async def test_command_runs_once_and_its_exit_code_is_recorded(stack, place, tmp
 
 
 async def test_second_viewer_supersedes_the_first_with_4001(stack, terminal, operator):
-    session, cookie = await sync_to_async(terminal)(operator)
-    first = await Viewer.open(stack.ports[0], session.id, cookie)
-    await first.attach()
+    first, session, cookie = await open_viewer(stack, terminal, operator)
     await first.type("echo one-$((1+1))\r")
     await first.read_until(b"one-2")
     second = await Viewer.open(stack.ports[0], session.id, cookie)
@@ -72,9 +69,7 @@ async def test_second_viewer_supersedes_the_first_with_4001(stack, terminal, ope
 
 
 async def test_reset_gives_a_new_process(stack, terminal, operator):
-    session, cookie = await sync_to_async(terminal)(operator)
-    viewer = await Viewer.open(stack.ports[0], session.id, cookie)
-    await viewer.attach()
+    viewer, session, _cookie = await open_viewer(stack, terminal, operator)
     await viewer.type('echo "pid:$$:"\r')
     first_pid = (await viewer.read_match(rb"pid:(\d+):")).group(1)
     await viewer.send_json({"type": "reset"})
@@ -88,9 +83,7 @@ async def test_reset_gives_a_new_process(stack, terminal, operator):
 
 
 async def test_resize_is_seen_by_stty(stack, terminal, operator):
-    session, cookie = await sync_to_async(terminal)(operator)
-    viewer = await Viewer.open(stack.ports[0], session.id, cookie)
-    await viewer.attach(cols=101, rows=31)
+    viewer, _session, _cookie = await open_viewer(stack, terminal, operator, cols=101, rows=31)
     await viewer.type("stty size\r")
     await viewer.read_until(b"31 101")
     await viewer.send_json({"type": "resize", "cols": 132, "rows": 43})
@@ -116,9 +109,7 @@ async def test_foreign_user_and_bad_origin_are_refused(stack, terminal, alice, b
 
 
 async def test_malformed_frames_get_errors_and_the_session_survives(stack, terminal, operator):
-    session, cookie = await sync_to_async(terminal)(operator)
-    viewer = await Viewer.open(stack.ports[0], session.id, cookie)
-    await viewer.attach()
+    viewer, _session, _cookie = await open_viewer(stack, terminal, operator)
     bad = [
         "{not json",
         "[1,2]",
@@ -140,9 +131,7 @@ async def test_malformed_frames_get_errors_and_the_session_survives(stack, termi
 
 
 async def test_worker_that_lost_its_lease_stops_writing_for_that_session(stack, terminal, operator):
-    session, cookie = await sync_to_async(terminal)(operator)
-    viewer = await Viewer.open(stack.ports[0], session.id, cookie)
-    await viewer.attach()
+    viewer, session, _cookie = await open_viewer(stack, terminal, operator)
     await viewer.type("echo before\r")
     await viewer.read_until(b"before\r\n")
 
@@ -184,9 +173,7 @@ async def test_two_daphnes_and_two_workers_serve_sessions_whichever_daphne(stack
 
 
 async def test_a_repeat_offender_is_closed_with_4008_and_the_session_is_unharmed(stack, terminal, operator):
-    session, cookie = await sync_to_async(terminal)(operator)
-    viewer = await Viewer.open(stack.ports[0], session.id, cookie)
-    await viewer.attach()
+    viewer, session, cookie = await open_viewer(stack, terminal, operator)
     for _ in range(60):
         await viewer.ws.send("{garbage")
     assert await viewer.wait_closed() == CloseCode.POLICY_VIOLATION
@@ -200,9 +187,7 @@ async def test_a_repeat_offender_is_closed_with_4008_and_the_session_is_unharmed
 async def test_a_superseding_viewer_always_gets_its_replay_even_when_a_message_is_dropped(stack, terminal, operator):
     # channels-redis can drop a message while the superseded consumer in the same daphne closes
     # (django/channels_redis#366); the consumer checks attached.end and asks for a resend.
-    session, cookie = await sync_to_async(terminal)(operator)
-    first = await Viewer.open(stack.ports[0], session.id, cookie)
-    await first.attach()
+    first, session, cookie = await open_viewer(stack, terminal, operator)
     await first.type("echo replay-$((7*6))\r")
     await first.read_until(b"replay-42\r\n")
     for _ in range(15):

@@ -17,16 +17,14 @@ from executions import actions as exec_actions
 from executions.models import Evidence, Execution, State
 from terminals.models import ProcessState, TerminalSession
 from terminals.protocol import CloseCode
-from tests.bridge.harness import ROOT, Stack, Viewer, database_url
+from tests.bridge.harness import ROOT, Stack, Viewer, database_url, open_viewer
 from tests.factories import TEST_ACTOR, make_spec
 
 pytestmark = [pytest.mark.continuity, pytest.mark.django_db(transaction=True)]
 
 
 async def _open(stack, terminal, user, backend: str = "local") -> tuple[Viewer, object, str]:
-    session, cookie = await sync_to_async(terminal)(user, backend)
-    viewer = await Viewer.open(stack.ports[0], session.id, cookie)
-    await viewer.attach()
+    viewer, session, cookie = await open_viewer(stack, terminal, user, backend)
     # A fixed prompt makes "the shell is back" easy to see.
     await viewer.type("PS1='ready> '\r")
     await viewer.read_until(b"ready> ")
