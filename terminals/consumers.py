@@ -60,7 +60,8 @@ def _load_session(session_id: str, user) -> TerminalSession | None:
 
 def _attach_target(session_id) -> dict:
     """Where the session's process lives right now, as plain data."""
-    session = TerminalSession.objects.select_related("execution", "machine").get(pk=session_id)
+    # The archived screen (up to 64 KiB) is only needed once the process has closed: not on every attach.
+    session = TerminalSession.objects.select_related("execution").defer("snapshot").get(pk=session_id)
     execution = session.execution
     lease = (
         ProcessLease.objects.select_related("worker")
@@ -77,7 +78,7 @@ def _attach_target(session_id) -> dict:
         "outcome": execution.outcome_label,
         "exit_code": execution.exit_code,
         "channel": lease.worker.channel_name if lease and lease.worker else None,
-        "snapshot": bytes(session.snapshot),
+        "snapshot": bytes(session.snapshot) if session.process_state == ProcessState.CLOSED else b"",
     }
 
 
