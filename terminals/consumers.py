@@ -104,6 +104,11 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.execution_pk: int | None = None
         self.generation: int | None = None
         self.expected = 0  # next output offset this viewer should receive
+        # The channel layer delivers at least once (channels-redis restores a message whose receive was
+        # cut short, e.g. by a Redis restart): an attach is numbered so a repeated ``attached`` cannot
+        # rewind the stream, and input is numbered so the worker never writes a key twice.
+        self.attach_id = 0
+        self.input_seq = 0
         self.attached = False
         self.grid: tuple[int, int] | None = None
         self.strikes: list[float] = []
@@ -135,7 +140,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             raise ProtocolError(f"input frame of {len(data)} bytes is over the {MAX_FRAME_BYTES}-byte limit")
         if not self.attached:
             raise ProtocolError("not attached yet: input was dropped (send an attach message first)")
-        await self._to_worker("session.input", data=data)
+        self.input_seq += 1
+        await self._to_worker("session.input", data=data, seq=self.input_seq)
 
     async def _control(self, text: str) -> None:
         if len(text.encode()) > MAX_FRAME_BYTES:
@@ -223,12 +229,14 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                 self.worker_channel, self.execution_pk = target["channel"], target["execution"]
                 if target["generation"] != self.generation:
                     self.expected = 0
+                self.attach_id += 1
                 await self.channel_layer.send(
                     self.worker_channel,
                     {
                         "type": "session.attach",
                         "execution": self.execution_pk,
                         "viewer": self.viewer_id,
+                        "attach": self.attach_id,
                         "reply": self.channel_name,
                         "since": self.expected,
                         "generation": target["generation"],
@@ -283,6 +291,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     # --- worker -> browser -------------------------------------------------------------------
 
     async def terminal_attached(self, event: dict) -> None:
+        if self.attached or event.get("attach") != self.attach_id:
+            return  # a repeated delivery, or the answer to an attach this viewer has since replaced
         self.attached = True
         self.expected = event["offset"]
         self.generation = event["generation"]
@@ -325,6 +335,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.expected = end
 
     async def terminal_gap(self, event: dict) -> None:
+        if not self.attached or event["offset"] <= self.expected:
+            return  # a repeated delivery: the stream never moves backwards
         self.expected = event["offset"]
         await self.send_json({"type": "gap", "offset": event["offset"], "lost": event["lost"]})
 
@@ -350,6 +362,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             await self.close(CLOSE_CODES.get(event["reason"], CloseCode.CLOSED))
 
     async def terminal_generation(self, event: dict) -> None:
+        if event.get("ended") != self.generation:
+            return  # a repeated delivery: this viewer already moved on to the next generation
         self.attached = False
         self.generation = None
         self.expected = 0

@@ -27,6 +27,8 @@ OUTPUT_MESSAGE_BYTES = 64 * 1024  # cap on one channel message's payload
 class Viewer:
     channel: str
     viewer_id: str
+    attach_id: int | None = None
+    input_seq: int = 0  # the last input message written; a repeated delivery is not written again
 
 
 @dataclass

@@ -85,6 +85,9 @@ class ViewerHandlers:
             await self._refuse(message, "attach_refused", "this worker does not hold that session")
             return
         old = live.viewer
+        attach_id = message.get("attach")
+        if old and attach_id is not None and (old.viewer_id, old.attach_id) == (message["viewer"], attach_id):
+            return  # the same attach delivered twice: it was answered already
         if old and old.viewer_id != message["viewer"]:
             await self._send(old.channel, {"type": "terminal.superseded"})
         cols, rows = message.get("cols"), message.get("rows")
@@ -93,13 +96,19 @@ class ViewerHandlers:
         since = message.get("since", 0) if message.get("generation") == live.generation else 0
         async with live.send_lock:
             first, data, lost = live.buffer.since(max(int(since), 0))
-            live.viewer = Viewer(channel=message["reply"], viewer_id=message["viewer"])
+            live.viewer = Viewer(
+                channel=message["reply"],
+                viewer_id=message["viewer"],
+                attach_id=attach_id,
+                input_seq=old.input_seq if old and old.viewer_id == message["viewer"] else 0,
+            )
             live.acked = first
             live.touch()
             await self._send(
                 message["reply"],
                 {
                     "type": "terminal.attached",
+                    "attach": attach_id,
                     "offset": first,
                     "end": first + len(data),
                     "lost": lost,
@@ -120,6 +129,12 @@ class ViewerHandlers:
         elif live.viewer is None or live.viewer.viewer_id != message["viewer"]:
             await self._refuse(message, "superseded", "another window owns this session's input")
         else:
+            seq = message.get("seq")
+            if isinstance(seq, int):
+                if seq <= live.viewer.input_seq:
+                    log.info("execution %s: input %s delivered twice; not written again", live.execution_pk, seq)
+                    return
+                live.viewer.input_seq = seq
             live.touch()
             await live.process.write(message["data"])
 

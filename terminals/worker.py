@@ -289,7 +289,9 @@ class OwnerWorker(ViewerHandlers):
         await db(actions.start_next_generation)(session, actions.Actor.worker(self.worker.worker_id), "reset")
         await self.layer.send(WAKE_CHANNEL, {"type": "wake"})
         if live.viewer:
-            await self._send(live.viewer.channel, {"type": "terminal.generation", "reason": "reset"})
+            await self._send(
+                live.viewer.channel, {"type": "terminal.generation", "reason": "reset", "ended": live.generation}
+            )
 
     async def _end(self, live: LiveProcess, reason: str) -> None:
         """End a held process tree on purpose; the supervisor records how it ended."""

@@ -1,0 +1,145 @@
+"""The channel layer delivers at least once: a message repeated after a Redis hiccup must do no harm.
+
+channels-redis keeps a popped message in a backup queue until it is handled and
+puts it back when the receive was cut short, so after a Redis restart a message
+can arrive twice. These tests deliver real messages twice on purpose, through
+real Redis, to a real owner worker and to the real consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from channels_redis.core import RedisChannelLayer
+from django.urls import path
+
+from terminals.consumers import TerminalConsumer
+from terminals.models import ProcessLease
+from tests.bridge.harness import REDIS_URL, Stack
+
+pytestmark = [pytest.mark.continuity, pytest.mark.django_db(transaction=True)]
+
+
+def layer_for(stack: Stack) -> RedisChannelLayer:
+    return RedisChannelLayer(hosts=[{"address": stack.redis_url, "socket_timeout": 15}], prefix=stack.prefix)
+
+
+async def held_by_worker(session) -> tuple[int, str]:
+    """(execution pk, worker channel) once the owner worker has claimed the session's process."""
+    for _ in range(300):
+        lease = await sync_to_async(
+            lambda: (
+                ProcessLease.objects.select_related("worker")
+                .filter(execution_id=session.execution_id, released_at__isnull=True, handle__isnull=False)
+                .first()
+            )
+        )()
+        if lease and lease.worker.channel_name:
+            return lease.execution_id, lease.worker.channel_name
+        await asyncio.sleep(0.1)
+    raise AssertionError("the worker never took the session")
+
+
+async def collect(layer, channel: str, until: bytes, timeout: float = 15) -> tuple[bytes, list[dict]]:
+    output, messages = bytearray(), []
+    async with asyncio.timeout(timeout):
+        while until not in output:
+            message = await layer.receive(channel)
+            messages.append(message)
+            if message["type"] == "terminal.output":
+                output += message["data"]
+    return bytes(output), messages
+
+
+async def test_worker_answers_a_repeated_attach_once_and_writes_repeated_input_once(stack, terminal, operator):
+    session, _cookie = await sync_to_async(terminal)(operator)
+    execution, worker_channel = await held_by_worker(session)
+    layer = layer_for(stack)
+    reply = await layer.new_channel()
+    base = {"execution": execution, "viewer": "repeat-test", "reply": reply}
+    for attach_id in range(1, 50):  # like the consumer: the worker may refuse until it has registered the process
+        attach = {**base, "type": "session.attach", "attach": attach_id, "since": 0, "generation": session.generation}
+        await layer.send(worker_channel, attach)
+        answer = await asyncio.wait_for(layer.receive(reply), 10)
+        if answer["type"] == "terminal.attached":
+            break
+        assert answer.get("code") == "attach_refused", answer
+        await asyncio.sleep(0.2)
+    await layer.send(worker_channel, attach)  # the same attach again, as a restored backup would deliver it
+    typed = {**base, "type": "session.input", "seq": 1, "data": b"echo ran-$((40+2))\r"}
+    await layer.send(worker_channel, typed)
+    await layer.send(worker_channel, typed)
+    await layer.send(worker_channel, {**base, "type": "session.input", "seq": 2, "data": b"echo end-$((1+1))\r"})
+
+    output, messages = await collect(layer, reply, until=b"end-2\r\n")
+
+    assert [m["type"] for m in messages].count("terminal.attached") == 0  # answered once, above
+    assert output.count(b"ran-42\r\n") == 1, output  # the command ran once: the repeated input was dropped
+    await layer.flush()
+
+
+class RecordingConsumer(TerminalConsumer):
+    """The real consumer, remembered so the test can deliver a message to its channel a second time."""
+
+    instances: list[RecordingConsumer] = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.delivered: list[dict] = []
+        RecordingConsumer.instances.append(self)
+
+    async def terminal_attached(self, event: dict) -> None:
+        self.delivered.append(event)
+        await super().terminal_attached(event)
+
+
+async def test_consumer_ignores_a_repeated_attached_and_the_stream_never_rewinds(terminal, operator, settings):
+    stack = Stack()
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}], "prefix": stack.prefix},
+        }
+    }
+    try:
+        await sync_to_async(stack.start_worker)("local")
+        session, _cookie = await sync_to_async(terminal)(operator)
+        await held_by_worker(session)
+        router = URLRouter([path("ws/terminals/<uuid:session>/", RecordingConsumer.as_asgi())])
+
+        async def app(scope, receive, send):
+            return await router({**scope, "user": operator}, receive, send)
+
+        browser = WebsocketCommunicator(app, f"/ws/terminals/{session.id}/")
+        assert (await browser.connect())[0]
+        await browser.receive_json_from(5)  # hello
+        await browser.send_json_to({"type": "attach", "since": 0, "cols": 80, "rows": 24})
+        output = bytearray()
+        while (await browser.receive_json_from(15))["type"] != "attached":
+            pass  # hello, and perhaps an attach_refused while the worker registers the process
+
+        async def read_until(marker: bytes) -> None:
+            async with asyncio.timeout(15):
+                while marker not in output:
+                    frame = await browser.receive_output(15)
+                    if frame.get("bytes"):
+                        output.extend(frame["bytes"])
+
+        await browser.send_to(bytes_data=b"echo one-$((1+1))\r")
+        await read_until(b"one-2\r\n")
+        consumer = RecordingConsumer.instances[-1]
+        first_attached = consumer.delivered[0]
+        await consumer.channel_layer.send(consumer.channel_name, first_attached)  # delivered again
+        await browser.send_to(bytes_data=b"echo two-$((1+2))\r")
+        await read_until(b"two-3\r\n")
+
+        # A rewound cursor would have replayed everything from offset 0 a second time.
+        assert output.count(b"one-2\r\n") == 1, bytes(output)
+        assert len(consumer.delivered) == 2
+        await browser.disconnect()
+    finally:
+        await sync_to_async(stack.stop)()
