@@ -157,5 +157,11 @@ TETHER_RECONNECT_GRACE_SECONDS = env_int("TETHER_RECONNECT_GRACE_SECONDS", 60, m
 TETHER_STRIKE_LIMIT = env_int("TETHER_STRIKE_LIMIT", 50, minimum=1)
 # Host shells (local, tmux) are for staff unless this allows everyone.
 TETHER_HOST_SHELLS_FOR_ALL = env_bool("TETHER_HOST_SHELLS_FOR_ALL", False)
+# Every worker looks for processes whose owner died at start and then this often (adopt, read back, or unknown).
+TETHER_RECOVERY_SECONDS = env_int("TETHER_RECOVERY_SECONDS", 30, minimum=1)
+# A connected viewer checks this often that its session's owner is the one it attached to (or re-attaches).
+TETHER_VIEWER_CHECK_SECONDS = env_int("TETHER_VIEWER_CHECK_SECONDS", 5, minimum=1)
+# A closed session's final screen and output are kept this long; then cleanup_terminals removes them.
+TETHER_RETENTION_HOURS = env_int("TETHER_RETENTION_HOURS", 24, minimum=1)
 # The worker runs inside the web process in embedded mode (make run).
 TETHER_EMBEDDED_WORKER = env_bool("TETHER_EMBEDDED_WORKER", not PRODUCTION)

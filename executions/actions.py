@@ -304,8 +304,11 @@ def cancel_execution(execution: Execution, *, actor: Actor, reason: str = "") ->
     return transition(execution, State.CANCELLED, evidence=Evidence.CANCELLED, actor=actor, reason=reason)
 
 
-def resolve_execution(execution: Execution, *, actor: Actor, note: str) -> Execution:
-    """Close an ``unknown`` execution on an operator's word. It stays an unknown outcome, never a success."""
+def resolve_execution(execution: Execution, *, actor: Actor, note: str, detail: dict | None = None) -> Execution:
+    """Close an ``unknown`` execution (the guarded transition; terminals.resolution runs the checks first).
+
+    It stays an unknown outcome, never a success. ``detail`` (the checks' evidence) goes into the event.
+    """
     note = (note or "").strip()
     if not note:
         raise UsageError("a resolution note is required: say what evidence shows the process is gone")
@@ -315,6 +318,7 @@ def resolve_execution(execution: Execution, *, actor: Actor, note: str) -> Execu
         evidence=Evidence.OPERATOR_RESOLVED,
         actor=actor,
         reason=note,
+        detail=detail,
         resolution_note=note,
         resolved_by=actor.user,
     )

@@ -148,6 +148,9 @@ class Execution(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     resolution_note = models.TextField(blank=True)
+    # Where it was dispatched: resolution checks the machine is still that one (same reference and incarnation).
+    ran_on_ref = models.CharField(max_length=255, blank=True)
+    ran_on_incarnation = models.PositiveIntegerField(null=True, blank=True)
     # Bounded capture of a command's output (the tail is kept when it overflows).
     output = models.BinaryField(default=b"", blank=True)
     output_truncated = models.BigIntegerField(default=0, help_text="Bytes dropped from the head of the output.")

@@ -29,6 +29,7 @@ export class SessionClient {
     this.ws = null;
     this.connId = 0;
     this.generation = null;
+    this.epoch = null; // the owner's stream our offsets count in; it changes when a new worker adopts the shell
     this.lastAck = 0;
     this.attachedNow = false;
     this.replay = new ReplayWatch(screen, () => this.replaySettled());
@@ -133,7 +134,7 @@ export class SessionClient {
     if (id !== this.connId) return;
     // A fresh page (or a reset) has nothing on screen: ask for the whole buffer.
     const since = this.generation === null ? 0 : this.screen.rendered;
-    const message = { type: this.kind, since, generation: this.generation };
+    const message = { type: this.kind, since, generation: this.generation, epoch: this.epoch };
     if (this.term.cols > 0 && this.term.rows > 0) Object.assign(message, { cols: this.term.cols, rows: this.term.rows });
     this.send(message);
   }
@@ -163,9 +164,15 @@ export class SessionClient {
       );
     }
     this.generation = message.generation;
+    if (sameShell && message.fresh) {
+      // The same shell under a new owner worker: its stream restarts with the screen as it is now.
+      this.screen.clear();
+      this.screen.writeMarker(markerLine("[the session moved to another worker; screen redrawn]", { newlineFirst: false }));
+    }
+    this.epoch = message.epoch ?? null;
     // Where the stream starts; bytes before what is already on screen are skipped in onOutput.
     this.streamPos = message.offset;
-    if (!sameShell || message.offset > this.screen.received) this.screen.start(message.offset);
+    if (!sameShell || message.fresh || message.offset > this.screen.received) this.screen.start(message.offset);
     // The worker's flow window now starts at `offset`: say at once how far we really are.
     this.lastAck = Math.min(this.lastAck, message.offset);
     if (message.lost > 0) {
@@ -198,7 +205,7 @@ export class SessionClient {
     this.confirmed = true;
     if (this.replay.end !== null && this.screen.received >= this.replay.end) return;
     this.confirming = true;
-    const message = { type: "attach", since: this.screen.received, generation: this.generation };
+    const message = { type: "attach", since: this.screen.received, generation: this.generation, epoch: this.epoch };
     if (this.term.cols > 0 && this.term.rows > 0) Object.assign(message, { cols: this.term.cols, rows: this.term.rows });
     this.send(message);
   }
@@ -226,6 +233,7 @@ export class SessionClient {
     this.replay.stop();
     this.screen.clear();
     this.generation = null;
+    this.epoch = null;
     this.confirmed = false; // the new shell's first attach deserves the same check
     this.confirming = false;
     this.lastAck = 0;

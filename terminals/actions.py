@@ -29,6 +29,7 @@ from terminals.models import (
     SnapshotKind,
     TerminalSession,
     Worker,
+    WorkerEvent,
     WorkerState,
 )
 
@@ -57,23 +58,63 @@ def register_worker(*, worker_id: str, host: str, pid: int, started_at: int, boo
     )
 
 
-def worker_heartbeat(worker: Worker) -> dict[int, tuple[int, str]]:
+def worker_heartbeat(worker: Worker) -> tuple[str, dict[int, tuple[int, str]]]:
     """Beat for the worker and extend every lease it still holds.
 
-    Returns {execution id: (token, requested action)} for the leases still held.
+    Returns the worker's state (``draining`` once drain_worker asked) and
+    {execution id: (token, requested action)} for the leases still held.
     """
     ttl = settings.TETHER_LEASE_TTL_SECONDS
     with transaction.atomic():
         Worker.objects.filter(pk=worker.pk).exclude(state=WorkerState.STOPPED).update(heartbeat_at=Now())
+        state = Worker.objects.filter(pk=worker.pk).values_list("state", flat=True).get()
         held = ProcessLease.objects.filter(worker=worker, released_at__isnull=True)
         held.update(heartbeat_at=Now(), expires_at=_in(ttl))
-        return {
+        return state, {
             pk: (token, request) for pk, token, request in held.values_list("execution_id", "token", "requested_action")
         }
 
 
-def stop_worker(worker: Worker) -> None:
-    Worker.objects.filter(pk=worker.pk).update(state=WorkerState.STOPPED, heartbeat_at=Now())
+def _worker_event(worker: Worker, from_state: str, to_state: str, actor: Actor, reason: str = "", **detail) -> None:
+    WorkerEvent.objects.create(
+        worker=worker,
+        from_state=from_state,
+        to_state=to_state,
+        actor=actor.label,
+        user=actor.user,
+        reason=reason,
+        detail=detail,
+    )
+
+
+def stop_worker(worker: Worker, reason: str = "shut down") -> None:
+    """running|draining -> stopped, with its event: the worker holds nothing it has not left for a later owner."""
+    with transaction.atomic():
+        current = Worker.objects.select_for_update().filter(pk=worker.pk).values_list("state", flat=True).first()
+        if current is None or current == WorkerState.STOPPED:
+            return
+        Worker.objects.filter(pk=worker.pk).update(state=WorkerState.STOPPED, heartbeat_at=Now())
+        left = ProcessLease.objects.filter(worker=worker, released_at__isnull=True).count()
+        _worker_event(
+            worker, current, WorkerState.STOPPED, Actor.worker(worker.worker_id), reason, left_for_adoption=left
+        )
+
+
+def drain_worker(worker_id: str, *, actor: Actor, reason: str = "") -> Worker:
+    """running -> draining (compare-and-set): the worker stops claiming, releases everything and stops."""
+    matches = list(Worker.objects.filter(worker_id__startswith=worker_id)[:2]) if worker_id else []
+    if len(matches) != 1:
+        raise exec_actions.UsageError(
+            f"no worker matches {worker_id!r}" if not matches else f"{worker_id!r} matches several workers"
+        )
+    worker = matches[0]
+    with transaction.atomic():
+        if Worker.objects.filter(pk=worker.pk, state=WorkerState.RUNNING).update(state=WorkerState.DRAINING) != 1:
+            worker.refresh_from_db()
+            raise TransitionRefused(f"worker {worker.worker_id}", worker.state, WorkerState.DRAINING)
+        _worker_event(worker, WorkerState.RUNNING, WorkerState.DRAINING, actor, reason)
+    worker.refresh_from_db()
+    return worker
 
 
 # --- claiming and fenced writes -------------------------------------------------------------
@@ -96,8 +137,15 @@ def claim_next_execution(worker: Worker, backends: set[str]) -> tuple[Execution,
         )
         if execution is None:
             return None
+        machine = execution.machine
         execution = exec_actions.transition(
-            execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=actor, detail={"worker": worker.worker_id}
+            execution,
+            State.DISPATCHED,
+            evidence=Evidence.CLAIMED,
+            actor=actor,
+            detail={"worker": worker.worker_id, "machine_ref": machine.ref, "incarnation": machine.incarnation},
+            ran_on_ref=machine.ref,
+            ran_on_incarnation=machine.incarnation,
         )
         lease = ProcessLease.objects.create(
             execution=execution,

@@ -78,6 +78,7 @@ def _attach_target(session_id) -> dict:
         "outcome": execution.outcome_label,
         "exit_code": execution.exit_code,
         "channel": lease.worker.channel_name if lease and lease.worker else None,
+        "token": lease.token if lease else None,
         "snapshot": bytes(session.snapshot) if session.process_state == ProcessState.CLOSED else b"",
     }
 
@@ -109,16 +110,18 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         # rewind the stream, and input is numbered so the worker never writes a key twice.
         self.attach_id = 0
         self.input_seq = 0
+        self.epoch: int | None = None  # the owner's stream (lease token) the offsets belong to
         self.attached = False
         self.grid: tuple[int, int] | None = None
         self.strikes: list[float] = []
         self.waiting: asyncio.Task | None = None
         self.replay_check: asyncio.Task | None = None
+        self.owner_check: asyncio.Task | None = None
         await self.accept()
         await self.send_json({"type": "hello", "session": str(self.session.id), "protocol": 1})
 
     async def disconnect(self, code) -> None:
-        for task in (self.waiting, getattr(self, "replay_check", None)):
+        for task in (self.waiting, getattr(self, "replay_check", None), getattr(self, "owner_check", None)):
             if task:
                 task.cancel()
         if getattr(self, "attached", False):
@@ -178,11 +181,13 @@ class TerminalConsumer(AsyncWebsocketConsumer):
 
     async def client_attach(self, message: dict) -> None:
         since = _integer(message.get("since", 0), "since")
-        generation = message.get("generation")
+        generation, epoch = message.get("generation"), message.get("epoch")
         if generation is not None:
             generation = _integer(generation, "generation")
+        if epoch is not None:
+            epoch = _integer(epoch, "epoch")
         self.grid = self._grid(message)
-        self.expected, self.generation = since, generation
+        self.expected, self.generation, self.epoch = since, generation, epoch
         self.attached = False  # until the worker confirms; output meanwhile is replayed by the attach
         await self._attach()
 
@@ -240,6 +245,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                         "reply": self.channel_name,
                         "since": self.expected,
                         "generation": target["generation"],
+                        "epoch": self.epoch,
                         "cols": self.grid[0] if self.grid else None,
                         "rows": self.grid[1] if self.grid else None,
                     },
@@ -296,6 +302,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.attached = True
         self.expected = event["offset"]
         self.generation = event["generation"]
+        self.epoch = event.get("epoch")
         await self.send_json(
             {
                 "type": "attached",
@@ -303,12 +310,36 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                 "end": event["end"],
                 "lost": event["lost"],
                 "generation": event["generation"],
+                "epoch": self.epoch,
+                "fresh": event.get("fresh", False),
                 "process_state": event["process_state"],
             }
         )
         if self.replay_check:
             self.replay_check.cancel()
         self.replay_check = asyncio.create_task(self._check_replay(event["end"]))
+        if self.owner_check is None:
+            self.owner_check = asyncio.create_task(self._check_owner())
+
+    def _current(self, event: dict) -> bool:
+        """Whether a worker message belongs to the stream this viewer is attached to (not a dead owner's)."""
+        return event.get("epoch", self.epoch) == self.epoch
+
+    async def _check_owner(self) -> None:
+        """Every few seconds, compare what this viewer is attached to with the database: a message that
+        never arrived (an exit, a supersede) or an owner that died and was replaced is noticed here."""
+        while True:
+            await asyncio.sleep(settings.TETHER_VIEWER_CHECK_SECONDS)
+            if not self.attached:
+                continue
+            target = await db(_attach_target)(self.session.id)
+            if not self.attached:
+                continue
+            moved = target["execution"] != self.execution_pk or target["process_state"] == ProcessState.CLOSED
+            if moved or (target["channel"], target["token"]) != (self.worker_channel, self.epoch):
+                log.info("session %s: its owner changed under this viewer; attaching again", self.session.id)
+                self.attached = False
+                await self._attach()
 
     async def _check_replay(self, end: int) -> None:
         """Make sure the replay up to ``end`` arrived: channels-redis can drop a message while another
@@ -321,6 +352,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             await self._to_worker("session.resend", since=self.expected)
 
     async def terminal_output(self, event: dict) -> None:
+        if not self._current(event):
+            return  # from an owner this viewer has left behind
         if not self.attached:
             return  # output for a stream this viewer has not (re)joined yet; the attach replays it
         offset, data = event["offset"], event["data"]
@@ -335,6 +368,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.expected = end
 
     async def terminal_gap(self, event: dict) -> None:
+        if not self._current(event):
+            return  # from an owner this viewer has left behind
         if not self.attached or event["offset"] <= self.expected:
             return  # a repeated delivery: the stream never moves backwards
         self.expected = event["offset"]
@@ -348,21 +383,27 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             await self._attach()
 
     async def terminal_warning(self, event: dict) -> None:
+        if not self._current(event):
+            return  # from an owner this viewer has left behind
         await self.send_json({"type": "warning", "reason": event["reason"], "seconds_left": event["seconds_left"]})
 
     async def terminal_superseded(self, event: dict) -> None:
+        if not self._current(event):
+            return  # from an owner this viewer has left behind
         self.attached = False
         await self.send_json({"type": "superseded", "text": "Superseded by another window"})
         await self.close(CloseCode.SUPERSEDED)
 
     async def terminal_exit(self, event: dict) -> None:
+        if not self._current(event):
+            return  # from an owner this viewer has left behind
         await self.send_json({"type": "exit", **{k: v for k, v in event.items() if k != "type"}})
         if event["reason"] != "reset":
             self.attached = False
             await self.close(CLOSE_CODES.get(event["reason"], CloseCode.CLOSED))
 
     async def terminal_generation(self, event: dict) -> None:
-        if event.get("ended") != self.generation:
+        if event.get("ended") != self.generation or not self._current(event):
             return  # a repeated delivery: this viewer already moved on to the next generation
         self.attached = False
         self.generation = None
@@ -371,6 +412,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         await self._attach()
 
     async def terminal_closed(self, event: dict) -> None:
+        if not self._current(event):
+            return  # from an owner this viewer has left behind
         self.attached = False
         await self.send_json({"type": "closed", "reason": event["reason"], "text": event.get("text", "")})
         await self.close(CLOSE_CODES.get(event["reason"], CloseCode.CLOSED))

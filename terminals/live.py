@@ -56,6 +56,7 @@ class LiveProcess:
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     acked: int = 0  # offset the last viewer confirmed rendering; kept while it is away
     viewer_gone_at: float | None = None
+    let_go: bool = False  # observation handed back (lease lost, or left for a later owner)
 
     def __post_init__(self) -> None:
         self.flow_open.set()

@@ -43,6 +43,21 @@ class Worker(models.Model):
         return f"{self.worker_id} ({self.host} pid {self.pid})"
 
 
+class WorkerEvent(AppendOnly):
+    """Append-only audit of a worker's life: drain requested, drained, stopped, found dead."""
+
+    worker = models.ForeignKey(Worker, on_delete=models.PROTECT, related_name="events")
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.from_state or '∅'} → {self.to_state}"
+
+
 class ProcessLease(models.Model):
     """Ownership of one execution's live process. One row per execution; ``token`` grows on every claim."""
 
@@ -125,6 +140,9 @@ class TerminalSession(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     closed_at = models.DateTimeField(null=True, blank=True)
+    expired_at = models.DateTimeField(
+        null=True, blank=True, help_text="When retention cleanup removed the final screen (identity and exit stay)."
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -39,7 +39,10 @@ class ViewerHandlers:
             return
         for start in range(0, len(data), OUTPUT_MESSAGE_BYTES):
             piece = data[start : start + OUTPUT_MESSAGE_BYTES]
-            await self._send(live.viewer.channel, {"type": "terminal.output", "offset": offset + start, "data": piece})
+            await self._send(
+                live.viewer.channel,
+                {"type": "terminal.output", "offset": offset + start, "data": piece, "epoch": live.token},
+            )
 
     # --- viewer messages ---------------------------------------------------------------------
 
@@ -89,11 +92,14 @@ class ViewerHandlers:
         if old and attach_id is not None and (old.viewer_id, old.attach_id) == (message["viewer"], attach_id):
             return  # the same attach delivered twice: it was answered already
         if old and old.viewer_id != message["viewer"]:
-            await self._send(old.channel, {"type": "terminal.superseded"})
+            await self._send(old.channel, {"type": "terminal.superseded", "epoch": live.token})
         cols, rows = message.get("cols"), message.get("rows")
         if isinstance(cols, int) and isinstance(rows, int) and 1 <= cols <= MAX_COLS and 1 <= rows <= MAX_ROWS:
             await live.process.resize(cols, rows)
-        since = message.get("since", 0) if message.get("generation") == live.generation else 0
+        # Offsets count within one owner's stream (its epoch: the lease token). After an adoption the
+        # stream restarts with the screen as it is, so a cursor from the old owner means nothing here.
+        same_stream = message.get("generation") == live.generation and (message.get("epoch") or 1) == live.token
+        since = message.get("since", 0) if same_stream else 0
         async with live.send_lock:
             first, data, lost = live.buffer.since(max(int(since), 0))
             live.viewer = Viewer(
@@ -113,6 +119,12 @@ class ViewerHandlers:
                     "end": first + len(data),
                     "lost": lost,
                     "generation": live.generation,
+                    "epoch": live.token,
+                    # The viewer's screen is of this shell, but the stream restarted (adopted): redraw it.
+                    "fresh": message.get("generation") == live.generation
+                    and not same_stream
+                    and since == 0
+                    and message.get("since", 0) > 0,
                     "execution": live.execution_pk,
                     "process_state": ProcessState.LIVE,
                 },
@@ -159,7 +171,10 @@ class ViewerHandlers:
             async with live.send_lock:
                 first, data, lost = live.buffer.since(int(message["since"]))
                 if lost:
-                    await self._send(live.viewer.channel, {"type": "terminal.gap", "offset": first, "lost": lost})
+                    await self._send(
+                        live.viewer.channel,
+                        {"type": "terminal.gap", "offset": first, "lost": lost, "epoch": live.token},
+                    )
                 await self._send_output(live, first, data)
 
     async def on_detach(self, message: dict) -> None:

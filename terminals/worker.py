@@ -23,12 +23,12 @@ from executions.actions import WAKE_CHANNEL
 from executions.models import Backend as BackendKind
 from executions.models import Evidence, Execution, Kind, State
 from executions.spec import ExecutionSpec
-from terminals import actions
-from terminals.backends.base import SpawnError, SpawnSpec, Tags
+from terminals import actions, recovery
+from terminals.backends.base import SpawnError, SpawnSpec, Status, Tags
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.lifetimes import Limits, judge
 from terminals.live import LiveProcess
-from terminals.models import CloseReason, TerminalSession, Worker
+from terminals.models import CloseReason, TerminalSession, Worker, WorkerState
 from terminals.registry import available_backends, backend_for
 from terminals.viewing import ViewerHandlers
 
@@ -73,9 +73,11 @@ class OwnerWorker(ViewerHandlers):
         self.worker: Worker | None = None
         self.channel = ""
         self.draining = False
+        self.drain_requested = False
         self.me = ProcessIdentity.of(os.getpid())
         self._tasks: set[asyncio.Task] = set()
         self.leases_fresh_until = 0.0
+        self.stop: asyncio.Event | None = None
 
     def _background(self, work) -> None:
         """Run ``work`` beside the loop, keeping a reference so it is not collected mid-flight."""
@@ -99,12 +101,15 @@ class OwnerWorker(ViewerHandlers):
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then shut down without lying about what was held."""
+        self.stop = stop
         if self.worker is None:
             await self.start()
+        await self.recover_once()
         helpers = [
             asyncio.create_task(self._receive_loop()),
             asyncio.create_task(self._heartbeat_loop()),
             asyncio.create_task(self._lifetimes_loop()),
+            asyncio.create_task(self._recovery_loop()),
         ]
         try:
             while not stop.is_set():
@@ -160,7 +165,7 @@ class OwnerWorker(ViewerHandlers):
             else:
                 await self._end(live, "server_restart")
         if self.worker is not None:
-            await db(actions.stop_worker)(self.worker)
+            await db(actions.stop_worker)(self.worker, "drained" if self.drain_requested else "shut down")
 
     # --- launching ---------------------------------------------------------------------------
 
@@ -205,14 +210,131 @@ class OwnerWorker(ViewerHandlers):
             handle_backend=machine.backend,
             limits=Limits(full_spec.idle_seconds, full_spec.session_seconds, full_spec.output_limit_bytes),
         )
+        self._hold(live, execution)
+
+    def _hold(self, live: LiveProcess, execution: Execution) -> None:
         self.live[execution.pk] = live
         live.pump_task = asyncio.create_task(self._supervise(live, execution))
+
+    # --- recovery ----------------------------------------------------------------------------
+
+    async def _recovery_loop(self) -> None:
+        while True:
+            await asyncio.sleep(settings.TETHER_RECOVERY_SECONDS)
+            if not self.draining:
+                await self.recover_once()
+
+    async def recover_once(self, *, adopt: bool = True) -> list[str]:
+        """Settle what dead owners left behind (see terminals.recovery). Returns what was done.
+
+        ``adopt=False`` (recover_terminals) leaves live tmux sessions and running docker commands to a worker.
+        """
+        done = []
+        try:
+            findings = await recovery.plan(can_adopt=adopt, can_watch=adopt)
+            for finding in findings:
+                if finding.lease and finding.lease.execution_id in self.live:
+                    continue
+                if finding.backend not in self.backends and finding.action in (recovery.ADOPT, recovery.WATCH):
+                    continue  # another worker, which serves that backend, will take it
+                done.append(f"{finding}: {await self._recover(finding)}")
+            for finding in await recovery.find_orphan_sessions():
+                done.append(f"{finding}: {await recovery.remove_orphan(finding)}")
+        except Exception:
+            log.exception("recovery pass failed; the next one tries again")
+        for line in done:
+            log.info("recovery: %s", line)
+        return done
+
+    async def _recover(self, finding: recovery.Finding) -> str:
+        if finding.action == recovery.WAIT:
+            return "left for a later pass"
+        if finding.action == recovery.ADOPT:
+            return await self.adopt(finding)
+        if finding.action == recovery.WATCH:
+            token = await db(recovery.take_over)(finding.lease, self.worker)
+            if token is None:
+                return "skipped: another worker moved first"
+            self._background(self._watch_exit(finding, token))
+            return f"watching under token {token}"
+        return await recovery.settle(finding, self.worker)
+
+    async def adopt(self, finding: recovery.Finding) -> str:
+        """Take over a live tmux session under a new token: same shell, viewers reattach to it."""
+        lease = finding.lease
+        token = await db(recovery.take_over)(lease, self.worker)
+        if token is None:
+            return "skipped: another worker moved first"
+        execution = await db(_load_execution)(lease.execution_id)
+        backend = backend_for(execution.machine)
+        try:
+            process = await backend.attach(lease.handle)
+            await backend.tag(
+                lease.handle, owner_pid=self.me.pid, owner_started_at=self.me.start_time, heartbeat=int(time.time())
+            )
+            screen = recovery.render_snapshot(await process.snapshot())
+        except Exception as error:
+            finding.detail = f"{finding.detail}; adopting failed ({error!r})"
+            finding.action = recovery.UNKNOWN
+            await db(actions.settle_execution)(
+                execution,
+                worker=self.worker,
+                token=token,
+                to_state=State.UNKNOWN,
+                evidence=Evidence.CONTROLLER_LOST,
+                reason=f"recovery: {finding.detail}",
+                close_reason=CloseReason.CONTROLLER_LOST,
+            )
+            return "unknown: could not adopt"
+        await db(recovery.record_adoption)(lease, self.worker, token, finding.detail)
+        session = await db(_session_for)(execution.pk)
+        full_spec = ExecutionSpec.from_json(execution.spec)
+        live = LiveProcess(
+            execution_pk=execution.pk,
+            token=token,
+            kind=execution.kind,
+            process=process,
+            session_id=str(session.id) if session else None,
+            generation=session.generation if session else 0,
+            handle_backend=execution.machine.backend,
+            limits=Limits(full_spec.idle_seconds, full_spec.session_seconds, full_spec.output_limit_bytes),
+        )
+        live.buffer.append(screen)  # a new epoch starts with the screen as it is: a labelled fresh screen
+        execution = await db(_load_execution)(execution.pk)
+        self._hold(live, execution)
+        return f"adopted under token {token}"
+
+    async def _watch_exit(self, finding: recovery.Finding, token: int) -> None:
+        """A docker command whose owner died: wait for docker to report its exit, then record it."""
+        execution = await db(_load_execution)(finding.lease.execution_id)
+        backend = backend_for(execution.machine)
+        while True:
+            try:
+                seen = await backend.inspect(finding.handle)
+            except Exception as error:
+                log.warning("watching %s: %r", finding.label, error)
+                seen = None
+            if seen is not None and seen.status != Status.ALIVE and seen.status != Status.UNKNOWN:
+                break
+            await asyncio.sleep(0.5)
+        finding.action = recovery.EXITED if seen.status == Status.EXITED else recovery.UNKNOWN
+        finding.exit = seen.exit
+        finding.detail = f"{finding.detail}; {seen.detail or seen.status}"
+        await self._settle_watched(finding, token)
+
+    async def _settle_watched(self, finding: recovery.Finding, token: int) -> None:
+        try:
+            log.info("recovery: %s: %s", finding, await recovery.settle(finding, self.worker, token=token))
+        except actions.LeaseLost as error:
+            log.warning("%s", error)
 
     async def _supervise(self, live: LiveProcess, execution: Execution) -> None:
         captured = bytearray()
         limit = settings.TETHER_COMMAND_OUTPUT_BYTES
 
         async def deliver(offset: int, data: bytes) -> None:
+            if not await self._still_owner(live):
+                raise actions.LeaseLost(f"execution {live.execution_pk}: lease lost while the worker stalled")
             if live.kind == Kind.COMMAND:
                 captured.extend(data)
                 if len(captured) > limit:
@@ -279,6 +401,7 @@ class OwnerWorker(ViewerHandlers):
                     "outcome": execution.outcome_label,
                     "reason": reason,
                     "generation": live.generation,
+                    "epoch": live.token,
                 },
             )
         if live.session_id and reason == CloseReason.RESET:
@@ -290,7 +413,8 @@ class OwnerWorker(ViewerHandlers):
         await self.layer.send(WAKE_CHANNEL, {"type": "wake"})
         if live.viewer:
             await self._send(
-                live.viewer.channel, {"type": "terminal.generation", "reason": "reset", "ended": live.generation}
+                live.viewer.channel,
+                {"type": "terminal.generation", "reason": "reset", "ended": live.generation, "epoch": live.token},
             )
 
     async def _end(self, live: LiveProcess, reason: str) -> None:
@@ -308,25 +432,50 @@ class OwnerWorker(ViewerHandlers):
 
     async def _let_go(self, live: LiveProcess, why: str) -> None:
         """Stop observing without touching the process or writing anything about it."""
+        if live.let_go:
+            return
+        live.let_go = True
         self.live.pop(live.execution_pk, None)
         if live.pump_task and live.pump_task is not asyncio.current_task():
             live.pump_task.cancel()
         if live.viewer:
-            await self._send(live.viewer.channel, {"type": "terminal.closed", "reason": "server_restart", "text": why})
+            await self._send(
+                live.viewer.channel,
+                {"type": "terminal.closed", "reason": "server_restart", "text": why, "epoch": live.token},
+            )
         await live.process.detach()
+
+    async def _still_owner(self, live: LiveProcess) -> bool:
+        """Before acting after a stall (SIGSTOP, a frozen VM, a database outage) longer than our leases
+        provably last, confirm them: until then output waits, so two owners never act on one session."""
+        while time.monotonic() > self.leases_fresh_until:
+            try:
+                await self.heartbeat_once()
+            except Exception as error:
+                log.warning("cannot confirm leases (%r); holding output", error)
+                await asyncio.sleep(0.5)
+        return self.live.get(live.execution_pk) is live
 
     # --- leases ------------------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(settings.TETHER_HEARTBEAT_SECONDS)
-            await self.heartbeat_once()
+            try:
+                await self.heartbeat_once()
+            except Exception as error:  # PostgreSQL restarting: beat again next time; stale leases stop output
+                log.warning("heartbeat failed (%r); retrying", error)
 
     async def heartbeat_once(self) -> None:
         began = time.monotonic()
-        held = await db(actions.worker_heartbeat)(self.worker)
+        state, held = await db(actions.worker_heartbeat)(self.worker)
         # Until then our leases provably stand: no other worker may claim them before they expire.
         self.leases_fresh_until = began + settings.TETHER_LEASE_TTL_SECONDS
+        if state == WorkerState.DRAINING and not self.drain_requested:
+            log.warning("drain requested: taking no new work, releasing everything, then stopping")
+            self.drain_requested = self.draining = True
+            if self.stop is not None:
+                self.stop.set()
         for live in list(self.live.values()):
             token, request = held.get(live.execution_pk, (None, ""))
             if token != live.token:
@@ -370,6 +519,7 @@ class OwnerWorker(ViewerHandlers):
                             "type": "terminal.warning",
                             "reason": verdict.reason,
                             "seconds_left": verdict.seconds_left,
+                            "epoch": live.token,
                         },
                     )
                 )

@@ -103,11 +103,14 @@ def test_exec_resolve_frees_the_slot_of_an_unknown_execution():
         spec=make_spec("sleep", "100"),
         actor=TEST_ACTOR,
     )
-    execution = actions.transition(execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR)
+    execution = actions.transition(
+        execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR, ran_on_ref="", ran_on_incarnation=1
+    )
     actions.transition(execution, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
 
     no_note = manage("exec_resolve", "team-a", "lost", "--note", " ")
-    assert no_note.returncode == 2
+    assert no_note.returncode == 4  # refused: a failed check, named
+    assert "[FAILED] note" in no_note.stderr
 
     resolved = manage("exec_resolve", "team-a", "lost", "--note", "container removed", "--json")
     assert resolved.returncode == 0, resolved.stderr

@@ -130,6 +130,7 @@ class Process(abc.ABC):
 
 class Backend(abc.ABC):
     name: str
+    can_adopt = False  # whether ``attach`` can take over a live process from a dead owner
 
     @abc.abstractmethod
     async def spawn(self, spec: SpawnSpec, tags: Tags) -> Process: ...

@@ -63,6 +63,11 @@ class ProcessIdentity:
         fields = _stat_fields(self.pid)
         return fields is not None and int(fields[19]) == self.start_time and fields[0] not in {"Z", "X"}
 
+    def is_stopped(self) -> bool:
+        """True while this exact process is stopped by a signal (SIGSTOP, SIGTSTP) or a tracer."""
+        fields = _stat_fields(self.pid)
+        return self.is_alive() and fields is not None and fields[0] in {"T", "t"}
+
     def signal(self, signum: int) -> bool:
         """Send ``signum`` only if the pid still names this process. Returns whether it was sent."""
         if not self.is_alive():
@@ -129,3 +134,21 @@ async def terminate_tree(
         if time.monotonic() > stop_by:
             raise TimeoutError(f"processes still alive after SIGKILL: {[p.pid for p in left]}")
         await asyncio.sleep(0.05)
+
+
+def find_tree_by_session_label(label: str) -> list[ProcessIdentity]:
+    """Every live process whose environment says TETHER_SESSION=label (set for every shell we start)."""
+    needle = f"TETHER_SESSION={label}".encode()
+    found = []
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            identity = ProcessIdentity.of(int(entry.name))
+            if identity is not None and identity.is_alive():
+                found.append(identity)
+    return found

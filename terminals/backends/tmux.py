@@ -324,6 +324,7 @@ class TmuxProcess(Process):
 
 class TmuxBackend(Backend):
     name = "tmux"
+    can_adopt = True
 
     def __init__(self, socket: str = "tether"):
         self.socket = socket

@@ -188,8 +188,12 @@ class Viewer:
         )
         return cls(ws)
 
-    async def attach(self, since: int = 0, cols: int = 80, rows: int = 24, generation: int | None = None) -> dict:
-        await self.send_json({"type": "attach", "since": since, "cols": cols, "rows": rows, "generation": generation})
+    async def attach(
+        self, since: int = 0, cols: int = 80, rows: int = 24, generation: int | None = None, epoch: int | None = None
+    ) -> dict:
+        await self.send_json(
+            {"type": "attach", "since": since, "cols": cols, "rows": rows, "generation": generation, "epoch": epoch}
+        )
         return await self.wait_for("attached")
 
     async def ack(self) -> None:

@@ -24,6 +24,7 @@ class Reader:
         self.ports, self.session_id, self.cookie = ports, session_id, cookie
         self.received = bytearray()
         self.offset = 0
+        self.epoch = None
         self.reconnects = 0
         self.viewer: Viewer | None = None
 
@@ -33,9 +34,11 @@ class Reader:
             port = self.ports[attempt % len(self.ports)]  # another daphne, when one is down
             try:
                 self.viewer = await Viewer.open(port, self.session_id, self.cookie)
-                attached = await self.viewer.attach(since=self.offset, generation=1 if self.offset else None)
+                attached = await self.viewer.attach(
+                    since=self.offset, generation=1 if self.offset else None, epoch=self.epoch
+                )
                 assert attached["lost"] == 0, f"resume lost {attached['lost']} bytes"
-                self.offset = attached["offset"]
+                self.offset, self.epoch = attached["offset"], attached["epoch"]
                 return
             except (OSError, WebSocketException, AssertionError, TimeoutError) as error:
                 if isinstance(error, AssertionError) and "resume lost" in str(error):

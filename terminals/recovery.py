@@ -1,0 +1,312 @@
+"""Recovery: settle every process whose owner worker died, and only those.
+
+Every worker runs this at start and then every ``TETHER_RECOVERY_SECONDS``;
+``manage.py recover_terminals [--dry-run]`` runs it by hand. A lease is
+orphaned when it has expired (database clock) and its owner is dead: stopped,
+or on this host its pid plus start time no longer names a running process
+(a process stopped by SIGSTOP counts as not running; another host's worker
+counts as dead once its heartbeat has expired). For each orphaned lease:
+
+- the process still runs and the backend can attach to it (tmux): **adopt**
+  it under a new fencing token; the execution stays ``running`` with an
+  ``adopted`` event;
+- it still runs but cannot be adopted: a docker command is **watched** until
+  docker reports its exit; anything else is ended (it can never be observed
+  again) and recorded ``unknown``;
+- it has exited and the exit can be read back (tmux's recorded status, docker
+  exec inspect): ``completed`` with that code, the event saying where it came from;
+- otherwise ``unknown`` with ``controller_lost``: the slot stays taken until an
+  operator resolves it.
+
+Then tagged tmux sessions that no unreleased lease claims and whose owner is
+dead are removed. Untagged sessions, and those of a live owner, are never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Now
+
+from executions.actions import Actor
+from executions.models import Backend as BackendKind
+from executions.models import Evidence, ExecutionEvent, Kind, Machine, MachineState, State
+from terminals import actions
+from terminals.backends.base import Exit, Status
+from terminals.backends.procfs import ProcessIdentity, boot_id
+from terminals.backends.tmux import Snapshot, TmuxBackend
+from terminals.models import CloseReason, ProcessLease, Worker, WorkerState
+from terminals.registry import backend_for
+
+log = logging.getLogger(__name__)
+
+ADOPT, WATCH, EXITED, UNKNOWN, RELEASE, WAIT, REMOVE = (
+    "adopt",
+    "watch",
+    "exited",
+    "unknown",
+    "release",
+    "wait",
+    "remove",
+)
+
+
+@dataclass
+class Finding:
+    action: str
+    label: str
+    backend: str
+    detail: str
+    lease: ProcessLease | None = None
+    exit: Exit | None = None
+    handle: dict | None = None
+    still_running: bool = False  # an unadoptable process that recovery must end before recording unknown
+
+    def __str__(self) -> str:
+        return f"{self.action:8} {self.label} [{self.backend}]: {self.detail}"
+
+
+# --- who is dead ---------------------------------------------------------------------------
+
+
+def owner_is_gone(pid: int, started_at: int) -> str | None:
+    """Why the process (pid, start time) on this host is no owner any more, or None if it runs."""
+    identity = ProcessIdentity(pid=pid, start_time=started_at, boot_id=boot_id())
+    if not identity.is_alive():
+        return f"pid {pid} (started at tick {started_at}) is gone"
+    if identity.is_stopped():
+        return f"pid {pid} is stopped (SIGSTOP or a debugger) past its lease"
+    return None
+
+
+def owner_dead(worker: Worker | None) -> str | None:
+    """Why this lease owner counts as dead, or None when it may still be alive (its lease has expired)."""
+    if worker is None:
+        return "no owner recorded"
+    if worker.state == WorkerState.STOPPED:
+        return f"worker {worker.worker_id[:12]} stopped"
+    if worker.host != socket.gethostname() or worker.boot_id != boot_id():
+        return f"worker {worker.worker_id[:12]} on {worker.host} missed its heartbeat (its pid is not visible here)"
+    why = owner_is_gone(worker.pid, worker.process_started_at)
+    return f"worker {worker.worker_id[:12]}: {why}" if why else None
+
+
+def orphaned_leases() -> list[tuple[ProcessLease, str]]:
+    expired = (
+        ProcessLease.objects.select_related("worker", "execution", "execution__machine")
+        .filter(released_at__isnull=True, expires_at__lt=Now())
+        .order_by("id")
+    )
+    return [(lease, why) for lease in expired if (why := owner_dead(lease.worker))]
+
+
+# --- deciding -------------------------------------------------------------------------------
+
+
+async def judge_lease(lease: ProcessLease, why: str, *, can_adopt: bool, can_watch: bool) -> Finding:
+    execution = lease.execution
+    machine = execution.machine
+    label = f"{execution.scope}/{execution.execution_id}"
+
+    def finding(action: str, detail: str, **extra) -> Finding:
+        return Finding(action, label, machine.backend, f"{detail}; owner {why}", lease=lease, **extra)
+
+    if execution.state not in (State.DISPATCHED, State.RUNNING):
+        return finding(RELEASE, f"already {execution.state}")
+    if not lease.handle:
+        return finding(UNKNOWN, "dispatched but no process handle was saved: it may have started")
+    backend = backend_for(machine)
+    seen = await backend.inspect(lease.handle)
+    if seen.status == Status.ALIVE:
+        if backend.can_adopt:
+            return finding(ADOPT if can_adopt else WAIT, f"{seen.detail}: adoptable", handle=lease.handle)
+        if machine.backend == BackendKind.DOCKER and execution.kind == Kind.COMMAND:
+            return finding(WATCH if can_watch else WAIT, f"{seen.detail}: watching for its exit", handle=lease.handle)
+        return finding(
+            UNKNOWN,
+            f"{seen.detail}, but no other worker can observe it: ending it",
+            handle=lease.handle,
+            still_running=True,
+        )
+    if seen.status == Status.EXITED:
+        return finding(EXITED, f"{seen.exit.describe()}, read back from {seen.exit.source}", exit=seen.exit)
+    if seen.status == Status.GONE:
+        return finding(UNKNOWN, f"{seen.detail}; its exit cannot be read back", handle=lease.handle)
+    return finding(WAIT, f"cannot look at it now ({seen.detail})")
+
+
+def _claimed_markers() -> set[str]:
+    handles = ProcessLease.objects.filter(released_at__isnull=True).values_list("handle", flat=True)
+    return {handle.get("marker") for handle in handles if handle}
+
+
+def _tmux_sockets() -> list[str]:
+    machines = Machine.objects.filter(backend=BackendKind.TMUX).exclude(state=MachineState.DELETED)
+    return sorted(set(machines.values_list("ref", flat=True)))
+
+
+async def find_orphan_sessions() -> list[Finding]:
+    """Tagged tmux sessions that no live execution claims and whose owner is dead."""
+    from channels.db import database_sync_to_async as db
+
+    claimed = await db(_claimed_markers)()
+    found = []
+    for name in await db(_tmux_sockets)():
+        for tagged in await TmuxBackend(name or "tether").list_tagged():
+            tags = tagged.tags
+            if tags["marker"] in claimed:
+                continue
+            try:
+                why = owner_is_gone(int(tags["owner_pid"]), int(tags["owner_started_at"]))
+            except ValueError:
+                why = "its owner tags are unreadable"
+            if why is None:
+                continue  # a live worker owns it (perhaps still starting it)
+            found.append(
+                Finding(
+                    REMOVE,
+                    f"tmux session {tagged.handle['session']}",
+                    BackendKind.TMUX,
+                    f"tagged for {tags['session']}, no execution claims it, owner {why}",
+                    handle=tagged.handle,
+                )
+            )
+    return found
+
+
+async def plan(*, can_adopt: bool, can_watch: bool) -> list[Finding]:
+    from channels.db import database_sync_to_async as db
+
+    findings = []
+    for lease, why in await db(orphaned_leases)():
+        try:
+            findings.append(await judge_lease(lease, why, can_adopt=can_adopt, can_watch=can_watch))
+        except Exception as error:  # one unreachable backend must not stop the others' recovery
+            log.warning("cannot judge lease %s: %r", lease.pk, error)
+            findings.append(Finding(WAIT, str(lease.execution), "?", f"cannot look at it now ({error!r})"))
+    return findings
+
+
+# --- acting ---------------------------------------------------------------------------------
+
+
+def take_over(lease: ProcessLease, worker: Worker) -> int | None:
+    """Compare-and-set the lease to ``worker`` with the next fencing token; None when someone else moved first."""
+    with transaction.atomic():
+        changed = ProcessLease.objects.filter(
+            pk=lease.pk, token=lease.token, released_at__isnull=True, expires_at__lt=Now()
+        ).update(
+            worker=worker,
+            token=F("token") + 1,
+            heartbeat_at=Now(),
+            expires_at=actions._in(settings.TETHER_LEASE_TTL_SECONDS),
+        )
+        if changed != 1:
+            return None
+    return lease.token + 1
+
+
+def record_adoption(lease: ProcessLease, worker: Worker, token: int, detail: str) -> None:
+    """The new owner holds the process: the execution stays running, with an ``adopted`` event."""
+    actor = Actor.worker(worker.worker_id)
+    with actions.fenced(lease.execution_id, worker, token):
+        execution = lease.execution
+        execution.refresh_from_db()
+        if execution.state == State.DISPATCHED:
+            actions.exec_actions.transition(execution, State.RUNNING, evidence=Evidence.ADOPTED, actor=actor)
+        ExecutionEvent.objects.create(
+            execution=execution,
+            from_state=State.RUNNING,
+            to_state=State.RUNNING,
+            evidence=Evidence.ADOPTED,
+            actor=actor.label,
+            reason=detail,
+            detail={"token": token, "previous_worker": lease.worker.worker_id if lease.worker else None},
+        )
+
+
+def release_settled(lease: ProcessLease, worker: Worker, token: int) -> None:
+    with actions.fenced(lease.execution_id, worker, token):
+        ProcessLease.objects.filter(pk=lease.pk).update(released_at=Now())
+
+
+def render_snapshot(snapshot: Snapshot) -> bytes:
+    """A tmux screen capture as bytes that redraw it on a reset terminal, cursor included."""
+    lines = snapshot.screen.split(b"\n")
+    return (
+        b"\x1b[0m\x1b[H\x1b[2J"
+        + b"\r\n".join(lines)
+        + f"\x1b[0m\x1b[{snapshot.cursor_y + 1};{snapshot.cursor_x + 1}H".encode()
+    )
+
+
+async def settle(finding: Finding, worker: Worker, token: int | None = None) -> str:
+    """Carry out an exited, unknown or release finding, taking the lease over unless ``token`` is held already.
+
+    Returns what was done."""
+    from channels.db import database_sync_to_async as db
+
+    lease = finding.lease
+    token = token or await db(take_over)(lease, worker)
+    if token is None:
+        return "skipped: another worker moved first"
+    if finding.action == RELEASE:
+        await db(release_settled)(lease, worker, token)
+        return "lease released"
+    execution = lease.execution
+    backend = backend_for(execution.machine)
+    snapshot = None
+    if finding.handle and isinstance(backend, TmuxBackend):
+        try:
+            snapshot = render_snapshot(await backend.snapshot(finding.handle))
+        except Exception:  # no screen left to keep; the session keeps its last one
+            snapshot = None
+    if finding.action == EXITED:
+        exit = finding.exit
+        fields = {"exit_code": exit.code} if exit.code is not None else {"exit_signal": exit.signal}
+        await db(actions.settle_execution)(
+            execution,
+            worker=worker,
+            token=token,
+            to_state=State.COMPLETED,
+            evidence=Evidence.EXITED if exit.code is not None else Evidence.SIGNALED,
+            reason=f"{exit.describe()}: read back from {exit.source} by recovery",
+            close_reason=CloseReason.EXITED,
+            snapshot=snapshot,
+            **fields,
+        )
+        if finding.handle or lease.handle:
+            try:
+                await backend.remove(finding.handle or lease.handle, grace=0.5)  # the dead pane held only the status
+            except Exception as error:
+                log.warning("could not remove %s after reading its exit: %r", finding.label, error)
+        return f"completed: {exit.describe()}"
+    ended = ""
+    if finding.still_running:
+        try:
+            await backend.remove(finding.handle, grace=1.0)
+            ended = "; the unobservable process was ended"
+        except Exception as error:
+            ended = f"; ending it failed ({error!r}): it may still run"
+    await db(actions.settle_execution)(
+        execution,
+        worker=worker,
+        token=token,
+        to_state=State.UNKNOWN,
+        evidence=Evidence.CONTROLLER_LOST,
+        reason=f"recovery: {finding.detail}{ended}",
+        close_reason=CloseReason.CONTROLLER_LOST,
+        snapshot=snapshot,
+    )
+    return f"unknown (controller_lost){ended}"
+
+
+async def remove_orphan(finding: Finding) -> str:
+    backend = TmuxBackend(finding.handle["socket"])
+    await backend.remove(finding.handle, grace=1.0)
+    return "removed"

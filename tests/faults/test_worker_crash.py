@@ -1,0 +1,104 @@
+"""An owner worker dies mid-command (kill -9) and another takes over: every outcome stays honest.
+
+tmux keeps the shell, so it is adopted and its real exit recorded; docker keeps the exec, so its exit is
+read back; a local PTY dies with its owner, so the outcome is unknown until an operator resolves it.
+In no case is the command run twice or recorded as failed.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+from executions import actions as exec_actions
+from executions.models import Evidence, Execution, ExecutionEvent, State
+from terminals.models import ProcessLease
+from terminals.resolution import resolve
+from tests.bridge.harness import Stack
+from tests.factories import TEST_ACTOR, make_spec
+
+pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def execution_in(pk: int, *states: str):
+    execution = Execution.objects.get(pk=pk)
+    return execution if execution.state in states else None
+
+
+def crash_stack() -> Stack:
+    stack = Stack()
+    stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
+    return stack
+
+
+class Place:
+    """Where the command's file lives: a host path, or a path inside the test container."""
+
+    def __init__(self, backend: str, tmp_path, container: str | None):
+        self.backend, self.container = backend, container
+        self.path = "/tmp/launches" if container else str(tmp_path / "launches")
+
+    def read(self) -> str:
+        if self.container:
+            done = subprocess.run(["docker", "exec", self.container, "cat", self.path], capture_output=True, text=True)
+            return done.stdout
+        try:
+            with open(self.path) as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+
+@pytest.mark.parametrize("backend", ["tmux", "docker", "local"])
+def test_kill_9_mid_command_then_a_new_worker_settles_it_honestly(backend, place, request, tmp_path):
+    machine = place(backend, f"crash-{backend}")
+    where = Place(backend, tmp_path, machine.ref if backend == "docker" else None)
+    spec = make_spec("sh", "-c", f"echo start >> {where.path}; sleep 5; echo done >> {where.path}")
+    execution, _ = exec_actions.submit_execution(
+        scope="team-a", execution_id=f"crash-{backend}", machine_name=machine.name, spec=spec, actor=TEST_ACTOR
+    )
+    stack = crash_stack()
+    try:
+        first = stack.start_worker(backend)
+        wait_for(lambda: "start" in where.read(), what="the command to start")
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        stack.start_worker(backend)
+
+        if backend == "local":
+            # The PTY died with its owner: nothing can say how the command ended.
+            settled = wait_for(lambda: execution_in(execution.pk, State.UNKNOWN), what="unknown")
+            assert settled.evidence == Evidence.CONTROLLER_LOST
+            time.sleep(6)  # had the command survived, it would have written "done" by now
+            assert where.read() == "start\n"
+            resolved, checks = resolve(settled, actor=TEST_ACTOR, note="worker killed; PTY gone")
+            assert resolved.state == State.RESOLVED and all(check.ok for check in checks)
+            assert resolved.outcome_label == "Resolved: outcome unknown"
+        else:
+            settled = wait_for(lambda: execution_in(execution.pk, State.COMPLETED, State.UNKNOWN), 40, "settled")
+            assert (settled.state, settled.evidence, settled.exit_code) == (State.COMPLETED, Evidence.EXITED, 0)
+            assert where.read() == "start\ndone\n"  # ran once, to the end
+            events = ExecutionEvent.objects.filter(execution=settled)
+            final = events.get(to_state=State.COMPLETED)
+            if backend == "tmux":
+                assert events.filter(evidence=Evidence.ADOPTED).exists(), list(events.values_list("evidence"))
+                assert final.actor != events.get(to_state=State.DISPATCHED).actor  # recorded by the new owner
+            else:
+                assert "docker exec inspect" in final.reason
+        assert not ProcessLease.objects.filter(execution=execution, released_at__isnull=True).exists()
+        assert where.read().count("start") == 1
+    finally:
+        stack.stop()
