@@ -102,3 +102,35 @@ def test_kill_9_mid_command_then_a_new_worker_settles_it_honestly(backend, place
         assert where.read().count("start") == 1
     finally:
         stack.stop()
+
+
+async def test_a_viewer_follows_its_tmux_shell_to_the_adopting_worker(terminal, operator):
+    """kill -9 the owner while a browser is attached: the next worker adopts the shell, and the same page
+    (same socket) is re-attached to the same shell, with the screen redrawn, and can type on."""
+    from asgiref.sync import sync_to_async
+
+    from tests.bridge.harness import Viewer
+
+    stack = crash_stack()
+    stack.extra_env["TETHER_VIEWER_CHECK_SECONDS"] = "1"
+    try:
+        await sync_to_async(stack.start_daphne)()
+        first = await sync_to_async(stack.start_worker)("tmux")
+        session, cookie = await sync_to_async(terminal)(operator, "tmux")
+        viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+        attached = await viewer.attach()
+        await viewer.type("echo pid-$$-shell\r")
+        shell_pid = (await viewer.read_match(rb"pid-(\d+)-shell\r\n")).group(1)
+
+        first.kill()
+        await sync_to_async(first.wait)()
+        await sync_to_async(stack.start_worker)("tmux")
+
+        again = await viewer.wait_for("attached", timeout=40)
+        assert again["epoch"] > attached["epoch"] and again["fresh"] is True
+        assert again["generation"] == attached["generation"]  # the same shell, not a fresh one
+        await viewer.type("echo pid-$$-again\r")
+        assert (await viewer.read_match(rb"pid-(\d+)-again\r\n", timeout=20)).group(1) == shell_pid
+        await viewer.close()
+    finally:
+        await sync_to_async(stack.stop)()
