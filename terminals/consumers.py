@@ -332,7 +332,11 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             await asyncio.sleep(settings.TETHER_VIEWER_CHECK_SECONDS)
             if not self.attached:
                 continue
-            target = await db(_attach_target)(self.session.id)
+            try:
+                target = await db(_attach_target)(self.session.id)
+            except Exception as error:  # PostgreSQL restarting: the stream itself needs no database
+                log.info("session %s: cannot check its owner now (%r)", self.session.id, error)
+                continue
             if not self.attached:
                 continue
             moved = target["execution"] != self.execution_pk or target["process_state"] == ProcessState.CLOSED

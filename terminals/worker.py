@@ -18,6 +18,7 @@ import uuid
 from channels.db import database_sync_to_async as db
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 
 from executions.actions import WAKE_CHANNEL
 from executions.models import Backend as BackendKind
@@ -33,6 +34,9 @@ from terminals.registry import available_backends, backend_for
 from terminals.viewing import ViewerHandlers
 
 log = logging.getLogger(__name__)
+
+# What a database restart looks like from here: worth waiting out, never a reason to give up a process.
+DB_OUTAGE = (OperationalError, InterfaceError)
 
 
 # A requested action -> the close reason the owner ends the process with.
@@ -113,8 +117,11 @@ class OwnerWorker(ViewerHandlers):
         ]
         try:
             while not stop.is_set():
-                while not stop.is_set() and await self.handle_one_step():
-                    pass
+                try:
+                    while not stop.is_set() and await self.handle_one_step():
+                        pass
+                except DB_OUTAGE as error:  # PostgreSQL restarting: held sessions carry on; claim again later
+                    log.warning("cannot claim work (%r); retrying", error)
                 await self._sleep_until_woken(stop)
         finally:
             for task in helpers:
@@ -347,7 +354,9 @@ class OwnerWorker(ViewerHandlers):
             # No longer a live process of ours: the heartbeat must not mistake the lease it is about
             # to release for a lost one.
             self.live.pop(live.execution_pk, None)
-            await self._settle(live, execution, exit, bytes(captured), live.buffer.end - len(captured))
+            await self._until_recorded(
+                lambda: self._settle(live, execution, exit, bytes(captured), live.buffer.end - len(captured))
+            )
             if live.handle_backend == BackendKind.TMUX and not live.closing:
                 # The dead pane only held the exit status, which is now recorded: remove the session.
                 await live.process.terminate(grace=0.5)
@@ -359,6 +368,18 @@ class OwnerWorker(ViewerHandlers):
             raise
         finally:
             self.live.pop(live.execution_pk, None)
+
+    async def _until_recorded(self, write) -> None:
+        """An observed exit must reach the record: retry through a database outage (the lease, checked
+        inside, still decides whether we may write it)."""
+        delay = 0.2
+        while True:
+            try:
+                return await write()
+            except DB_OUTAGE as error:
+                log.warning("cannot record yet (%r); retrying in %.1fs", error, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _settle(self, live, execution, exit, output: bytes, truncated: int) -> None:
         reason = live.close_reason if live.closing else CloseReason.EXITED
