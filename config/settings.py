@@ -73,6 +73,13 @@ ASGI_APPLICATION = "config.asgi.application"
 DATABASES = {
     "default": database_from_url(env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'tether.sqlite3'}")),
 }
+# A process frozen inside a transaction (SIGSTOP, a paused VM) must not hold lease rows forever: PostgreSQL
+# ends such a session after this long, so another worker can take its leases over (0 turns it off).
+TETHER_DB_IDLE_TRANSACTION_SECONDS = env_int("TETHER_DB_IDLE_TRANSACTION_SECONDS", 60, minimum=0)
+if DATABASES["default"]["ENGINE"].endswith("postgresql") and TETHER_DB_IDLE_TRANSACTION_SECONDS:
+    DATABASES["default"]["OPTIONS"].setdefault(
+        "options", f"-c idle_in_transaction_session_timeout={TETHER_DB_IDLE_TRANSACTION_SECONDS * 1000}"
+    )
 
 REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:

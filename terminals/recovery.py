@@ -198,9 +198,16 @@ async def plan(*, can_adopt: bool, can_watch: bool) -> list[Finding]:
 def take_over(lease: ProcessLease, worker: Worker) -> int | None:
     """Compare-and-set the lease to ``worker`` with the next fencing token; None when someone else moved first."""
     with transaction.atomic():
-        changed = ProcessLease.objects.filter(
-            pk=lease.pk, token=lease.token, released_at__isnull=True, expires_at__lt=Now()
-        ).update(
+        # A frozen owner may hold the row locked mid-transaction: skip it this pass rather than wait on it
+        # (PostgreSQL ends that transaction after TETHER_DB_IDLE_TRANSACTION_SECONDS).
+        row = (
+            ProcessLease.objects.select_for_update(skip_locked=True)
+            .filter(pk=lease.pk, token=lease.token, released_at__isnull=True, expires_at__lt=Now())
+            .first()
+        )
+        if row is None:
+            return None
+        changed = ProcessLease.objects.filter(pk=lease.pk).update(
             worker=worker,
             token=F("token") + 1,
             heartbeat_at=Now(),
@@ -214,11 +221,15 @@ def take_over(lease: ProcessLease, worker: Worker) -> int | None:
 def record_adoption(lease: ProcessLease, worker: Worker, token: int, detail: str) -> None:
     """The new owner holds the process: the execution stays running, with an ``adopted`` event."""
     actor = Actor.worker(worker.worker_id)
+    facts = {"token": token, "previous_worker": lease.worker.worker_id if lease.worker else None}
     with actions.fenced(lease.execution_id, worker, token):
         execution = lease.execution
         execution.refresh_from_db()
-        if execution.state == State.DISPATCHED:
-            actions.exec_actions.transition(execution, State.RUNNING, evidence=Evidence.ADOPTED, actor=actor)
+        if execution.state == State.DISPATCHED:  # its owner froze before it could say so: running now
+            actions.exec_actions.transition(
+                execution, State.RUNNING, evidence=Evidence.ADOPTED, actor=actor, reason=detail, detail=facts
+            )
+            return
         ExecutionEvent.objects.create(
             execution=execution,
             from_state=State.RUNNING,
@@ -226,7 +237,7 @@ def record_adoption(lease: ProcessLease, worker: Worker, token: int, detail: str
             evidence=Evidence.ADOPTED,
             actor=actor.label,
             reason=detail,
-            detail={"token": token, "previous_worker": lease.worker.worker_id if lease.worker else None},
+            detail=facts,
         )
 
 

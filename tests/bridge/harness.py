@@ -92,6 +92,7 @@ class Stack:
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
             "TETHER_HEARTBEAT_SECONDS": "1",
             "TETHER_LEASE_TTL_SECONDS": "4",
+            "TETHER_DB_IDLE_TRANSACTION_SECONDS": "8",
             **self.extra_env,
         }
 
