@@ -406,3 +406,31 @@ def operator_session_action(session: TerminalSession, action: str, *, actor: Act
                 raise TransitionRefused(f"session {session.id}", "closing", action, "it is already closing")
         request_process_action(session.execution, action, actor=actor, reason=reason)
         session_event(session, action, actor, reason)
+
+
+# --- retention -----------------------------------------------------------------------------
+
+
+def expire_closed_sessions(*, actor: Actor, hours: int | None = None, dry_run: bool = False) -> list[TerminalSession]:
+    """Remove the final screens of sessions closed longer than the retention period (default 24 h).
+
+    The session's identity, exit, close reason and output cursor stay, as do every execution record and
+    event: only the bytes of the screen go. Each removal is a compare-and-set with a ``snapshot_expired`` event.
+    """
+    hours = settings.TETHER_RETENTION_HOURS if hours is None else hours
+    due = TerminalSession.objects.filter(
+        process_state=ProcessState.CLOSED, expired_at__isnull=True, closed_at__lt=Now() - timedelta(hours=hours)
+    ).order_by("closed_at")
+    expired = []
+    for session in due:
+        if dry_run:
+            expired.append(session)
+            continue
+        with transaction.atomic():
+            changed = TerminalSession.objects.filter(pk=session.pk, expired_at__isnull=True).update(
+                snapshot=b"", expired_at=Now(), updated_at=Now()
+            )
+            if changed:
+                session_event(session, "snapshot_expired", actor, f"closed more than {hours} h ago", hours=hours)
+                expired.append(session)
+    return expired

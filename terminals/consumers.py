@@ -80,6 +80,7 @@ def _attach_target(session_id) -> dict:
         "channel": lease.worker.channel_name if lease and lease.worker else None,
         "token": lease.token if lease else None,
         "snapshot": bytes(session.snapshot) if session.process_state == ProcessState.CLOSED else b"",
+        "expired": session.expired_at is not None,
     }
 
 
@@ -276,7 +277,11 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             await self.send_json({"type": "reset", "text": "Started a fresh session"})
             self.generation = None
             return True
-        await self.send(bytes_data=target["snapshot"])
+        if target["expired"]:
+            text = f"The final screen is no longer kept (closed sessions keep it {settings.TETHER_RETENTION_HOURS} h)"
+            await self.send_json({"type": "status", "text": text})
+        else:
+            await self.send(bytes_data=target["snapshot"])
         await self.close(CLOSE_CODES.get(target["close_reason"], CloseCode.CLOSED))
         return False
 

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 # What a database restart looks like from here: worth waiting out, never a reason to give up a process.
 DB_OUTAGE = (OperationalError, InterfaceError)
+CLEANUP_SECONDS = 600  # how often a worker removes final screens past their retention
 
 
 # A requested action -> the close reason the owner ends the process with.
@@ -226,10 +227,23 @@ class OwnerWorker(ViewerHandlers):
     # --- recovery ----------------------------------------------------------------------------
 
     async def _recovery_loop(self) -> None:
+        last_cleanup = 0.0
         while True:
             await asyncio.sleep(settings.TETHER_RECOVERY_SECONDS)
-            if not self.draining:
-                await self.recover_once()
+            if self.draining:
+                continue
+            await self.recover_once()
+            if time.monotonic() - last_cleanup > CLEANUP_SECONDS:
+                last_cleanup = time.monotonic()
+                try:
+                    expired = await db(actions.expire_closed_sessions)(
+                        actor=actions.Actor.worker(self.worker.worker_id)
+                    )
+                except Exception as error:
+                    log.warning("retention cleanup failed (%r); next time", error)
+                else:
+                    if expired:
+                        log.info("retention: expired the final screens of %d closed session(s)", len(expired))
 
     async def recover_once(self, *, adopt: bool = True) -> list[str]:
         """Settle what dead owners left behind (see terminals.recovery). Returns what was done.

@@ -1,0 +1,53 @@
+"""Retention: a closed session keeps its final screen for 24 h; then cleanup removes the screen and keeps the rest."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db.models.functions import Now
+
+from executions.models import Execution
+from terminals import actions
+from terminals.models import CloseReason, SessionEvent, TerminalSession
+from tests.factories import TEST_ACTOR
+
+pytestmark = pytest.mark.django_db
+
+
+def closed_session(place, user, name: str, hours_ago: float) -> TerminalSession:
+    session, _ = actions.open_terminal(place("local", name), user)
+    actions.close_session(
+        session,
+        reason=CloseReason.EXITED,
+        actor=TEST_ACTOR,
+        snapshot=b"final screen of " + name.encode(),
+        output_offset=42,
+    )
+    TerminalSession.objects.filter(pk=session.pk).update(closed_at=Now() - timedelta(hours=hours_ago))
+    return TerminalSession.objects.get(pk=session.pk)
+
+
+def test_cleanup_removes_only_expired_final_screens_and_keeps_the_records(place, operator, capsys):
+    old = closed_session(place, operator, "old-box", 25)
+    recent = closed_session(place, operator, "recent-box", 1)
+    live, _ = actions.open_terminal(place("local", "live-box"), operator)
+
+    call_command("cleanup_terminals", "--dry-run")
+    assert "1 session(s) would expire" in capsys.readouterr().out
+    assert bytes(TerminalSession.objects.get(pk=old.pk).snapshot) == b"final screen of old-box"
+
+    call_command("cleanup_terminals")
+    assert f"expired the final screen of {old.id}" in capsys.readouterr().out
+    old = TerminalSession.objects.get(pk=old.pk)
+    assert bytes(old.snapshot) == b"" and old.expired_at is not None
+    assert (old.close_reason, old.output_offset, old.generation) == (CloseReason.EXITED, 42, 1)
+    assert Execution.objects.filter(pk=old.execution_id).exists()
+    assert SessionEvent.objects.filter(session=old, kind="snapshot_expired").count() == 1
+    assert bytes(TerminalSession.objects.get(pk=recent.pk).snapshot) == b"final screen of recent-box"
+    assert TerminalSession.objects.get(pk=live.pk).expired_at is None
+
+    call_command("cleanup_terminals")  # nothing left to do: no second event
+    assert "0 session(s) expired" in capsys.readouterr().out
+    assert SessionEvent.objects.filter(session=old, kind="snapshot_expired").count() == 1
