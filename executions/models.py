@@ -182,6 +182,7 @@ class Execution(models.Model):
                 name="execution_resolved_has_note",
             ),
         ]
+        permissions = [("resolve_execution", "Can resolve an unknown execution (after Tether's checks)")]
         indexes = [
             models.Index(fields=["state", "created_at"], name="execution_pending_idx", condition=Q(state="pending")),
             models.Index(fields=["machine", "-created_at"], name="execution_machine_idx"),

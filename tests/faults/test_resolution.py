@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 
 from executions import actions as exec_actions
-from executions.models import Evidence, ExecutionEvent, Machine, State
+from executions.models import Evidence, Execution, ExecutionEvent, Machine, State
 from terminals import actions
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.models import ProcessLease, Worker, WorkerEvent, WorkerState
@@ -213,3 +213,33 @@ def _wait(predicate, timeout: float = 20.0):
             return value
         time.sleep(0.1)
     raise AssertionError("timed out")
+
+
+def test_admin_resolve_form_shows_the_checks_refuses_then_resolves(
+    client, django_user_model, operator, place, dead_worker
+):
+    """The admin form runs the checks itself; a staff member without the permission gets no form at all."""
+    from django.urls import reverse
+
+    handle = {"process": {"pid": 1, "start_time": 0, "boot_id": "gone"}, "marker": "none"}
+    execution = unknown_execution(place, "local", handle, dead_worker, "admin-resolve")
+    url = reverse("admin:executions_execution_resolve", args=[execution.pk])
+
+    viewer = django_user_model.objects.create_user("viewer", is_staff=True)
+    client.force_login(viewer)
+    assert client.get(url).status_code == 403
+
+    client.force_login(operator)
+    change = client.get(reverse("admin:executions_execution_change", args=[execution.pk]))
+    assert "check and resolve" in change.text
+    page = client.get(url)
+    assert page.status_code == 200
+    assert "pid 1 is gone" in page.text  # the process check, as Tether ran it
+    refused = client.post(url, {"note": "  "}, follow=True)
+    assert "Refused: check failed: note" in refused.text
+    assert Execution.objects.get(pk=execution.pk).state == State.UNKNOWN
+
+    done = client.post(url, {"note": "worker gone, pid gone"}, follow=True)
+    assert "resolved: outcome unknown, slot freed" in done.text
+    event = ExecutionEvent.objects.get(execution=execution, to_state=State.RESOLVED)
+    assert event.user == operator and event.reason == "worker gone, pid gone"
