@@ -198,17 +198,19 @@ def may_view_session(user, session: TerminalSession) -> bool:
     return user.is_authenticated and user.is_active and (user.is_staff or session.user_id == user.pk)
 
 
-def _shell_spec(machine: Machine) -> ExecutionSpec:
-    argv = settings.TETHER_CONTAINER_SHELL if machine.backend == Backend.DOCKER else settings.TETHER_SHELL
+def _shell_spec(machine: Machine, shell: list[str] | None = None) -> ExecutionSpec:
+    argv = shell or (settings.TETHER_CONTAINER_SHELL if machine.backend == Backend.DOCKER else settings.TETHER_SHELL)
     return ExecutionSpec.build(argv)
 
 
-def _submit_terminal(machine: Machine, actor: Actor, generation_label: str) -> Execution:
+def _submit_terminal(
+    machine: Machine, actor: Actor, generation_label: str, shell: list[str] | None = None
+) -> Execution:
     execution, _ = exec_actions.submit_execution(
         scope=machine.scope,
         execution_id=f"terminal-{generation_label}",
         machine_name=machine.name,
-        spec=_shell_spec(machine),
+        spec=_shell_spec(machine, shell),
         actor=actor,
         kind=Kind.TERMINAL,
     )
@@ -221,8 +223,10 @@ def session_event(session: TerminalSession, kind: str, actor: Actor, reason: str
     )
 
 
-def open_terminal(machine: Machine, user) -> tuple[TerminalSession, bool]:
+def open_terminal(machine: Machine, user, *, shell: list[str] | None = None) -> tuple[TerminalSession, bool]:
     """The machine's open terminal session, or a new one. Returns (session, created).
+
+    ``shell`` replaces the configured shell for a new session (the demo counts launches with it).
 
     One open session per machine: opening again reattaches. A closed session of
     this user on this machine is reopened under the same id (a fresh shell).
@@ -246,7 +250,7 @@ def open_terminal(machine: Machine, user) -> tuple[TerminalSession, bool]:
     session_id = uuid.uuid4()
     try:
         with transaction.atomic():
-            execution = _submit_terminal(machine, actor, f"{session_id}-1")
+            execution = _submit_terminal(machine, actor, f"{session_id}-1", shell)
             session = TerminalSession.objects.create(id=session_id, machine=machine, user=user, execution=execution)
             session_event(session, "opened", actor)
     except IntegrityError:

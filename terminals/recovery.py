@@ -124,9 +124,15 @@ async def judge_lease(lease: ProcessLease, why: str, *, can_adopt: bool, can_wat
     seen = await backend.inspect(lease.handle)
     if seen.status == Status.ALIVE:
         if backend.can_adopt:
-            return finding(ADOPT if can_adopt else WAIT, f"{seen.detail}: adoptable", handle=lease.handle)
+            return finding(
+                ADOPT if can_adopt else WAIT, f"{seen.detail or 'still running'}: adoptable", handle=lease.handle
+            )
         if machine.backend == BackendKind.DOCKER and execution.kind == Kind.COMMAND:
-            return finding(WATCH if can_watch else WAIT, f"{seen.detail}: watching for its exit", handle=lease.handle)
+            return finding(
+                WATCH if can_watch else WAIT,
+                f"{seen.detail or 'still running'}: watching for its exit",
+                handle=lease.handle,
+            )
         return finding(
             UNKNOWN,
             f"{seen.detail}, but no other worker can observe it: ending it",

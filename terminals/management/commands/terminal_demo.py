@@ -1,0 +1,32 @@
+import asyncio
+
+from django.core.management.base import BaseCommand, CommandError
+
+from terminals import demo
+
+
+class Command(BaseCommand):
+    help = (
+        "Tether's promises end to end, on a docker machine (tmux when docker or the demo image is missing). "
+        "run: write a file, resize, exit 7, check the exit and the slot, read the file back, delete the machine. "
+        "shell: an interactive line console (:resize C R, :interrupt, :eof, :close). "
+        "interrupt: kill the worker mid-session. recover: restart it and show the outcome (adopted, or unknown then "
+        "resolved), checking the shell was launched once. delete: remove the demo machine."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("phase", choices=["run", "shell", "delete", "interrupt", "recover"])
+        parser.add_argument("--backend", choices=["auto", "docker", "tmux"], default="auto")
+
+    def handle(self, *args, **options):
+        backend = options["backend"]
+        if backend == "auto":
+            backend = "docker" if demo.docker_usable() else "tmux"
+        phase = options["phase"]
+        try:
+            if phase == "delete":
+                demo.delete()
+            else:
+                asyncio.run(getattr(demo, phase)(backend))
+        except demo.DemoFailed as failed:
+            raise CommandError(str(failed), returncode=1) from None
