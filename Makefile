@@ -4,7 +4,7 @@ PY := .venv/bin/python
 TEST_DATABASE_URL ?= postgres:///tether?host=/var/run/postgresql
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test venv frontend services lint
+.PHONY: run test venv frontend services lint bench
 
 venv:
 	@scripts/setup-venv.sh
@@ -30,3 +30,7 @@ lint: venv
 test: venv services lint frontend
 	DATABASE_URL='$(TEST_DATABASE_URL)' $(PY) manage.py makemigrations --check --dry-run
 	DATABASE_URL='$(TEST_DATABASE_URL)' TEST_REDIS_URL='$(TEST_REDIS_URL)' $(PY) -m pytest
+
+# Benchmarks (not part of `make test`): figures vs same-run baselines, written to docs/benchmarks.md.
+bench: venv services
+	$(PY) -m bench.run $(BENCH_ARGS)

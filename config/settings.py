@@ -82,7 +82,17 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql") and TETHER_DB_IDLE_TRAN
     )
 
 REDIS_URL = env_str("REDIS_URL")
-if REDIS_URL:
+# core: channels-redis lists (at-least-once, per-channel capacity); pubsub: Redis PUBLISH (at-most-once,
+# one Redis round trip a hop). The protocol survives both loss and repetition; see docs/benchmarks.md.
+TETHER_CHANNEL_LAYER = env_choice("TETHER_CHANNEL_LAYER", "core", {"core", "pubsub"})
+if REDIS_URL and TETHER_CHANNEL_LAYER == "pubsub":
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [{"address": REDIS_URL}], "prefix": env_str("TETHER_CHANNEL_PREFIX", "tether")},
+        }
+    }
+elif REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",

@@ -348,7 +348,7 @@ async def shell(backend: str) -> None:
                     line = lines.get_nowait()
                     if line == "" or line.strip() == ":close":
                         await viewer.detach()
-                        say("\n[detached; this demo's worker stops now: a tmux shell stays for the next worker to adopt]")
+                        say("\n[detached; this demo's worker stops: a tmux shell stays for the next worker to adopt]")
                         return
                     command, *args = line.split()
                     if command == ":resize" and len(args) == 2:

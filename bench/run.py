@@ -1,0 +1,181 @@
+"""Run the benchmark suite and write docs/benchmarks.md.
+
+    make bench                      # quick sizes (a few minutes)
+    make bench BENCH_ARGS=--full    # the issue's sizes (200 MB, 5,000 samples, 1,000 sessions, 60 s stall)
+    .venv/bin/python -m bench.run --only echo,throughput
+
+Figures are reported, never asserted: a slow machine gives slow numbers, not a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.common import ROOT, Figure, Report, setup_django, summary, unique
+
+IMAGE = "tether/busybox:test"
+
+
+def start_container() -> str | None:
+    name = unique("tether-test-bench")
+    started = subprocess.run(
+        [
+            "docker",
+            "run",
+            "-d",
+            "--rm",
+            "--network",
+            "none",
+            "--label",
+            "tether.test=1",
+            "--name",
+            name,
+            IMAGE,
+            "sleep",
+            "inf",
+        ],
+        capture_output=True,
+    )
+    return name if started.returncode == 0 else None
+
+
+async def embedded_echo(ctx, samples: int) -> None:
+    """The same echo through `tether_serve`: one process, in-memory channel layer, no Redis hop."""
+    from asgiref.sync import sync_to_async
+
+    from bench.suite import RAW_CAT, _machine, _open, echo_latency
+    from tests.bridge.harness import Viewer, free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env.update(ALLOWED_HOSTS="127.0.0.1,localhost", TETHER_HEARTBEAT_SECONDS="1")
+    serve = subprocess.Popen(
+        [sys.executable, "manage.py", "tether_serve", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        machine = await sync_to_async(_machine)("local")
+        session = await sync_to_async(_open)(machine, ctx.user, RAW_CAT)
+        for _ in range(300):
+            try:
+                viewer = await Viewer.open(port, session.id, ctx.cookie)
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        await viewer.attach()
+        await viewer.read_until(b"READY", timeout=30)
+        await echo_latency(viewer, 50)
+        stats = summary(await echo_latency(viewer, samples))
+        ctx.report.add(
+            Figure(
+                "echo p50, embedded (tether_serve, in-memory layer)",
+                stats["p50"],
+                "ms",
+                note=f"p99 {stats['p99']:.2f} ms",
+            )
+        )
+        await viewer.close()
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+
+
+async def main(args) -> Report:
+    from asgiref.sync import sync_to_async
+    from django.contrib.auth import get_user_model
+
+    from bench.suite import BENCHMARKS, Context
+    from tests.bridge.harness import Stack, session_cookie
+
+    report = Report()
+    user = await sync_to_async(get_user_model().objects.create_user)("bench", is_staff=True)
+    cookie = await sync_to_async(session_cookie)(user)
+    stack = Stack()
+    stack.extra_env.update(TETHER_RECOVERY_SECONDS="1", TETHER_SESSIONS_PER_USER="100000", TETHER_STRIKE_LIMIT="100000")
+    container = start_container()
+    workdir = Path(tempfile.mkdtemp(prefix="tether-bench-"))
+    chosen = args.only.split(",") if args.only else [*BENCHMARKS, "embedded"]
+    try:
+        await sync_to_async(stack.start_daphne)()
+        await sync_to_async(stack.start_worker)("local,tmux,docker")
+        ctx = Context(stack, user, cookie, report, not args.full, workdir)
+        for name in chosen:
+            if name == "embedded":
+                continue
+            print(f"[{name}]", flush=True)
+            began = time.monotonic()
+            try:
+                if name == "throughput":
+                    await BENCHMARKS[name](ctx, container)
+                else:
+                    await BENCHMARKS[name](ctx)
+            except Exception as error:  # a benchmark that breaks is reported, and the rest still run
+                report.notes.append(f"{name} did not complete: {error!r}")
+                print(f"  {name} did not complete: {error!r}", flush=True)
+            print(f"  ({time.monotonic() - began:.0f} s)", flush=True)
+    finally:
+        await sync_to_async(stack.stop)()
+        if container:
+            subprocess.run(["docker", "rm", "-f", container], capture_output=True)
+    if "embedded" in chosen:
+        print("[embedded]", flush=True)
+        try:
+            await embedded_echo(
+                Context(stack, user, cookie, report, not args.full, workdir), 1000 if not args.full else 5000
+            )
+        except Exception as error:
+            report.notes.append(f"embedded did not complete: {error!r}")
+    return report
+
+
+def write_markdown(report: Report, args, path: Path) -> None:
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    body = [
+        "# Benchmarks",
+        "",
+        "Written by `make bench` (`python -m bench.run`); the figures below are from the last run on this machine.",
+        "Each figure is measured in the same run as its baseline. They are reports, never pass/fail tests.",
+        "",
+        f"- run: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {'full' if args.full else 'quick'} sizes",
+        f"- machine: {os.cpu_count()} cores ({cpu}), Linux {platform.release()}, Python {platform.python_version()}",
+        "- path: WebSocket client → daphne (consumer) → Redis (channels-redis core layer) → owner worker → process",
+        "",
+        report.markdown(),
+        "",
+    ]
+    if report.notes:
+        body += ["## Notes from this run", "", *[f"- {note}" for note in report.notes], ""]
+    existing = path.read_text() if path.exists() else ""
+    marker = "<!-- analysis -->"
+    analysis = existing[existing.index(marker) :] if marker in existing else f"{marker}\n"
+    path.write_text("\n".join(body) + "\n" + analysis)
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true", help="the issue's sizes (slow)")
+    parser.add_argument(
+        "--only", help="comma-separated: echo,throughput,stalled,reconnect,recovery,density,layers,embedded"
+    )
+    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    args = parser.parse_args()
+    setup_django()
+    report = asyncio.run(main(args))
+    write_markdown(report, args, Path(args.out))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    cli()

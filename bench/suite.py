@@ -1,0 +1,602 @@
+"""The benchmarks. Each measures Tether's full path and, in the same run, the baseline it is compared with.
+
+Full path: a WebSocket client -> daphne (consumer) -> Redis (channels-redis) -> owner worker -> PTY /
+tmux / docker exec, and back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from asgiref.sync import sync_to_async
+
+from bench.common import Figure, RawPty, Report, cpu_seconds, redis_rss_kib, rss_kib, summary, unique, wait_until
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class Context:
+    stack: object  # tests.bridge.harness.Stack
+    user: object
+    cookie: str
+    report: Report
+    quick: bool
+    workdir: Path
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _machine(backend: str, ref: str = ""):
+    from executions.actions import Actor, add_machine
+
+    return add_machine(
+        name=unique(f"bench-{backend}"), backend=backend, ref=ref, scope="bench", actor=Actor.command("bench")
+    )
+
+
+def _open(machine, user, shell: list[str]):
+    from terminals.actions import open_terminal
+
+    return open_terminal(machine, user, shell=shell)[0]
+
+
+async def open_session(ctx: Context, shell: list[str], backend: str = "local", ref: str = "", port: int | None = None):
+    from tests.bridge.harness import Viewer
+
+    machine = await sync_to_async(_machine)(backend, ref)
+    session = await sync_to_async(_open)(machine, ctx.user, shell)
+    viewer = await Viewer.open(port or ctx.stack.ports[0], session.id, ctx.cookie)
+    await viewer.attach()
+    return viewer, session
+
+
+async def close_session(session) -> None:
+    from executions.actions import Actor
+    from terminals.actions import operator_session_action
+    from terminals.models import TerminalSession
+
+    def kill():
+        fresh = TerminalSession.objects.get(pk=session.pk)
+        if fresh.process_state != "closed":
+            operator_session_action(fresh, "kill", actor=Actor.command("bench"))
+
+    await sync_to_async(kill)()
+
+
+async def frame(viewer, timeout: float = 10.0) -> bytes:
+    """The next binary frame (control messages are kept on the viewer)."""
+    while True:
+        before = len(viewer.output)
+        await viewer._next(timeout)
+        if len(viewer.output) > before:
+            return bytes(viewer.output[before:])
+
+
+def worker_pid(ctx: Context) -> int:
+    return ctx.stack.workers[-1].pid
+
+
+def daphne_pid(ctx: Context) -> int:
+    return ctx.stack.processes[0].pid
+
+
+RAW_CAT = ["/bin/sh", "-c", "stty raw -echo; echo READY; exec cat"]
+
+
+# --- keystroke echo --------------------------------------------------------------------------------
+
+
+async def echo_latency(viewer, samples: int) -> list[float]:
+    """Send one byte at a time and time until it comes back (the program echoes it: cat in raw mode)."""
+    times = []
+    letters = b"abcdefghijklmnopqrstuvwxyz"
+    for i in range(samples):
+        byte = letters[i % 26 : i % 26 + 1]
+        began = time.perf_counter()
+        await viewer.type(byte)
+        while byte not in await frame(viewer):
+            pass
+        times.append((time.perf_counter() - began) * 1000)
+    return times
+
+
+def raw_echo_latency(samples: int) -> list[float]:
+    raw = RawPty(RAW_CAT)
+    try:
+        buffered = b""
+        while b"READY" not in buffered:
+            buffered += raw.read()
+        times = []
+        letters = b"abcdefghijklmnopqrstuvwxyz"
+        for i in range(samples):
+            byte = letters[i % 26 : i % 26 + 1]
+            began = time.perf_counter()
+            raw.write(byte)
+            while byte not in raw.read():
+                pass
+            times.append((time.perf_counter() - began) * 1000)
+        return times
+    finally:
+        raw.close()
+
+
+async def bench_echo_pubsub(ctx: Context) -> None:
+    """The idle echo again through a second daphne and worker on channels-redis's pub/sub layer."""
+    from tests.bridge.harness import Stack
+
+    samples = 1000 if ctx.quick else 5000
+    stack = Stack()
+    stack.extra_env.update(TETHER_CHANNEL_LAYER="pubsub", TETHER_SESSIONS_PER_USER="100000")
+    try:
+        await sync_to_async(stack.start_daphne)()
+        await sync_to_async(stack.start_worker)("local")
+        # Park the core-layer worker's claims: only the pub/sub worker may take this session.
+        ctx.stack.workers[-1].send_signal(signal.SIGSTOP)
+        try:
+            viewer, session = await open_session(ctx, RAW_CAT, port=stack.ports[0])
+        finally:
+            ctx.stack.workers[-1].send_signal(signal.SIGCONT)
+        await viewer.read_until(b"READY")
+        await echo_latency(viewer, 50)
+        stats = summary(await echo_latency(viewer, samples))
+        core = next((f for f in ctx.report.figures if f.name.startswith("echo p50, idle")), None)
+        ctx.report.add(
+            Figure(
+                f"echo p50, idle, pub/sub layer ({samples} samples, local)",
+                stats["p50"],
+                "ms",
+                core.value if core else None,
+                "core layer (above)",
+                "≤ 1.5 ms",
+                stats["p50"] <= 1.5,
+                note=f"p99 {stats['p99']:.2f} ms",
+            )
+        )
+        await viewer.close()
+        await close_session(session)
+    finally:
+        await sync_to_async(stack.stop)()
+
+
+async def bench_echo(ctx: Context) -> None:
+    samples = 1000 if ctx.quick else 5000
+    baseline = summary(raw_echo_latency(samples))
+    viewer, session = await open_session(ctx, RAW_CAT)
+    await viewer.read_until(b"READY")
+    await echo_latency(viewer, 50)  # warm up
+    idle = summary(await echo_latency(viewer, samples))
+    for p, goal in (("p50", 1.5), ("p95", None), ("p99", 5.0)):
+        ctx.report.add(
+            Figure(
+                f"echo {p}, idle ({samples} samples, local)",
+                idle[p],
+                "ms",
+                baseline[p],
+                "raw PTY",
+                f"≤ {goal} ms" if goal else "",
+                idle[p] <= goal if goal else None,
+            )
+        )
+    # Loaded: other sessions each streaming about 1 MB/s to their own viewers.
+    loaded_count = 10 if ctx.quick else 100
+    stream = ["/bin/sh", "-c", "while :; do head -c 102400 /dev/zero | tr '\\0' x; sleep 0.1; done"]
+    others = [await open_session(ctx, stream) for _ in range(loaded_count)]
+    stop = asyncio.Event()
+
+    async def drain(other):
+        while not stop.is_set():
+            try:
+                await frame(other, 1)
+            except Exception:  # a slow frame is fine here
+                pass
+
+    drains = [asyncio.create_task(drain(v)) for v, _ in others]
+    await asyncio.sleep(2)
+    loaded = summary(await echo_latency(viewer, samples // 2))
+    stop.set()
+    await asyncio.gather(*drains)
+    ctx.report.add(
+        Figure(
+            f"echo p99, {loaded_count} other sessions streaming ~1 MB/s each",
+            loaded["p99"],
+            "ms",
+            baseline["p99"],
+            "raw PTY",
+            "≤ 20 ms",
+            loaded["p99"] <= 20,
+            note=f"p50 {loaded['p50']:.2f} ms",
+        )
+    )
+    for other, other_session in others:
+        await other.close()
+        await close_session(other_session)
+    await viewer.close()
+    await close_session(session)
+
+
+# --- throughput ------------------------------------------------------------------------------------
+
+
+def make_data(path: Path, size: int) -> None:
+    if path.exists() and path.stat().st_size == size:
+        return
+    raw = size * 3 // 4
+    with open(path, "wb") as out:
+        subprocess.run(
+            f"head -c {raw} /dev/urandom | base64 -w 76 | head -c {size}", shell=True, stdout=out, check=True
+        )
+
+
+def raw_throughput(path: Path) -> tuple[float, str]:
+    raw = RawPty(["/bin/sh", "-c", f"stty -echo; read x; cat {path}; echo __END__"])
+    try:
+        time.sleep(0.3)
+        received = bytearray()
+        began = time.perf_counter()
+        raw.write(b"\n")
+        while b"__END__" not in received[-64:]:
+            chunk = raw.read()
+            if not chunk:
+                break
+            received += chunk
+        elapsed = time.perf_counter() - began
+        payload = _payload(bytes(received))
+        return len(payload) / elapsed / MIB, hashlib.sha256(payload).hexdigest()
+    finally:
+        raw.close()
+
+
+def _payload(received: bytes) -> bytes:
+    """The file's bytes as the PTY delivered them (\\n became \\r\\n), without what came before or after."""
+    body = received.split(b"__END__")[0]
+    return body.lstrip(b"\r\n")
+
+
+async def full_throughput(ctx: Context, backend: str, path: str, ref: str = "") -> tuple[float, str]:
+    viewer, session = await open_session(
+        ctx, ["/bin/sh", "-c", f"stty -echo; read x; cat {path}; echo __END__; exec cat"], backend, ref
+    )
+    try:
+        await asyncio.sleep(0.3)
+        began = time.perf_counter()
+        await viewer.type(b"\r")
+        while b"__END__" not in viewer.output[-4096:]:
+            await viewer._next(30)
+        elapsed = time.perf_counter() - began
+        payload = _payload(bytes(viewer.output))
+        return len(payload) / elapsed / MIB, hashlib.sha256(payload).hexdigest()
+    finally:
+        await viewer.close()
+        await close_session(session)
+
+
+async def tmux_control_rate(path: str) -> float:
+    """tmux's own rate: the tmux backend read in this process, no worker, Redis or socket."""
+    from terminals.backends.base import SpawnSpec, Tags
+    from terminals.backends.procfs import ProcessIdentity
+    from terminals.backends.tmux import TmuxBackend
+
+    me = ProcessIdentity.of(os.getpid())
+    socket = unique("tether-bench")
+    backend = TmuxBackend(socket)
+    spec = SpawnSpec(argv=("/bin/sh", "-c", f"stty -echo; read x; cat {path}; echo __END__; exec cat"))
+    process = await backend.spawn(spec, Tags("bench", me.pid, me.start_time))
+    try:
+        await asyncio.sleep(0.3)
+        received = bytearray()
+        began = time.perf_counter()
+        await process.write(b"\r")
+        while b"__END__" not in received[-4096:]:
+            received += await process.read()
+        return len(_payload(bytes(received))) / (time.perf_counter() - began) / MIB
+    finally:
+        await process.terminate(0.5)
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+
+
+async def bench_throughput(ctx: Context, container: str | None) -> None:
+    size = (50 if ctx.quick else 200) * MIB
+    data = ctx.workdir / f"bench-{size // MIB}MB.b64"
+    make_data(data, size)
+    raw_rate, raw_hash = raw_throughput(data)
+    for backend in ("local", "docker"):
+        path, ref = str(data), ""
+        if backend == "docker":
+            if not container:
+                ctx.report.notes.append("docker throughput skipped: no docker engine or image")
+                continue
+            subprocess.run(["docker", "cp", str(data), f"{container}:/tmp/bench.b64"], check=True)
+            path, ref = "/tmp/bench.b64", container
+        rate, digest = await full_throughput(ctx, backend, path, ref)
+        ctx.report.add(
+            Figure(
+                f"throughput, {backend} ({size // MIB} MB base64)",
+                rate,
+                "MB/s",
+                raw_rate,
+                "raw PTY read",
+                "≥ 40 MB/s and ≥ 50%",
+                rate >= 40 and rate >= raw_rate / 2,
+                note="hash matches" if digest == raw_hash else "HASH DIFFERS",
+            )
+        )
+    tmux_size = min(size, 20 * MIB)
+    tmux_data = ctx.workdir / f"bench-{tmux_size // MIB}MB.b64"
+    make_data(tmux_data, tmux_size)
+    control = await tmux_control_rate(str(tmux_data))
+    rate, _ = await full_throughput(ctx, "tmux", str(tmux_data), unique("tether-bench"))
+    ctx.report.add(
+        Figure(
+            f"throughput, tmux ({tmux_size // MIB} MB base64)",
+            rate,
+            "MB/s",
+            control,
+            "tmux control mode in-process",
+            "≥ 80% of tmux",
+            rate >= 0.8 * control,
+        )
+    )
+
+
+# --- stalled client ----------------------------------------------------------------------------------
+
+
+async def bench_stalled(ctx: Context) -> None:
+    seconds = 15 if ctx.quick else 60
+    viewer, session = await open_session(ctx, ["/bin/bash", "--noprofile", "--norc", "-i"])
+    await viewer.type("PS1='prompt$ '\r")
+    await viewer.read_until(b"prompt$ ")
+    worker, daphne = worker_pid(ctx), daphne_pid(ctx)
+    before = (rss_kib(worker), rss_kib(daphne), redis_rss_kib(ctx.stack.redis_url))
+    viewer.auto_ack = False
+    await viewer.type("yes\r")
+    received_at_stall = None
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            await viewer._next(0.5)
+        except TimeoutError:
+            pass
+        if received_at_stall is None and time.monotonic() > deadline - seconds + 2:
+            received_at_stall = viewer.offset
+    in_flight = viewer.offset - viewer.acked
+    after = (rss_kib(worker), rss_kib(daphne), redis_rss_kib(ctx.stack.redis_url))
+    viewer.auto_ack = True
+    await viewer.ack()
+    began = time.perf_counter()
+    await viewer.type(b"\x03")
+    await viewer.read_until(b"prompt$ ", timeout=30)
+    ctrl_c = (time.perf_counter() - began) * 1000
+    ctx.report.add(
+        Figure(
+            f"stalled {seconds} s: bytes in flight",
+            in_flight / 1024,
+            "KiB",
+            goal="≤ 512 KiB",
+            met=in_flight <= 512 * 1024,
+        )
+    )
+    growth = [(a - b) / 1024 for a, b in zip(after, before, strict=True)]
+    for name, value in zip(("worker", "daphne", "redis"), growth, strict=True):
+        ctx.report.add(Figure(f"stalled {seconds} s: {name} RSS growth", value, "MiB", goal="< 10 MiB", met=value < 10))
+    ctx.report.add(Figure("stalled: Ctrl-C to prompt after resuming", ctrl_c, "ms", goal="≤ 300 ms", met=ctrl_c <= 300))
+    await viewer.close()
+    await close_session(session)
+
+
+# --- reconnect ----------------------------------------------------------------------------------
+
+
+async def bench_reconnect(ctx: Context) -> None:
+    from tests.bridge.harness import Viewer
+
+    trials = 10 if ctx.quick else 20
+    for pause in (1, 5 if ctx.quick else 30):
+        count = trials if pause == 1 else 3
+        times, gaps = [], 0
+        for _ in range(count):
+            viewer, session = await open_session(
+                ctx, ["/bin/sh", "-c", "stty -echo; read x; seq 1 300000; echo __END__; exec cat"]
+            )
+            await asyncio.sleep(0.2)
+            await viewer.type(b"\r")
+            while len(viewer.output) < 200_000:
+                await viewer._next(10)
+            received, epoch = bytes(viewer.output), viewer.messages[-1].get("epoch")
+            attached = next(m for m in reversed(viewer.messages) if m["type"] == "attached")
+            offset = attached["offset"] + len(received)
+            await viewer.ws.close()
+            await asyncio.sleep(pause)
+            again = await Viewer.open(ctx.stack.ports[0], session.id, ctx.cookie)
+            began = time.perf_counter()
+            reply = await again.attach(
+                since=offset, generation=attached["generation"], epoch=attached.get("epoch", epoch)
+            )
+            await frame(again)
+            times.append((time.perf_counter() - began) * 1000)
+            while b"__END__" not in again.output[-4096:]:
+                await again._next(30)
+            text = (received + bytes(again.output)).split(b"__END__")[0].decode()
+            numbers = [int(n) for n in text.split() if n.isdigit()]
+            if reply["lost"] or numbers != list(range(1, 300001)):
+                gaps += 1
+            await again.close()
+            await close_session(session)
+        stats = summary(times)
+        ctx.report.add(
+            Figure(
+                f"reconnect after {pause} s away: to first replayed byte, p95 ({count} trials)",
+                stats["p95"],
+                "ms",
+                goal="≤ 50 ms, 0 gaps",
+                met=stats["p95"] <= 50 and gaps == 0,
+                note=f"{gaps} with a gap or duplicate",
+            )
+        )
+
+
+# --- recovery ------------------------------------------------------------------------------------
+
+
+async def bench_recovery(ctx: Context) -> None:
+    from django.conf import settings
+
+    from executions.models import Evidence, ExecutionEvent
+
+    machine = await sync_to_async(_machine)("tmux", unique("tether-bench"))
+    session = await sync_to_async(_open)(machine, ctx.user, ["/bin/sh", "-c", "exec cat"])
+    from terminals.models import ProcessLease
+
+    await wait_until(
+        lambda: sync_to_async(
+            ProcessLease.objects.filter(execution_id=session.execution_id, handle__has_key="marker").exists
+        )()
+    )
+    victim = ctx.stack.workers[-1]
+    victim.send_signal(signal.SIGKILL)
+    killed = time.perf_counter()
+    victim.wait()
+    await sync_to_async(ctx.stack.start_worker)("local,tmux,docker")
+
+    async def adopted():
+        return await sync_to_async(
+            ExecutionEvent.objects.filter(execution_id=session.execution_id, evidence=Evidence.ADOPTED).exists
+        )()
+
+    await wait_until(adopted, timeout=120)
+    elapsed = time.perf_counter() - killed
+    ttl = int(ctx.stack.env()["TETHER_LEASE_TTL_SECONDS"])
+    ctx.report.add(
+        Figure(
+            "recovery: kill -9 to adopted (tmux)",
+            elapsed,
+            "s",
+            goal=f"≤ TTL + 1 s = {ttl + 1} s",
+            met=elapsed <= ttl + 1,
+            note=f"TTL {ttl} s, recovery every {ctx.stack.env().get('TETHER_RECOVERY_SECONDS')} s",
+        )
+    )
+    del settings
+    await close_session(session)
+
+
+# --- density --------------------------------------------------------------------------------------
+
+
+async def bench_density(ctx: Context) -> None:
+    from terminals.models import TerminalSession
+
+    count = 100 if ctx.quick else 1000
+    worker = worker_pid(ctx)
+    base_rss = rss_kib(worker)
+    machines = [await sync_to_async(_machine)("local") for _ in range(count)]
+
+    def open_all():
+        return [_open(m, ctx.user, ["/bin/sh", "-c", "exec cat"]) for m in machines]
+
+    from django.test import override_settings
+
+    with override_settings(TETHER_SESSIONS_PER_USER=100_000):
+        sessions = await sync_to_async(open_all)()
+    ids = [s.execution_id for s in sessions]
+    from executions.models import Execution
+
+    await wait_until(
+        lambda: sync_to_async(lambda: Execution.objects.filter(pk__in=ids, state="running").count() == count)(),
+        timeout=600,
+        interval=0.5,
+    )
+    await asyncio.sleep(3)
+    per_session = (rss_kib(worker) - base_rss) / count
+    cpu_before = cpu_seconds(worker)
+    await asyncio.sleep(10)
+    cpu_idle = (cpu_seconds(worker) - cpu_before) / 10 * 100
+    ctx.report.add(
+        Figure(
+            f"density: worker RSS per idle local session ({count})",
+            per_session,
+            "KiB",
+            goal="≤ 1 MiB",
+            met=per_session <= 1024,
+        )
+    )
+    ctx.report.add(Figure(f"density: worker CPU with {count} idle sessions", cpu_idle, "% of a core"))
+    for session in sessions:
+        await close_session(session)
+    await wait_until(
+        lambda: sync_to_async(
+            lambda: (
+                not TerminalSession.objects.filter(pk__in=[s.pk for s in sessions])
+                .exclude(process_state="closed")
+                .exists()
+            )
+        )(),
+        timeout=600,
+        interval=0.5,
+    )
+    leftovers = subprocess.run(["pgrep", "-f", "exec cat"], capture_output=True, text=True).stdout.split()
+    ctx.report.add(
+        Figure(f"density: processes left after closing {count}", len(leftovers), "", goal="0", met=not leftovers)
+    )
+
+
+# --- channel layers ---------------------------------------------------------------------------------
+
+
+async def bench_layers(ctx: Context) -> None:
+    """One message there and back between two channels: channels-redis core vs pub/sub."""
+    from channels_redis.core import RedisChannelLayer
+    from channels_redis.pubsub import RedisPubSubChannelLayer
+
+    samples = 500 if ctx.quick else 2000
+    results = {}
+    for name, layer in (
+        (
+            "core",
+            RedisChannelLayer(hosts=[{"address": ctx.stack.redis_url, "socket_timeout": 15}], prefix=unique("bench")),
+        ),
+        ("pubsub", RedisPubSubChannelLayer(hosts=[{"address": ctx.stack.redis_url}], prefix=unique("bench"))),
+    ):
+        a, b = await layer.new_channel(), await layer.new_channel()
+        times = []
+        for _ in range(samples):
+            began = time.perf_counter()
+            await layer.send(b, {"type": "ping", "data": b"x"})
+            await layer.receive(b)
+            await layer.send(a, {"type": "pong"})
+            await layer.receive(a)
+            times.append((time.perf_counter() - began) * 1000 / 2)
+        results[name] = summary(times)
+        if hasattr(layer, "flush"):
+            await layer.flush()
+    ctx.report.add(
+        Figure(
+            "channel layer one-way hop, core (BZPOPMIN), p50",
+            results["core"]["p50"],
+            "ms",
+            results["pubsub"]["p50"],
+            "pub/sub",
+            note=f"p99 {results['core']['p99']:.2f} vs {results['pubsub']['p99']:.2f} ms",
+        )
+    )
+
+
+BENCHMARKS = {
+    "layers": bench_layers,
+    "echo": bench_echo,
+    "echo_pubsub": bench_echo_pubsub,
+    "throughput": bench_throughput,
+    "stalled": bench_stalled,
+    "reconnect": bench_reconnect,
+    "recovery": bench_recovery,
+    "density": bench_density,
+}
