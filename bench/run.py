@@ -104,6 +104,9 @@ async def main(args) -> Report:
     cookie = await sync_to_async(session_cookie)(user)
     stack = Stack()
     stack.extra_env.update(TETHER_RECOVERY_SECONDS="1", TETHER_SESSIONS_PER_USER="100000", TETHER_STRIKE_LIMIT="100000")
+    for setting in args.set or []:  # e.g. --set TETHER_CHANNEL_LAYER=pubsub to compare a configuration
+        key, _, value = setting.partition("=")
+        stack.extra_env[key] = value
     container = start_container()
     workdir = Path(tempfile.mkdtemp(prefix="tether-bench-"))
     chosen = args.only.split(",") if args.only else [*BENCHMARKS, "embedded"]
@@ -148,7 +151,8 @@ def write_markdown(report: Report, args, path: Path) -> None:
         "Written by `make bench` (`python -m bench.run`); the figures below are from the last run on this machine.",
         "Each figure is measured in the same run as its baseline. They are reports, never pass/fail tests.",
         "",
-        f"- run: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {'full' if args.full else 'quick'} sizes",
+        f"- run: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {'full' if args.full else 'quick'} sizes"
+        + (f", with {', '.join(args.set)}" if args.set else ""),
         f"- machine: {os.cpu_count()} cores ({cpu}), Linux {platform.release()}, Python {platform.python_version()}",
         "- path: WebSocket client → daphne (consumer) → Redis (channels-redis core layer) → owner worker → process",
         "",
@@ -170,6 +174,7 @@ def cli() -> None:
         "--only", help="comma-separated: echo,throughput,stalled,reconnect,recovery,density,layers,embedded"
     )
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--set", action="append", metavar="NAME=VALUE", help="a setting for daphne and the worker")
     args = parser.parse_args()
     setup_django()
     report = asyncio.run(main(args))
