@@ -82,9 +82,10 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql") and TETHER_DB_IDLE_TRAN
     )
 
 REDIS_URL = env_str("REDIS_URL")
-# core: channels-redis lists (at-least-once, per-channel capacity); pubsub: Redis PUBLISH (at-most-once,
-# one Redis round trip a hop). The protocol survives both loss and repetition; see docs/benchmarks.md.
-TETHER_CHANNEL_LAYER = env_choice("TETHER_CHANNEL_LAYER", "core", {"core", "pubsub"})
+# pubsub: Redis PUBLISH (at-most-once, one Redis round trip a hop: 2.5x faster echo here); core:
+# channels-redis lists (at-least-once, per-channel capacity). The protocol survives both loss and
+# repetition (offsets, numbered input, owner checks against PostgreSQL); see docs/benchmarks.md.
+TETHER_CHANNEL_LAYER = env_choice("TETHER_CHANNEL_LAYER", "pubsub", {"core", "pubsub"})
 if REDIS_URL and TETHER_CHANNEL_LAYER == "pubsub":
     CHANNEL_LAYERS = {
         "default": {
@@ -155,7 +156,9 @@ TETHER_OUTPUT_LIMIT_BYTES = env_int("TETHER_OUTPUT_LIMIT_BYTES", 1024 * 1024 * 1
 # Owner worker and sessions.
 TETHER_LEASE_TTL_SECONDS = env_int("TETHER_LEASE_TTL_SECONDS", 15, minimum=2)
 TETHER_HEARTBEAT_SECONDS = env_int("TETHER_HEARTBEAT_SECONDS", 3, minimum=1)
-TETHER_BUFFER_BYTES = env_int("TETHER_BUFFER_BYTES", 256 * 1024, minimum=128 * 1024)
+# 512 KiB: a 448 KiB flow window keeps a stream fast over the ack round trip and a stalled browser's
+# in-flight bytes under 512 KiB (docs/benchmarks.md).
+TETHER_BUFFER_BYTES = env_int("TETHER_BUFFER_BYTES", 512 * 1024, minimum=128 * 1024)
 TETHER_COMMAND_OUTPUT_BYTES = env_int("TETHER_COMMAND_OUTPUT_BYTES", 256 * 1024, minimum=0)
 TETHER_SHELL = env_list("TETHER_SHELL", ["/bin/bash", "-l"] if Path("/bin/bash").exists() else ["/bin/sh"])
 TETHER_CONTAINER_SHELL = env_list("TETHER_CONTAINER_SHELL", ["/bin/sh"])

@@ -83,6 +83,7 @@ class OwnerWorker(ViewerHandlers):
         self._tasks: set[asyncio.Task] = set()
         self.leases_fresh_until = 0.0
         self.stop: asyncio.Event | None = None
+        self.woken = asyncio.Event()
 
     def _background(self, work) -> None:
         """Run ``work`` beside the loop, keeping a reference so it is not collected mid-flight."""
@@ -115,6 +116,7 @@ class OwnerWorker(ViewerHandlers):
             asyncio.create_task(self._heartbeat_loop()),
             asyncio.create_task(self._lifetimes_loop()),
             asyncio.create_task(self._recovery_loop()),
+            asyncio.create_task(self._wake_loop()),
         ]
         try:
             while not stop.is_set():
@@ -129,11 +131,25 @@ class OwnerWorker(ViewerHandlers):
                 task.cancel()
             await self.shutdown()
 
+    async def _wake_loop(self) -> None:
+        """Listen for wake-ups all the time (a pub/sub layer drops what nobody is listening for)."""
+        while True:
+            try:
+                await self.layer.receive(WAKE_CHANNEL)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # Redis restarting: the poll interval still finds the work
+                log.info("wake-up channel: %r", error)
+                await asyncio.sleep(1)
+                continue
+            self.woken.set()
+
     async def _sleep_until_woken(self, stop: asyncio.Event) -> None:
-        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.layer.receive(WAKE_CHANNEL))]
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.woken.wait())]
         await asyncio.wait(waits, timeout=self.poll_interval, return_when=asyncio.FIRST_COMPLETED)
         for waiting in waits:
             waiting.cancel()
+        self.woken.clear()
 
     async def handle_one_step(self) -> bool:
         """Claim and launch one pending execution. Returns whether there was one."""
