@@ -7,5 +7,6 @@ app_name = "terminals"
 urlpatterns = [
     path("", views.workspaces, name="workspaces"),
     path("machines/<slug:name>/open/", views.open_machine, name="open"),
+    path("machines/<slug:name>/history/", views.history, name="history"),
     path("terminals/<uuid:session_id>/", views.terminal, name="terminal"),
 ]

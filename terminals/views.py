@@ -79,6 +79,35 @@ def workspaces(request: HttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
+HISTORY_PAGE = 50
+
+
+@login_required
+@require_GET
+def history(request: HttpRequest, name: str) -> HttpResponse:
+    """A machine's executions, newest first: state, how we know, exit code, times and who asked.
+
+    Non-staff see their own executions only (another user's shell history is not theirs to read)."""
+    machine = Machine.objects.filter(name=name).first()
+    if machine is None or not actions.may_use_machine(request.user, machine):
+        raise Http404("No such workspace")
+    executions = Execution.objects.filter(machine=machine).select_related("requested_by").order_by("-created_at", "-id")
+    if not request.user.is_staff:
+        executions = executions.filter(requested_by=request.user)
+    try:
+        page = max(1, int(request.GET.get("page", "1")))
+    except ValueError:
+        page = 1
+    rows = list(executions[(page - 1) * HISTORY_PAGE : page * HISTORY_PAGE + 1])
+    context = {
+        "machine": machine,
+        "executions": rows[:HISTORY_PAGE],
+        "page": page,
+        "has_next": len(rows) > HISTORY_PAGE,
+    }
+    return render(request, "terminals/history.html", context)
+
+
 @login_required
 @require_POST
 def open_machine(request: HttpRequest, name: str) -> HttpResponse:

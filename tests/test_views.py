@@ -41,6 +41,7 @@ def test_every_page_redirects_anonymous_users_to_login(client):
         ("get", f"/terminals/{uuid.uuid4()}/"),
         ("post", f"/machines/{machine.name}/open/"),
         ("get", f"/machines/{machine.name}/open/"),
+        ("get", f"/machines/{machine.name}/history/"),
     ]:
         response = getattr(client, method)(url)
         assert response.status_code == 302, url
@@ -175,3 +176,29 @@ def _row(response, machine: str) -> str:
     match = re.search(rf'<tr data-machine="{machine}">(.*?)</tr>', response.content.decode(), re.S)
     assert match, f"no row for {machine}"
     return match.group(1)
+
+
+def test_history_lists_a_machines_executions_with_honest_outcomes(alice, bob, operator):
+    machine = make_machine("hist-box", backend=Backend.DOCKER)
+    mine, _ = actions.open_terminal(machine, alice)
+    finish(mine, 7)
+    lost = make_execution(machine, execution_id="deploy-9")
+    lost = exec_actions.transition(lost, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR)
+    exec_actions.transition(lost, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
+
+    page = logged_in(alice).get(f"/machines/{machine.name}/history/")
+    assert page.status_code == 200
+    assert "Exited with code 7" in page.text and ">7<" in page.text
+    assert "deploy-9" not in page.text  # a staff command's record is not a user's history
+    assert "alice" in page.text
+
+    staff = logged_in(operator).get(f"/machines/{machine.name}/history/")
+    assert "deploy-9" in staff.text and "Connection lost; outcome unknown" in staff.text
+    assert "staff command" in staff.text
+
+    assert "Exited with code 7" not in logged_in(bob).get(f"/machines/{machine.name}/history/").text
+    host = make_machine("host-box", backend=Backend.LOCAL)
+    assert logged_in(alice).get(f"/machines/{host.name}/history/").status_code == 404  # host shells: staff only
+    assert logged_in(alice).get("/machines/no-such/history/").status_code == 404
+    listing = logged_in(alice).get("/")
+    assert f'href="/machines/{machine.name}/history/"' in listing.text
