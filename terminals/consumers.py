@@ -84,6 +84,11 @@ def _attach_target(session_id) -> dict:
     }
 
 
+def _still_signed_in(session) -> bool:
+    """Whether the browser's login session still exists (logging out deletes it)."""
+    return session is None or not session.session_key or session.exists(session.session_key)
+
+
 def _restart(session_id, user, reason: str) -> None:
     session = TerminalSession.objects.select_related("machine").get(pk=session_id)
     if session.process_state == ProcessState.CLOSED:
@@ -119,6 +124,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.replay_check: asyncio.Task | None = None
         self.owner_check: asyncio.Task | None = None
         await self.accept()
+        # Logging out anywhere closes this socket (terminals.signals); the owner check catches a lost message.
+        self.user_group = f"tether.user.{user.pk}"
+        await self.channel_layer.group_add(self.user_group, self.channel_name)
         await self.send_json({"type": "hello", "session": str(self.session.id), "protocol": 1})
 
     async def disconnect(self, code) -> None:
@@ -127,6 +135,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                 task.cancel()
         if getattr(self, "attached", False):
             await self._to_worker("session.detach")
+        if getattr(self, "user_group", None):
+            await self.channel_layer.group_discard(self.user_group, self.channel_name)
 
     # --- browser -> server -------------------------------------------------------------------
 
@@ -338,10 +348,14 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             if not self.attached:
                 continue
             try:
+                signed_in = await db(_still_signed_in)(self.scope.get("session"))
                 target = await db(_attach_target)(self.session.id)
             except Exception as error:  # PostgreSQL restarting: the stream itself needs no database
                 log.info("session %s: cannot check its owner now (%r)", self.session.id, error)
                 continue
+            if not signed_in:
+                await self.user_logged_out({})
+                return
             if not self.attached:
                 continue
             moved = target["execution"] != self.execution_pk or target["process_state"] == ProcessState.CLOSED
@@ -426,6 +440,11 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.attached = False
         await self.send_json({"type": "closed", "reason": event["reason"], "text": event.get("text", "")})
         await self.close(CLOSE_CODES.get(event["reason"], CloseCode.CLOSED))
+
+    async def user_logged_out(self, event: dict) -> None:
+        self.attached = False
+        await self.send_json({"type": "closed", "reason": "logged_out", "text": "Signed out"})
+        await self.close(CloseCode.FORBIDDEN)
 
     async def send_json(self, data: dict) -> None:
         await self.send(text_data=json.dumps(data))
