@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django import forms
 from django.contrib import admin
 from django.contrib.admin import helpers
@@ -13,6 +15,16 @@ from executions.actions import Actor
 from executions.admin import apply_each
 from terminals import actions
 from terminals.models import ProcessLease, SessionEvent, TerminalSession, Worker
+
+# Terminal control sequences: CSI (colours, cursor moves, modes), OSC (titles), and two-byte escapes.
+_ESCAPES = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+def screen_text(raw: bytes) -> str:
+    """A snapshot as plain text for people: escape sequences and stray control bytes removed."""
+    text = _ESCAPES.sub(b"", raw).replace(b"\r\n", b"\n").decode("utf-8", "replace")
+    lines = [line.rsplit("\r", 1)[-1] for line in text.split("\n")]  # a carriage return redraws the line
+    return "\n".join("".join(ch for ch in line if ch == "\t" or ch >= " ") for line in lines)
 
 
 class ReasonForm(forms.Form):
@@ -99,6 +111,7 @@ class TerminalSessionAdmin(admin.ModelAdmin):
         "last_viewer_at",
         "created_at",
         "closed_at",
+        "expired_at",
         "lease_owner",
         "lease_token",
         "heartbeat_age",
@@ -138,7 +151,9 @@ class TerminalSessionAdmin(admin.ModelAdmin):
     def snapshot_text(self, obj):
         if obj.snapshot_hidden:
             return "(dismissed)"
-        text = bytes(obj.snapshot).decode("utf-8", "replace")
+        if obj.expired_at:
+            return "(removed by retention cleanup)"
+        text = screen_text(bytes(obj.snapshot))
         return format_html(
             '<pre style="max-height:30em;overflow:auto;background:#111;color:#eee;padding:8px">{}</pre>', text
         )

@@ -241,3 +241,76 @@ async def stack_start_daphne_on(stack, port: int) -> None:
     from asgiref.sync import sync_to_async
 
     await sync_to_async(stack.start_daphne, thread_sensitive=False)(port)
+
+
+async def test_a_user_cannot_open_another_users_session(page, context, browser, base_url, host_machine):
+    from django.contrib.auth import get_user_model
+
+    from tests.browser.conftest import committed
+
+    await log_in(page, "operator", "operator-password")
+    await open_workspace(page, host_machine)
+    url = page.url
+    committed(
+        lambda: (
+            get_user_model().objects.filter(username="mallory").exists()
+            or get_user_model().objects.create_user(username="mallory", password="mallory-password")
+        )
+    )
+    other = await browser.new_context(base_url=base_url)
+    try:
+        intruder = await other.new_page()
+        await log_in(intruder, "mallory", "mallory-password")
+        response = await intruder.goto(url)
+        assert response.status == 404  # the same answer as for a session that does not exist
+        await expect(intruder.locator("#terminal")).to_have_count(0)
+        await expect(intruder.locator(f'tr[data-machine="{host_machine}"]')).to_have_count(0)
+    finally:
+        await other.close()
+
+
+async def test_admin_kill_then_the_session_shows_an_archived_snapshot(page, browser, base_url, host_machine):
+    from django.contrib.auth import get_user_model
+
+    from terminals.models import TerminalSession
+    from tests.browser.conftest import committed
+
+    await log_in(page, "operator", "operator-password")
+    await open_workspace(page, host_machine)
+    await run(page, "echo kill-me-$((2*21))")
+    await wait_for_text(page, r"^kill-me-42$")
+    session_id = page.url.rstrip("/").rsplit("/", 1)[1]
+    committed(
+        lambda: (
+            get_user_model().objects.filter(username="root").exists()
+            or get_user_model().objects.create_superuser(username="root", password="root-password", email="")
+        )
+    )
+    admin_context = await browser.new_context(base_url=base_url, viewport={"width": 1100, "height": 900})
+    try:
+        admin = await admin_context.new_page()
+        await admin.goto("/admin/login/")
+        await admin.fill("#id_username", "root")
+        await admin.fill("#id_password", "root-password")
+        await admin.click("input[type=submit]")
+        await admin.goto("/admin/terminals/terminalsession/")
+        await admin.locator(f'input[name="_selected_action"][value="{session_id}"]').check()
+        options = await admin.locator('select[name="action"] option').evaluate_all(
+            "options => options.map(o => [o.value, o.textContent])"
+        )
+        kill = next(value for value, text in options if text.startswith("Kill"))
+        await admin.select_option('select[name="action"]', kill)
+        await admin.click('button[name="index"]')
+        await expect(admin.locator("body")).to_contain_text("Kill the session's process tree")
+        await admin.fill("#id_reason", "browser test: runaway shell")
+        await admin.click('input[type=submit][value="Yes, I\'m sure"]')
+        await expect(page.locator("#terminal-status")).to_have_text("Closed: killed", timeout=30_000)
+        await admin.goto(f"/admin/terminals/terminalsession/{session_id}/change/")
+        await expect(admin.locator(".field-snapshot_kind .readonly")).to_have_text("Archived")
+        await expect(admin.locator("pre")).to_contain_text("kill-me-42")
+        if SCREENSHOTS:
+            await admin.screenshot(path=SCREENSHOTS / "admin-session.png", full_page=True)
+        closed = committed(lambda: TerminalSession.objects.get(pk=session_id))
+        assert (closed.snapshot_kind, closed.close_reason) == ("archived", "killed")
+    finally:
+        await admin_context.close()
