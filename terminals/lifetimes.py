@@ -25,9 +25,13 @@ class Verdict:
     seconds_left: int = 0
 
 
+CHECK_SECONDS = 1  # the worker judges every live process this often
+
+
 def warning_lead(limit_seconds: int) -> int:
-    """How long before a close the viewer is warned: a fifth of the limit, at most 5 minutes, at least 1 s."""
-    return max(1, min(300, limit_seconds // 5))
+    """How long before a close the viewer is warned: a fifth of the limit, at most 5 minutes, and at least
+    two check periods, so that some check always falls inside the window (a close is never unannounced)."""
+    return max(2 * CHECK_SECONDS, min(300, limit_seconds // 5))
 
 
 def judge(

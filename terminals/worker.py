@@ -27,7 +27,7 @@ from executions.spec import ExecutionSpec
 from terminals import actions, recovery
 from terminals.backends.base import SpawnError, SpawnSpec, Status, Tags
 from terminals.backends.procfs import ProcessIdentity, boot_id
-from terminals.lifetimes import Limits, judge
+from terminals.lifetimes import CHECK_SECONDS, Limits, judge
 from terminals.live import LiveProcess
 from terminals.models import CloseReason, TerminalSession, Worker, WorkerState
 from terminals.registry import available_backends, backend_for
@@ -539,7 +539,7 @@ class OwnerWorker(ViewerHandlers):
 
     async def _lifetimes_loop(self) -> None:
         while True:
-            await asyncio.sleep(1)
+            await asyncio.sleep(CHECK_SECONDS)
             self.check_lifetimes()
 
     def check_lifetimes(self) -> None:

@@ -32,3 +32,17 @@ def test_idle_does_not_apply_to_commands_but_deadline_and_output_do():
 def test_deadline_wins_over_idle_and_zero_means_no_limit():
     assert verdict(Limits(idle_seconds=10, session_seconds=10), age=11, quiet=11) == Verdict("close", "deadline")
     assert verdict(Limits(), age=10**6, quiet=10**6, produced=10**12) is None
+
+
+def test_a_short_limit_is_always_warned_before_it_closes_whatever_the_check_phase():
+    """The worker checks about once a second, never exactly: some check must land in the warning window."""
+    limits = Limits(idle_seconds=4)
+    for phase in range(20):
+        seen = []
+        for k in range(12):
+            quiet = phase * 0.05 + k * 1.08  # checks a little over a second apart
+            result = verdict(limits, age=100, quiet=quiet)
+            if result is not None:
+                seen.append(result.action)
+        assert seen and seen[0] == "warn", (phase, seen)
+        assert "close" in seen

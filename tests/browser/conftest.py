@@ -96,6 +96,8 @@ def stack(frontend_built, django_db_setup, django_db_blocker):
             "TETHER_SHELL": "/bin/bash,--noprofile,--norc",
             # Every test opens a terminal as the same person.
             "TETHER_SESSIONS_PER_USER": "100",
+            # The lost-output test replays the buffer into xterm's scrollback: keep it to 256 KiB.
+            "TETHER_BUFFER_BYTES": "262144",
         }
     )
     try:

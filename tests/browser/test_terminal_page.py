@@ -226,7 +226,7 @@ async def test_a_resize_reattaches_with_the_new_grid_without_repeating_output(pa
 async def test_heavy_output_keeps_flowing_and_a_reload_says_what_was_lost(page, host_machine):
     await log_in(page, "operator", "operator-password")
     await open_workspace(page, host_machine)
-    # ~1.1 MB: more than the worker lets through unacknowledged (512 KiB) and than it buffers (256 KiB),
+    # ~1.1 MB: more than the worker lets through unacknowledged (192 KiB) and than it buffers (256 KiB here),
     # in long lines so that the replayed 256 KiB fits in xterm's scrollback with the "lost" line on top.
     await run(page, "yes $(printf '%0100d' 0) | head -n 11000; echo done-$((4*4))")
     await wait_for_text(page, r"^done-16$")
