@@ -219,3 +219,19 @@ def test_cancel_after_dispatch_ends_the_tree_and_records_killed(stack, place, tm
     time.sleep(0.5)
     assert beat.read_text() == settled, "the detached grandchild survived the cancel"
     assert re.search(r"cancel requested", " ".join(execution.events.values_list("reason", flat=True)))
+
+
+async def test_output_budget_closes_with_its_own_reason(stack, terminal, operator, settings):
+    settings.TETHER_OUTPUT_LIMIT_BYTES = 200_000
+    viewer, session, _ = await _open(stack, terminal, operator)
+    await viewer.type("yes budget\r")  # endless: only the budget stops it
+    exit = await viewer.wait_for("exit", timeout=20)
+    assert (exit["reason"], exit["evidence"], exit["outcome"]) == (
+        "output_limit",
+        "output_limit",
+        "Closed: output limit reached",
+    )
+    assert await viewer.wait_closed() == CloseCode.OUTPUT_LIMIT
+    assert len(viewer.output) > 200_000  # it ran until it passed the budget (checked every second)
+    closed = await sync_to_async(TerminalSession.objects.get)(pk=session.pk)
+    assert (closed.process_state, closed.close_reason) == (ProcessState.CLOSED, "output_limit")
