@@ -176,9 +176,12 @@ export class SessionClient {
     // The worker's flow window now starts at `offset`: say at once how far we really are.
     this.lastAck = Math.min(this.lastAck, message.offset);
     if (message.lost > 0) {
-      const text = `[... ${message.lost} bytes of earlier output were lost ...]`;
+      const text = message.screen
+        ? `[... ${message.lost} bytes of output were not kept; below is the screen as it is now ...]`
+        : `[... ${message.lost} bytes of earlier output were lost ...]`;
       this.screen.writeMarker(markerLine(text, { newlineFirst: !this.screen.empty }));
     }
+    if (message.screen) this.screen.writeUnsequenced(Uint8Array.from(atob(message.screen), (c) => c.charCodeAt(0)));
     if (this.confirming) {
       this.confirming = false; // the answer to our own confirmation: already live, no new replay phase
       this.onRendered();

@@ -9,6 +9,7 @@ is dropped.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -327,6 +328,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                 "generation": event["generation"],
                 "epoch": self.epoch,
                 "fresh": event.get("fresh", False),
+                # Bytes lost past the buffer, tmux: the screen as it is now (base64), drawn before the stream.
+                "screen": base64.b64encode(event["screen"]).decode() if event.get("screen") else None,
                 "process_state": event["process_state"],
             }
         )

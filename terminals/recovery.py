@@ -39,7 +39,7 @@ from executions.models import Evidence, ExecutionEvent, Kind, Machine, MachineSt
 from terminals import actions
 from terminals.backends.base import Exit, Status
 from terminals.backends.procfs import ProcessIdentity, boot_id
-from terminals.backends.tmux import Snapshot, TmuxBackend
+from terminals.backends.tmux import TmuxBackend
 from terminals.models import CloseReason, ProcessLease, Worker, WorkerState
 from terminals.registry import backend_for
 
@@ -252,16 +252,6 @@ def release_settled(lease: ProcessLease, worker: Worker, token: int) -> None:
         ProcessLease.objects.filter(pk=lease.pk).update(released_at=Now())
 
 
-def render_snapshot(snapshot: Snapshot) -> bytes:
-    """A tmux screen capture as bytes that redraw it on a reset terminal, cursor included."""
-    lines = snapshot.screen.split(b"\n")
-    return (
-        b"\x1b[0m\x1b[H\x1b[2J"
-        + b"\r\n".join(lines)
-        + f"\x1b[0m\x1b[{snapshot.cursor_y + 1};{snapshot.cursor_x + 1}H".encode()
-    )
-
-
 async def settle(finding: Finding, worker: Worker, token: int | None = None) -> str:
     """Carry out an exited, unknown or release finding, taking the lease over unless ``token`` is held already.
 
@@ -280,7 +270,7 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
     snapshot = None
     if finding.handle and isinstance(backend, TmuxBackend):
         try:
-            snapshot = render_snapshot(await backend.snapshot(finding.handle))
+            snapshot = (await backend.snapshot(finding.handle)).render()
         except Exception:  # no screen left to keep; the session keeps its last one
             snapshot = None
     if finding.action == EXITED:

@@ -102,6 +102,15 @@ class ViewerHandlers:
         since = message.get("since", 0) if same_stream else 0
         async with live.send_lock:
             first, data, lost = live.buffer.since(max(int(since), 0))
+            screen = None
+            if lost and hasattr(live.process, "snapshot"):
+                # tmux knows the screen as it is now: a labelled fresh screen beats a torn tail.
+                try:
+                    screen = (await live.process.snapshot()).render()
+                except Exception as error:  # fall back to the retained tail
+                    log.info("execution %s: no snapshot (%r); replaying the tail", live.execution_pk, error)
+                else:
+                    first, data, lost = live.buffer.end, b"", live.buffer.end - max(int(since), 0)
             live.viewer = Viewer(
                 channel=message["reply"],
                 viewer_id=message["viewer"],
@@ -121,6 +130,7 @@ class ViewerHandlers:
                     "generation": live.generation,
                     "epoch": live.token,
                     # The viewer's screen is of this shell, but the stream restarted (adopted): redraw it.
+                    "screen": screen,
                     "fresh": message.get("generation") == live.generation
                     and not same_stream
                     and since == 0

@@ -309,7 +309,7 @@ class OwnerWorker(ViewerHandlers):
             await backend.tag(
                 lease.handle, owner_pid=self.me.pid, owner_started_at=self.me.start_time, heartbeat=int(time.time())
             )
-            screen = recovery.render_snapshot(await process.snapshot())
+            screen = (await process.snapshot()).render()
         except Exception as error:
             finding.detail = f"{finding.detail}; adopting failed ({error!r})"
             finding.action = recovery.UNKNOWN

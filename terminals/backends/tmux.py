@@ -78,6 +78,17 @@ class Snapshot:
     cols: int
     rows: int
 
+    def render(self) -> bytes:
+        """Bytes that draw this screen on a terminal of the same size, cursor included. Blank lines first
+        scroll whatever was shown before into the scrollback, so nothing earlier is wiped."""
+        return (
+            b"\x1b[0m"
+            + b"\r\n" * self.rows
+            + b"\x1b[H"
+            + b"\r\n".join(self.screen.split(b"\n")[: self.rows])
+            + f"\x1b[0m\x1b[{self.cursor_y + 1};{self.cursor_x + 1}H".encode()
+        )
+
 
 @dataclass(frozen=True)
 class PaneState:

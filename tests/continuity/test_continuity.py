@@ -235,3 +235,40 @@ async def test_output_budget_closes_with_its_own_reason(stack, terminal, operato
     assert len(viewer.output) > 200_000  # it ran until it passed the budget (checked every second)
     closed = await sync_to_async(TerminalSession.objects.get)(pk=session.pk)
     assert (closed.process_state, closed.close_reason) == (ProcessState.CLOSED, "output_limit")
+
+
+async def test_tmux_reconnect_past_the_buffer_gets_the_screen_as_it_is_now(terminal, operator):
+    """Bytes gone from the buffer: tmux still knows the screen, so the viewer gets it, labelled with the count."""
+    import base64
+
+    stack = Stack(extra_env={"TETHER_RECONNECT_GRACE_SECONDS": "0", "TETHER_BUFFER_BYTES": "131072"})
+    try:
+        await sync_to_async(stack.start_daphne)()
+        await sync_to_async(stack.start_worker)("tmux")
+        viewer, session, cookie = await _open(stack, terminal, operator, "tmux")
+        offset = viewer.offset
+        await viewer.close()
+        await asyncio.sleep(0.5)
+        await sync_to_async(_type_while_away)(session, "seq 1 60000; echo screen-$((3*3))\r")
+        await asyncio.sleep(6)  # ~400 KB through a 128 KiB buffer, viewer away
+        again = await Viewer.open(stack.ports[0], session.id, cookie)
+        epoch = next(m for m in viewer.messages if m["type"] == "attached")["epoch"]
+        attached = await again.attach(since=offset, generation=1, epoch=epoch)
+        assert attached["lost"] > 131072
+        screen = base64.b64decode(attached["screen"])
+        assert b"screen-9" in screen and b"60000" in screen  # the end of the output, as tmux shows it
+        assert attached["offset"] == attached["end"]  # nothing replayed: the screen stands for it
+        await again.type("echo after-$((5*5))\r")
+        await again.read_until(b"after-25")
+    finally:
+        await sync_to_async(stack.stop)()
+
+
+def _type_while_away(session, text: str) -> None:
+    """Type into the shell with no viewer attached, as a staff command would (tmux send-keys on its socket)."""
+    import subprocess
+
+    from terminals.models import ProcessLease
+
+    handle = ProcessLease.objects.get(execution_id=session.execution_id).handle
+    subprocess.run(["tmux", "-L", handle["socket"], "send-keys", "-t", handle["pane"], "-l", text], check=True)
