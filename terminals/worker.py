@@ -170,15 +170,19 @@ class OwnerWorker(ViewerHandlers):
         """A launch broke somewhere unexpected: the process may have started, so the outcome is unknown."""
         execution = await db(_load_execution)(execution.pk)
         if execution.state in (State.DISPATCHED, State.RUNNING):
-            await db(actions.settle_execution)(
-                execution,
-                worker=self.worker,
-                token=token,
-                to_state=State.UNKNOWN,
-                evidence=Evidence.CONTROLLER_LOST,
-                reason=f"launch failed: {error!r}",
-                close_reason=CloseReason.CONTROLLER_LOST,
-            )
+            await self._record_unknown(execution, token, f"launch failed: {error!r}")
+
+    async def _record_unknown(self, execution: Execution, token: int, reason: str) -> None:
+        """No trustworthy exit can be had: unknown (controller_lost), the slot kept, the session closed."""
+        await db(actions.settle_execution)(
+            execution,
+            worker=self.worker,
+            token=token,
+            to_state=State.UNKNOWN,
+            evidence=Evidence.CONTROLLER_LOST,
+            reason=reason,
+            close_reason=CloseReason.CONTROLLER_LOST,
+        )
 
     async def shutdown(self) -> None:
         """Stop: tmux sessions stay alive for a later owner; other processes are ended and recorded as killed."""
@@ -224,6 +228,12 @@ class OwnerWorker(ViewerHandlers):
         execution = await db(actions.fenced_transition)(
             execution, State.RUNNING, worker=self.worker, token=token, evidence=Evidence.OBSERVED
         )
+        self._hold(execution, token, process, session, machine.backend)
+
+    def _hold(self, execution, token: int, process, session: TerminalSession | None, backend: str, screen=b"") -> None:
+        """Hold ``process`` under ``token``: its output pump, buffer and viewer. ``screen`` starts the buffer
+        (an adopted shell's stream begins with its screen as it is)."""
+        spec = ExecutionSpec.from_json(execution.spec)
         live = LiveProcess(
             execution_pk=execution.pk,
             token=token,
@@ -231,12 +241,11 @@ class OwnerWorker(ViewerHandlers):
             process=process,
             session_id=str(session.id) if session else None,
             generation=session.generation if session else 0,
-            handle_backend=machine.backend,
-            limits=Limits(full_spec.idle_seconds, full_spec.session_seconds, full_spec.output_limit_bytes),
+            handle_backend=backend,
+            limits=Limits(spec.idle_seconds, spec.session_seconds, spec.output_limit_bytes),
         )
-        self._hold(live, execution)
-
-    def _hold(self, live: LiveProcess, execution: Execution) -> None:
+        if screen:
+            live.buffer.append(screen)
         self.live[execution.pk] = live
         live.pump_task = asyncio.create_task(self._supervise(live, execution))
 
@@ -313,32 +322,11 @@ class OwnerWorker(ViewerHandlers):
         except Exception as error:
             finding.detail = f"{finding.detail}; adopting failed ({error!r})"
             finding.action = recovery.UNKNOWN
-            await db(actions.settle_execution)(
-                execution,
-                worker=self.worker,
-                token=token,
-                to_state=State.UNKNOWN,
-                evidence=Evidence.CONTROLLER_LOST,
-                reason=f"recovery: {finding.detail}",
-                close_reason=CloseReason.CONTROLLER_LOST,
-            )
+            await self._record_unknown(execution, token, f"recovery: {finding.detail}")
             return "unknown: could not adopt"
         await db(recovery.record_adoption)(lease, self.worker, token, finding.detail)
         session = await db(_session_for)(execution.pk)
-        full_spec = ExecutionSpec.from_json(execution.spec)
-        live = LiveProcess(
-            execution_pk=execution.pk,
-            token=token,
-            kind=execution.kind,
-            process=process,
-            session_id=str(session.id) if session else None,
-            generation=session.generation if session else 0,
-            handle_backend=execution.machine.backend,
-            limits=Limits(full_spec.idle_seconds, full_spec.session_seconds, full_spec.output_limit_bytes),
-        )
-        live.buffer.append(screen)  # a new epoch starts with the screen as it is: a labelled fresh screen
-        execution = await db(_load_execution)(execution.pk)
-        self._hold(live, execution)
+        self._hold(await db(_load_execution)(execution.pk), token, process, session, execution.machine.backend, screen)
         return f"adopted under token {token}"
 
     async def _watch_exit(self, finding: recovery.Finding, token: int) -> None:
