@@ -314,9 +314,12 @@ def close_session(
     return bool(changed)
 
 
-def note_viewer(session_pk) -> None:
-    """Remember when a viewer was last seen, for idle reaping."""
-    TerminalSession.objects.filter(pk=session_pk).update(last_viewer_at=Now())
+def note_viewer(session_pk, viewer_id: str | None = None) -> None:
+    """Remember when a viewer was last seen (idle reaping) and, on attach, which window owns the session."""
+    fields = {"last_viewer_at": Now()}
+    if viewer_id is not None:
+        fields["viewer_id"] = viewer_id
+    TerminalSession.objects.filter(pk=session_pk).update(**fields)
 
 
 def settle_execution(

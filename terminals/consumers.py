@@ -80,6 +80,7 @@ def _attach_target(session_id) -> dict:
         "exit_code": execution.exit_code,
         "channel": lease.worker.channel_name if lease and lease.worker else None,
         "token": lease.token if lease else None,
+        "viewer": session.viewer_id,
         "snapshot": bytes(session.snapshot) if session.process_state == ProcessState.CLOSED else b"",
         "expired": session.expired_at is not None,
     }
@@ -361,6 +362,10 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                 return
             if not self.attached:
                 continue
+            if target["viewer"] and target["viewer"] != self.viewer_id:
+                log.info("session %s: another window took it over; this one missed the message", self.session.id)
+                await self.terminal_superseded({})
+                return
             moved = target["execution"] != self.execution_pk or target["process_state"] == ProcessState.CLOSED
             if moved or (target["channel"], target["token"]) != (self.worker_channel, self.epoch):
                 log.info("session %s: its owner changed under this viewer; attaching again", self.session.id)

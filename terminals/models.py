@@ -137,6 +137,9 @@ class TerminalSession(models.Model):
     snapshot = models.BinaryField(default=b"", blank=True, help_text="The latest screen or output tail.")
     output_offset = models.PositiveBigIntegerField(default=0, help_text="Absolute offset of the end of output.")
     last_viewer_at = models.DateTimeField(null=True, blank=True)
+    viewer_id = models.CharField(
+        max_length=64, blank=True, help_text="The window that owns the session now; any other is superseded."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     closed_at = models.DateTimeField(null=True, blank=True)

@@ -91,6 +91,13 @@ class ViewerHandlers:
         attach_id = message.get("attach")
         if old and attach_id is not None and (old.viewer_id, old.attach_id) == (message["viewer"], attach_id):
             return  # the same attach delivered twice: it was answered already
+        if live.session_id:
+            # Recorded first: a superseded window that misses the message below finds out from the
+            # database on its next owner check, and the new one never sees itself as superseded.
+            try:
+                await db(actions.note_viewer)(live.session_id, message["viewer"])
+            except Exception as error:  # the database is away: the message below still tells the old one
+                log.info("could not record the new viewer: %r", error)
         if old and old.viewer_id != message["viewer"]:
             await self._send(old.channel, {"type": "terminal.superseded", "epoch": live.token})
         cols, rows = message.get("cols"), message.get("rows")
@@ -141,8 +148,6 @@ class ViewerHandlers:
             )
             await self._send_output(live, first, data)
         live.update_flow()
-        if live.session_id:
-            await db(actions.note_viewer)(live.session_id)
 
     async def on_input(self, message: dict) -> None:
         live = self._held(message)

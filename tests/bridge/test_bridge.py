@@ -230,3 +230,23 @@ async def test_logging_out_closes_the_users_terminal_sockets(stack, terminal, op
     # The shell itself is not the browser's: it keeps running for the next login.
     lease = await sync_to_async(ProcessLease.objects.get)(execution_id=session.execution_id)
     assert lease.released_at is None
+
+
+async def test_a_window_that_missed_its_supersede_message_finds_out_from_the_database(terminal, operator):
+    """The pub/sub layer keeps nothing for a moment's absence: the session row names the owning window."""
+    from terminals.models import TerminalSession
+    from tests.bridge.harness import Stack
+
+    stack = Stack(extra_env={"TETHER_VIEWER_CHECK_SECONDS": "1"})
+    try:
+        await sync_to_async(stack.start_daphne)()
+        await sync_to_async(stack.start_worker)("local")
+        viewer, session, _ = await open_viewer(stack, terminal, operator)
+        await viewer.type("echo mine-$((3+3))\r")
+        await viewer.read_until(b"mine-6")
+        # Another window's attach was recorded, and its message to this one never came.
+        await sync_to_async(TerminalSession.objects.filter(pk=session.pk).update)(viewer_id="another-window")
+        assert await viewer.wait_closed(timeout=10) == CloseCode.SUPERSEDED
+        assert any(m["type"] == "superseded" for m in viewer.messages)
+    finally:
+        await sync_to_async(stack.stop)()
