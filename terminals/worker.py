@@ -161,6 +161,8 @@ class OwnerWorker(ViewerHandlers):
         execution, lease = claimed
         try:
             await self.launch(execution, lease.token)
+        except actions.LeaseLost as error:  # another worker owns it now: nothing of ours to record
+            log.warning("%s; letting go", error)
         except Exception as error:
             log.exception("launching %s failed", execution)
             await self._lost_at_launch(execution, lease.token, error)
@@ -170,7 +172,10 @@ class OwnerWorker(ViewerHandlers):
         """A launch broke somewhere unexpected: the process may have started, so the outcome is unknown."""
         execution = await db(_load_execution)(execution.pk)
         if execution.state in (State.DISPATCHED, State.RUNNING):
-            await self._record_unknown(execution, token, f"launch failed: {error!r}")
+            try:
+                await self._record_unknown(execution, token, f"launch failed: {error!r}")
+            except actions.LeaseLost:
+                log.warning("execution %s: lease lost too; its new owner records it", execution.pk)
 
     async def _record_unknown(self, execution: Execution, token: int, reason: str) -> None:
         """No trustworthy exit can be had: unknown (controller_lost), the slot kept, the session closed."""
@@ -224,10 +229,23 @@ class OwnerWorker(ViewerHandlers):
                 snapshot=str(error).encode(),
             )
             return  # the session is closed with the reason; viewers read it when they attach
-        await db(actions.save_handle)(execution.pk, self.worker, token, process.handle)
-        execution = await db(actions.fenced_transition)(
-            execution, State.RUNNING, worker=self.worker, token=token, evidence=Evidence.OBSERVED
-        )
+        try:
+            await db(actions.save_handle)(execution.pk, self.worker, token, process.handle)
+        except actions.LeaseLost as error:
+            # We stalled before saying where the process is: recovery has recorded it as possibly started.
+            # Nobody else can find it, so it is ours to end.
+            log.warning("%s before its handle was saved; ending the process", error)
+            await process.terminate(grace=0.5)
+            return
+        try:
+            execution = await db(actions.fenced_transition)(
+                execution, State.RUNNING, worker=self.worker, token=token, evidence=Evidence.OBSERVED
+            )
+        except actions.LeaseLost as error:
+            # Another worker took it over (adopted, or recorded it) while we stalled: hands off.
+            log.warning("%s while starting it; letting go", error)
+            await process.detach()
+            return
         self._hold(execution, token, process, session, machine.backend)
 
     def _hold(self, execution, token: int, process, session: TerminalSession | None, backend: str, screen=b"") -> None:

@@ -213,7 +213,10 @@ class Viewer:
             self.output += frame
             self.offset += len(frame)
             if self.auto_ack:  # this client renders at once, so everything received is rendered
-                await self.ack()
+                try:
+                    await self.ack()
+                except ConnectionClosed:
+                    pass  # closing: what the server said before it (superseded, exit) is still to be read
         else:
             message = json.loads(frame)
             self.messages.append(message)

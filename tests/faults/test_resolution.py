@@ -100,7 +100,7 @@ def test_each_failed_check_is_named_and_refuses(place, dead_worker):
 def test_a_live_owner_refuses_until_drained(place):
     stack = Stack()
     try:
-        stack.start_worker("local")
+        stack.start_worker("tmux")  # alive and beating, but it must not claim the local execution below
         worker = Worker.objects.get(pid=stack.workers[0].pid)
         handle = {"process": {"pid": 1, "start_time": 0, "boot_id": "gone"}, "marker": "x"}
         machine = place("local", "owned")
