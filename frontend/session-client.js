@@ -181,7 +181,13 @@ export class SessionClient {
         : `[... ${message.lost} bytes of earlier output were lost ...]`;
       this.screen.writeMarker(markerLine(text, { newlineFirst: !this.screen.empty }));
     }
-    if (message.screen) this.screen.writeUnsequenced(Uint8Array.from(atob(message.screen), (c) => c.charCodeAt(0)));
+    if (message.screen) {
+      this.screen.writeUnsequenced(Uint8Array.from(atob(message.screen), (c) => c.charCodeAt(0)));
+    } else if (message.lost > 0) {
+      // The retained tail may begin inside an escape sequence or a mode: a soft reset (DECSTR, SGR 0)
+      // puts the terminal in a sane state without wiping what is on screen.
+      this.screen.writeMarker("\x1b[!p\x1b[0m");
+    }
     if (this.confirming) {
       this.confirming = false; // the answer to our own confirmation: already live, no new replay phase
       this.onRendered();
