@@ -34,6 +34,9 @@ from terminals.protocol import (
 
 log = logging.getLogger(__name__)
 
+ACK_BATCH_BYTES = 32 * 1024  # an ack freeing this much of the flow window goes to the worker at once
+ACK_DELAY_SECONDS = 0.01  # a smaller one waits this long for company
+
 # Sessions closed for these reasons get a fresh shell when a viewer attaches (if TETHER_AUTO_RESET).
 AUTO_RESET_REASONS = {"exited", "killed", "failed", "server_restart", "spawn_failed", "reset", "completed"}
 
@@ -125,6 +128,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.waiting: asyncio.Task | None = None
         self.replay_check: asyncio.Task | None = None
         self.owner_check: asyncio.Task | None = None
+        self.ack_pending = self.ack_forwarded = 0  # the browser's latest ack, and the last one sent on
+        self.ack_timer: asyncio.Task | None = None
         await self.accept()
         # Logging out anywhere closes this socket (terminals.signals); the owner check catches a lost message.
         self.user_group = f"tether.user.{user.pk}"
@@ -132,7 +137,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         await self.send_json({"type": "hello", "session": str(self.session.id), "protocol": 1})
 
     async def disconnect(self, code) -> None:
-        for task in (self.waiting, getattr(self, "replay_check", None), getattr(self, "owner_check", None)):
+        for name in ("waiting", "replay_check", "owner_check", "ack_timer"):
+            task = getattr(self, name, None)
             if task:
                 task.cancel()
         if getattr(self, "attached", False):
@@ -220,9 +226,26 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         await self._to_worker("session.reset")
 
     async def client_ack(self, message: dict) -> None:
+        """Acks are coalesced: one goes on at once when it frees a good part of the flow window, else a
+        short moment later. A keystroke's echo then costs one message each way, not two."""
         offset = _integer(message.get("offset"), "ack offset")
-        if self.attached:
-            await self._to_worker("session.ack", offset=offset)
+        if not self.attached:
+            return
+        self.ack_pending = max(self.ack_pending, offset)
+        if self.ack_pending - self.ack_forwarded >= ACK_BATCH_BYTES:
+            await self._forward_ack()
+        elif self.ack_timer is None:
+            self.ack_timer = asyncio.create_task(self._forward_ack_soon())
+
+    async def _forward_ack_soon(self) -> None:
+        await asyncio.sleep(ACK_DELAY_SECONDS)
+        self.ack_timer = None
+        await self._forward_ack()
+
+    async def _forward_ack(self) -> None:
+        if self.attached and self.ack_pending > self.ack_forwarded:
+            self.ack_forwarded = self.ack_pending
+            await self._to_worker("session.ack", offset=self.ack_forwarded)
 
     async def client_keepalive(self, message: dict) -> None:
         if self.attached:
@@ -320,6 +343,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.expected = event["offset"]
         self.generation = event["generation"]
         self.epoch = event.get("epoch")
+        self.ack_pending = self.ack_forwarded = event["offset"]  # the worker's window starts here
         await self.send_json(
             {
                 "type": "attached",

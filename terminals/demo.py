@@ -201,12 +201,12 @@ class LayerViewer:
         deadline = time.monotonic() + timeout
         while needle not in self.output:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            message = await self.next_message(remaining) if remaining > 0 else None
+            if message is None:
                 raise DemoFailed(f"{needle!r} never appeared; got {bytes(self.output[-300:])!r}")
-            try:
-                await self._receive_until({"__none__"}, remaining)
-            except TimeoutError:
-                pass
+            if message["type"] == "terminal.output":
+                self.output += message["data"]
+                await self._send("session.ack", offset=message["offset"] + len(message["data"]))
 
     async def next_message(self, timeout: float) -> dict | None:
         try:
