@@ -144,6 +144,8 @@ async def main(args) -> Report:
 
 
 def write_markdown(report: Report, args, path: Path) -> None:
+    from django.conf import settings
+
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     body = [
         "# Benchmarks",
@@ -154,7 +156,8 @@ def write_markdown(report: Report, args, path: Path) -> None:
         f"- run: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {'full' if args.full else 'quick'} sizes"
         + (f", with {', '.join(args.set)}" if args.set else ""),
         f"- machine: {os.cpu_count()} cores ({cpu}), Linux {platform.release()}, Python {platform.python_version()}",
-        "- path: WebSocket client → daphne (consumer) → Redis (channels-redis core layer) → owner worker → process",
+        f"- path: WebSocket client → daphne (consumer) → Redis (channels-redis {settings.TETHER_CHANNEL_LAYER} layer)"
+        " → owner worker → process",
         "",
         report.markdown(),
         "",
@@ -171,7 +174,8 @@ def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", action="store_true", help="the issue's sizes (slow)")
     parser.add_argument(
-        "--only", help="comma-separated: echo,throughput,stalled,reconnect,recovery,density,layers,embedded"
+        "--only",
+        help="comma-separated: layers,echo,echo_other_layer,throughput,stalled,reconnect,recovery,density,embedded",
     )
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument("--set", action="append", metavar="NAME=VALUE", help="a setting for daphne and the worker")
