@@ -20,32 +20,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.common import ROOT, Figure, Report, setup_django, summary, unique
-
-IMAGE = "tether/busybox:test"
-
-
-def start_container() -> str | None:
-    name = unique("tether-test-bench")
-    started = subprocess.run(
-        [
-            "docker",
-            "run",
-            "-d",
-            "--rm",
-            "--network",
-            "none",
-            "--label",
-            "tether.test=1",
-            "--name",
-            name,
-            IMAGE,
-            "sleep",
-            "inf",
-        ],
-        capture_output=True,
-    )
-    return name if started.returncode == 0 else None
+from bench.common import ROOT, Figure, Report, setup_django, summary
 
 
 async def embedded_echo(ctx, samples: int) -> None:
@@ -97,7 +72,7 @@ async def main(args) -> Report:
     from django.contrib.auth import get_user_model
 
     from bench.suite import BENCHMARKS, Context
-    from tests.bridge.harness import Stack, session_cookie
+    from tests.bridge.harness import Stack, session_cookie, start_container
 
     report = Report()
     user = await sync_to_async(get_user_model().objects.create_user)("bench", is_staff=True)
@@ -107,7 +82,7 @@ async def main(args) -> Report:
     for setting in args.set or []:  # e.g. --set TETHER_CHANNEL_LAYER=pubsub to compare a configuration
         key, _, value = setting.partition("=")
         stack.extra_env[key] = value
-    container = start_container()
+    container, _ = start_container("tether-test-bench")
     workdir = Path(tempfile.mkdtemp(prefix="tether-bench-"))
     chosen = args.only.split(",") if args.only else [*BENCHMARKS, "embedded"]
     try:

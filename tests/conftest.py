@@ -10,9 +10,7 @@ from django.db import connection
 
 from executions.actions import Actor, add_machine
 from terminals import actions as terminal_actions
-from tests.bridge.harness import Stack, session_cookie
-
-TEST_IMAGE = "tether/busybox:test"
+from tests.bridge.harness import TEST_IMAGE, Stack, session_cookie, start_container
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -69,28 +67,9 @@ def tmux_socket():
 @pytest.fixture
 def container():
     """A throwaway container from the locally built image, without a network."""
-    name = f"tether-test-{uuid.uuid4().hex[:8]}"
-    started = subprocess.run(
-        [
-            "docker",
-            "run",
-            "-d",
-            "--rm",
-            "--network",
-            "none",
-            "--label",
-            "tether.test=1",
-            "--name",
-            name,
-            TEST_IMAGE,
-            "sleep",
-            "2147483647",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    if started.returncode != 0:
-        pytest.fail(f"dockerd or {TEST_IMAGE} is not available (make services builds it): {started.stderr}")
+    name, error = start_container()
+    if name is None:
+        pytest.fail(f"dockerd or {TEST_IMAGE} is not available (make services builds it): {error}")
     yield name
     subprocess.run(["docker", "rm", "-f", name], capture_output=True)
 

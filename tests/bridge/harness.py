@@ -24,6 +24,34 @@ ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    """Poll ``predicate`` (a synchronous check, e.g. a query) until it returns something true; return that."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+TEST_IMAGE = "tether/busybox:test"  # built locally by scripts/ensure-services.sh
+
+
+def start_container(prefix: str = "tether-test") -> tuple[str | None, str]:
+    """A throwaway container from the test image, without a network, labelled for leftover cleanup.
+
+    Returns (name, "") or (None, docker's error)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    options = ["--rm", "--network", "none", "--label", "tether.test=1", "--name", name]
+    started = subprocess.run(
+        ["docker", "run", "-d", *options, TEST_IMAGE, "sleep", "2147483647"],
+        capture_output=True,
+        text=True,
+    )
+    return (name, "") if started.returncode == 0 else (None, started.stderr)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -17,20 +17,10 @@ from executions import actions as exec_actions
 from executions.models import Evidence, Execution, ExecutionEvent, State
 from terminals.models import ProcessLease
 from terminals.resolution import resolve
-from tests.bridge.harness import Stack
+from tests.bridge.harness import Stack, wait_for
 from tests.factories import TEST_ACTOR, make_spec
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
-
-
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def execution_in(pk: int, *states: str):
