@@ -100,13 +100,24 @@ async def test_input_before_attaching_never_reaches_the_shell(stack, terminal, o
 async def test_stalled_client_under_yes_costs_bounded_memory_and_ctrl_c_gets_through(stack, terminal, operator):
     viewer, _, _ = await _open(stack, terminal, operator)
     worker_pid = stack.workers[0].pid
-    viewer.auto_ack = False  # the browser stalls: it renders nothing more
+    viewer.auto_ack = False  # the browser stalls: it renders and acknowledges nothing more
+
+    async def stall(seconds: float) -> None:
+        """Like a browser whose renderer is stuck: its socket still takes frames (and answers daphne's
+        pings, which a client that stopped reading its socket would not), but nothing is acknowledged."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                await viewer._next(left)
+            except TimeoutError:
+                pass
+
     await viewer.type("yes\r")
-    await asyncio.sleep(3)
+    await stall(3)
     baseline = _rss_kib(worker_pid)
     peak = baseline
     for _ in range(57):  # 60 s of stall in all
-        await asyncio.sleep(1)
+        await stall(1)
         peak = max(peak, _rss_kib(worker_pid))
     assert peak - baseline < 10 * 1024, f"worker RSS grew by {peak - baseline} KiB under a stalled client"
     await viewer.type(b"\x03")
