@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,8 +18,8 @@ pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def demo(phase: str, data_dir: Path, *extra: str) -> str:
-    env = {
+def demo_env(data_dir: Path) -> dict[str, str]:
+    return {
         **os.environ,
         "DATABASE_URL": database_url(),
         "TETHER_DATA_DIR": str(data_dir),
@@ -28,6 +29,10 @@ def demo(phase: str, data_dir: Path, *extra: str) -> str:
         "TETHER_DEMO_PREFIX": "tether-test-demo",
         "TETHER_DEMO_LABEL": "tether.test=1",
     }
+
+
+def demo(phase: str, data_dir: Path, *extra: str) -> str:
+    env = demo_env(data_dir)
     done = subprocess.run(
         [sys.executable, "manage.py", "terminal_demo", phase, *extra],
         cwd=ROOT,
@@ -64,3 +69,34 @@ def test_demo_on_docker_interrupt_then_unknown_is_resolved(tmp_path):
     assert "proven: the shell was launched exactly once (launch counter: 1)" in out
     out = demo("delete", tmp_path)
     assert "no longer exists" in out
+
+
+def test_demo_shell_is_a_line_console_with_resize_interrupt_and_close(tmp_path):
+    import time
+
+    shell = subprocess.Popen(
+        [sys.executable, "manage.py", "terminal_demo", "shell", "--backend", "tmux"],
+        cwd=ROOT,
+        env=demo_env(tmp_path),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = ["echo hi-$((1+1))", ":resize 90 20", "stty size", ":interrupt", ":close"]
+    try:
+        time.sleep(4)  # Django, the in-process worker and the shell come up
+        for line in lines:
+            shell.stdin.write(line + "\n")
+            shell.stdin.flush()
+            time.sleep(1)
+        out, _ = shell.communicate(timeout=60)
+    finally:
+        shell.kill()
+    assert shell.returncode == 0, out
+    assert "hi-2" in out and "20 90" in out  # typed lines ran; the resize reached the terminal
+    assert "^C" in out  # :interrupt sent Ctrl-C
+    assert "[detached;" in out
+    # The detached shell stays in tmux for a next worker; this test has none: remove it.
+    socket = json.loads((tmp_path / "terminal-demo.json").read_text())["machine"]
+    subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
