@@ -107,6 +107,9 @@ async def main(args) -> Report:
         await sync_to_async(stack.stop)()
         if container:
             subprocess.run(["docker", "rm", "-f", container], capture_output=True)
+        for socket in Path(f"/tmp/tmux-{os.getuid()}").glob("tether-bench-*"):  # the benchmarks' tmux servers
+            subprocess.run(["tmux", "-S", str(socket), "kill-server"], capture_output=True)
+            socket.unlink(missing_ok=True)
     if "embedded" in chosen:
         print("[embedded]", flush=True)
         try:

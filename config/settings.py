@@ -161,6 +161,8 @@ TETHER_HEARTBEAT_SECONDS = env_int("TETHER_HEARTBEAT_SECONDS", 3, minimum=1)
 TETHER_BUFFER_BYTES = env_int("TETHER_BUFFER_BYTES", 512 * 1024, minimum=128 * 1024)
 TETHER_COMMAND_OUTPUT_BYTES = env_int("TETHER_COMMAND_OUTPUT_BYTES", 256 * 1024, minimum=0)
 TETHER_SHELL = env_list("TETHER_SHELL", ["/bin/bash", "-l"] if Path("/bin/bash").exists() else ["/bin/sh"])
+# The tmux socket of tmux machines that name none (the embedded machine): `tmux -L tether attach`.
+TETHER_TMUX_SOCKET = env_str("TETHER_TMUX_SOCKET", "tether")
 TETHER_CONTAINER_SHELL = env_list("TETHER_CONTAINER_SHELL", ["/bin/sh"])
 TETHER_AUTO_RESET = env_bool("TETHER_AUTO_RESET", True)
 TETHER_SESSIONS_PER_USER = env_int("TETHER_SESSIONS_PER_USER", 5, minimum=1)

@@ -187,13 +187,17 @@ class LayerViewer:
     async def resize(self, cols: int, rows: int) -> None:
         await self._send("session.resize", cols=cols, rows=rows)
 
+    async def _take(self, message: dict) -> dict:
+        """Keep what a message carries: output is kept and acknowledged, as the page does."""
+        if message["type"] == "terminal.output":
+            self.output += message["data"]
+            await self._send("session.ack", offset=message["offset"] + len(message["data"]))
+        return message
+
     async def _receive_until(self, kinds: set[str], timeout: float) -> dict:
         async with asyncio.timeout(timeout):
             while True:
-                message = await self.layer.receive(self.reply)
-                if message["type"] == "terminal.output":
-                    self.output += message["data"]
-                    await self._send("session.ack", offset=message["offset"] + len(message["data"]))
+                message = await self._take(await self.layer.receive(self.reply))
                 if message["type"] in kinds:
                     return message
 
@@ -204,9 +208,7 @@ class LayerViewer:
             message = await self.next_message(remaining) if remaining > 0 else None
             if message is None:
                 raise DemoFailed(f"{needle!r} never appeared; got {bytes(self.output[-300:])!r}")
-            if message["type"] == "terminal.output":
-                self.output += message["data"]
-                await self._send("session.ack", offset=message["offset"] + len(message["data"]))
+            await self._take(message)
 
     async def next_message(self, timeout: float) -> dict | None:
         try:
@@ -334,9 +336,8 @@ async def shell(backend: str) -> None:
         try:
             while True:
                 message = await viewer.next_message(0.05)
-                if message and message["type"] == "terminal.output":
-                    viewer.output += message["data"]
-                    await viewer._send("session.ack", offset=message["offset"] + len(message["data"]))
+                if message:
+                    await viewer._take(message)
                 if message and message["type"] in ("terminal.exit", "terminal.closed"):
                     say(f"\n[{message.get('outcome') or message.get('text') or message['type']}]")
                     return

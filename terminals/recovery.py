@@ -163,7 +163,7 @@ async def find_orphan_sessions() -> list[Finding]:
     claimed = await db(_claimed_markers)()
     found = []
     for name in await db(_tmux_sockets)():
-        for tagged in await TmuxBackend(name or "tether").list_tagged():
+        for tagged in await TmuxBackend(name or settings.TETHER_TMUX_SOCKET).list_tagged():
             tags = tagged.tags
             if tags["marker"] in claimed:
                 continue

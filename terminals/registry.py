@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import shutil
 
+from django.conf import settings
+
 from executions.models import Backend as BackendKind
 from executions.models import Machine
 from terminals.backends.base import Backend
-
-DEFAULT_TMUX_SOCKET = "tether"
 
 
 def backend_for(machine: Machine) -> Backend:
@@ -19,7 +19,7 @@ def backend_for(machine: Machine) -> Backend:
     if machine.backend == BackendKind.TMUX:
         from terminals.backends.tmux import TmuxBackend
 
-        return TmuxBackend(socket=machine.ref or DEFAULT_TMUX_SOCKET)
+        return TmuxBackend(socket=machine.ref or settings.TETHER_TMUX_SOCKET)
     from terminals.backends.docker import DockerBackend
 
     return DockerBackend(container=machine.ref, engine=machine.engine)

@@ -137,10 +137,16 @@ async def _inspect(backend, handle: dict) -> Check:
 async def _search(machine, label: str) -> Check:
     """No handle was saved (the owner died mid-launch): look for anything tagged with its session."""
     if machine.backend == BackendKind.TMUX:
-        tagged = [t for t in await TmuxBackend(machine.ref or "tether").list_tagged() if t.tags["session"] == label]
+        tagged = [
+            t
+            for t in await TmuxBackend(machine.ref or settings.TETHER_TMUX_SOCKET).list_tagged()
+            if t.tags["session"] == label
+        ]
         if tagged:
             return Check("process", False, f"tmux session {tagged[0].handle['session']} is tagged with it")
-        return Check("process", True, f"no tmux session on socket {machine.ref or 'tether'} is tagged with it")
+        return Check(
+            "process", True, f"no tmux session on socket {machine.ref or settings.TETHER_TMUX_SOCKET} is tagged with it"
+        )
     if machine.backend == BackendKind.LOCAL:
         left = procfs.find_tree_by_session_label(label)
         if left:

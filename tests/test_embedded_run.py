@@ -47,6 +47,8 @@ def test_embedded_mode_serves_admin_with_the_printed_login(tmp_path):
     environ = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"}}
     environ["TETHER_DATA_DIR"] = str(tmp_path)
     environ["TETHER_SHELL"] = "/bin/bash,--noprofile,--norc"
+    # Its tmux shell outlives the server by design: on a test socket (clean-test-leftovers.sh knows it).
+    environ["TETHER_TMUX_SOCKET"] = f"tether-test-{tmp_path.name[-8:]}"
     run = lambda *args: subprocess.run(  # noqa: E731
         [sys.executable, "manage.py", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120
     )
@@ -98,3 +100,4 @@ def test_embedded_mode_serves_admin_with_the_printed_login(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+        subprocess.run(["tmux", "-L", environ["TETHER_TMUX_SOCKET"], "kill-server"], capture_output=True)

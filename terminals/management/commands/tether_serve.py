@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand
 
 from executions.actions import Actor, add_machine
 from executions.models import Machine
-from terminals.registry import DEFAULT_TMUX_SOCKET, embedded_backend_kind
+from terminals.registry import embedded_backend_kind
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class Command(BaseCommand):
             add_machine(
                 name="this-host",
                 backend=kind,
-                ref=DEFAULT_TMUX_SOCKET if kind == "tmux" else "",
+                ref=settings.TETHER_TMUX_SOCKET if kind == "tmux" else "",
                 actor=Actor.command("tether_serve"),
             )
             self.stdout.write(f"added machine this-host ({kind})")
