@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import pty
-import re
 import statistics
 import subprocess
 import sys
@@ -172,6 +171,3 @@ async def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05):
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-ANSI = re.compile(rb"\x1b\[[0-9;?]*[a-zA-Z]")

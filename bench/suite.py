@@ -449,8 +449,6 @@ async def bench_reconnect(ctx: Context) -> None:
 
 
 async def bench_recovery(ctx: Context) -> None:
-    from django.conf import settings
-
     from executions.models import Evidence, ExecutionEvent
 
     machine = await sync_to_async(_machine)("tmux", unique("tether-bench"))
@@ -486,7 +484,6 @@ async def bench_recovery(ctx: Context) -> None:
             note=f"TTL {ttl} s, recovery every {ctx.stack.env().get('TETHER_RECOVERY_SECONDS')} s",
         )
     )
-    del settings
     await close_session(session)
 
 

@@ -299,6 +299,20 @@ def transition(
     return execution
 
 
+def record_fact(execution: Execution, *, actor: Actor, reason: str, evidence: str = "", detail=None) -> None:
+    """An audit event that changes no state (a request to the owner, an adoption): from and to are the same."""
+    ExecutionEvent.objects.create(
+        execution=execution,
+        from_state=execution.state,
+        to_state=execution.state,
+        evidence=evidence,
+        actor=actor.label,
+        user=actor.user,
+        reason=reason,
+        detail=detail or {},
+    )
+
+
 def cancel_execution(execution: Execution, *, actor: Actor, reason: str = "") -> Execution:
     """Cancel an execution that has not been dispatched: nothing ran, so the slot is freed."""
     return transition(execution, State.CANCELLED, evidence=Evidence.CANCELLED, actor=actor, reason=reason)

@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.errors import Refused, TransitionRefused
-from executions.models import Backend, Evidence, Execution, ExecutionEvent, Kind, Machine, State
+from executions.models import Backend, Evidence, Execution, Kind, Machine, State
 from executions.spec import ExecutionSpec
 from terminals.models import (
     CloseReason,
@@ -372,14 +372,8 @@ def request_process_action(execution: Execution, action: str, *, actor: Actor, r
             raise TransitionRefused(
                 f"{execution}", execution.state, action, f"{lease.requested_action} already requested"
             )
-        ExecutionEvent.objects.create(
-            execution=execution,
-            from_state=execution.state,
-            to_state=execution.state,
-            actor=actor.label,
-            user=actor.user,
-            reason=reason or f"{action} requested",
-            detail={"requested": action},
+        exec_actions.record_fact(
+            execution, actor=actor, reason=reason or f"{action} requested", detail={"requested": action}
         )
     return lease
 

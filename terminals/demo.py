@@ -16,6 +16,7 @@ runs inside the demo process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -258,16 +259,23 @@ class InProcessWorker:
         await self.task
 
 
-# --- the phases ---------------------------------------------------------------------------------
-
-
-async def run(backend: str) -> None:
-    say("run: a shell writes a file, is resized and exits 7; the exit is known, the slot freed, the file read back")
+@contextlib.asynccontextmanager
+async def attached_shell(backend: str):
+    """The demo machine's shell, held by a worker in this process, with a viewer attached to it."""
     machine = await db(ensure_machine)(backend)
     async with InProcessWorker(machine.backend):
         session, _ = await db(actions.open_terminal)(machine, await db(demo_user)())
         viewer = LayerViewer(session)
         await viewer.attach()
+        yield machine, session, viewer
+
+
+# --- the phases ---------------------------------------------------------------------------------
+
+
+async def run(backend: str) -> None:
+    say("run: a shell writes a file, is resized and exits 7; the exit is known, the slot freed, the file read back")
+    async with attached_shell(backend) as (machine, session, viewer):
         await viewer.type("echo tether-demo > /tmp/tether-demo-file; echo wrote-$((40+2))\r")
         await viewer.read_until(b"wrote-42")
         prove(True, "the shell ran the command (wrote-42 echoed back)")
@@ -324,11 +332,7 @@ def delete() -> None:
 
 async def shell(backend: str) -> None:
     say("shell: type lines; :resize COLS ROWS, :interrupt (Ctrl-C), :eof (Ctrl-D), :close (detach; the shell stays)")
-    machine = await db(ensure_machine)(backend)
-    async with InProcessWorker(machine.backend):
-        session, _ = await db(actions.open_terminal)(machine, await db(demo_user)())
-        viewer = LayerViewer(session)
-        await viewer.attach()
+    async with attached_shell(backend) as (_machine, _session, viewer):
         printed = 0
         lines = asyncio.Queue()
         loop = asyncio.get_running_loop()

@@ -28,6 +28,7 @@ import logging
 import socket
 from dataclasses import dataclass
 
+from channels.db import database_sync_to_async as db
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
@@ -35,7 +36,7 @@ from django.db.models.functions import Now
 
 from executions.actions import Actor
 from executions.models import Backend as BackendKind
-from executions.models import Evidence, ExecutionEvent, Kind, Machine, MachineState, State
+from executions.models import Evidence, Kind, Machine, MachineState, State
 from terminals import actions
 from terminals.backends.base import Exit, Status
 from terminals.backends.procfs import ProcessIdentity, boot_id
@@ -158,8 +159,6 @@ def _tmux_sockets() -> list[str]:
 
 async def find_orphan_sessions() -> list[Finding]:
     """Tagged tmux sessions that no live execution claims and whose owner is dead."""
-    from channels.db import database_sync_to_async as db
-
     claimed = await db(_claimed_markers)()
     found = []
     for name in await db(_tmux_sockets)():
@@ -186,8 +185,6 @@ async def find_orphan_sessions() -> list[Finding]:
 
 
 async def plan(*, can_adopt: bool, can_watch: bool) -> list[Finding]:
-    from channels.db import database_sync_to_async as db
-
     findings = []
     for lease, why in await db(orphaned_leases)():
         try:
@@ -236,15 +233,7 @@ def record_adoption(lease: ProcessLease, worker: Worker, token: int, detail: str
                 execution, State.RUNNING, evidence=Evidence.ADOPTED, actor=actor, reason=detail, detail=facts
             )
             return
-        ExecutionEvent.objects.create(
-            execution=execution,
-            from_state=State.RUNNING,
-            to_state=State.RUNNING,
-            evidence=Evidence.ADOPTED,
-            actor=actor.label,
-            reason=detail,
-            detail=facts,
-        )
+        actions.exec_actions.record_fact(execution, actor=actor, evidence=Evidence.ADOPTED, reason=detail, detail=facts)
 
 
 def release_settled(lease: ProcessLease, worker: Worker, token: int) -> None:
@@ -256,8 +245,6 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
     """Carry out an exited, unknown or release finding, taking the lease over unless ``token`` is held already.
 
     Returns what was done."""
-    from channels.db import database_sync_to_async as db
-
     lease = finding.lease
     token = token or await db(take_over)(lease, worker)
     if token is None:
