@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
 import subprocess
@@ -21,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.common import ROOT, Figure, Report, setup_django, summary
+from bench.profile import profiled
 
 
 async def embedded_echo(ctx, samples: int) -> None:
@@ -78,7 +80,7 @@ async def main(args) -> Report:
     user = await sync_to_async(get_user_model().objects.create_user)("bench", is_staff=True)
     cookie = await sync_to_async(session_cookie)(user)
     stack = Stack()
-    stack.extra_env.update(TETHER_RECOVERY_SECONDS="1", TETHER_SESSIONS_PER_USER="100000", TETHER_STRIKE_LIMIT="100000")
+    stack.extra_env.update(TETHER_SESSIONS_PER_USER="100000", TETHER_STRIKE_LIMIT="100000")
     for setting in args.set or []:  # e.g. --set TETHER_CHANNEL_LAYER=pubsub to compare a configuration
         key, _, value = setting.partition("=")
         stack.extra_env[key] = value
@@ -94,11 +96,13 @@ async def main(args) -> Report:
                 continue
             print(f"[{name}]", flush=True)
             began = time.monotonic()
+            processes = {"daphne": stack.processes[0].pid, "worker": stack.workers[-1].pid}
             try:
-                if name == "throughput":
-                    await BENCHMARKS[name](ctx, container)
-                else:
-                    await BENCHMARKS[name](ctx)
+                with profiled(Path(args.profile), name, processes) if args.profile else contextlib.nullcontext():
+                    if name == "throughput":
+                        await BENCHMARKS[name](ctx, container)
+                    else:
+                        await BENCHMARKS[name](ctx)
             except Exception as error:  # a benchmark that breaks is reported, and the rest still run
                 report.notes.append(f"{name} did not complete: {error!r}")
                 print(f"  {name} did not complete: {error!r}", flush=True)
@@ -156,6 +160,7 @@ def cli() -> None:
         help="comma-separated: layers,echo,echo_other_layer,throughput,stalled,reconnect,recovery,density,embedded",
     )
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--profile", metavar="DIR", help="sample daphne and the worker with py-spy into DIR")
     parser.add_argument("--set", action="append", metavar="NAME=VALUE", help="a setting for daphne and the worker")
     args = parser.parse_args()
     setup_django()

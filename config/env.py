@@ -89,7 +89,6 @@ def database_from_url(url: str) -> dict:
             "HOST": host,
             "PORT": str(parts.port or ""),
             "OPTIONS": query,
-            "CONN_MAX_AGE": 0,
         }
     raise ImproperlyConfigured(f"DATABASE_URL={url!r}: scheme must be sqlite or postgres")
 

@@ -81,6 +81,13 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql") and TETHER_DB_IDLE_TRAN
         "options", f"-c idle_in_transaction_session_timeout={TETHER_DB_IDLE_TRANSACTION_SECONDS * 1000}"
     )
 
+# The owner worker keeps its one database connection this long between calls (checked before reuse,
+# so a restarted PostgreSQL costs one reconnect): a fresh connection per claim poll and heartbeat
+# cost a new PostgreSQL backend each time, which showed in keystroke latency (docs/benchmarks.md).
+# Web requests keep Django's ASGI default of a connection per request.
+TETHER_WORKER_DB_CONN_MAX_AGE = env_int("TETHER_WORKER_DB_CONN_MAX_AGE", 300, minimum=0)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+
 REDIS_URL = env_str("REDIS_URL")
 # pubsub: Redis PUBLISH (at-most-once, one Redis round trip a hop: 2.5x faster echo here); core:
 # channels-redis lists (at-least-once, per-channel capacity). The protocol survives both loss and

@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async as db
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -135,6 +136,16 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.user_group = f"tether.user.{user.pk}"
         await self.channel_layer.group_add(self.user_group, self.channel_name)
         await self.send_json({"type": "hello", "session": str(self.session.id), "protocol": 1})
+
+    async def dispatch(self, message: dict) -> None:
+        """As channels' own, less its ``aclose_old_connections()`` before every handler: a hop to the
+        database thread and back for each keystroke, ack and output chunk (an eighth of daphne's time
+        in the echo profile, docs/benchmarks.md). This consumer reaches the database only through
+        ``database_sync_to_async``, which closes stale connections around each call itself."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def disconnect(self, code) -> None:
         for name in ("waiting", "replay_check", "owner_check", "ack_timer"):

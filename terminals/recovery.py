@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Max
 from django.db.models.functions import Now
 
 from executions.actions import Actor
@@ -95,6 +95,27 @@ def owner_dead(worker: Worker | None) -> str | None:
         return f"worker {worker.worker_id[:12]} on {worker.host} missed its heartbeat (its pid is not visible here)"
     why = owner_is_gone(worker.pid, worker.process_started_at)
     return f"worker {worker.worker_id[:12]}: {why}" if why else None
+
+
+def sibling_workers(me: Worker) -> list[tuple[int, int, int]]:
+    """``(pk, pid, start time)`` of the other workers on this host (same boot) that have not stopped:
+    the ones whose end a worker here can see the moment it happens."""
+    return list(
+        Worker.objects.filter(host=socket.gethostname(), boot_id=boot_id())
+        .exclude(pk=me.pk)
+        .exclude(state=WorkerState.STOPPED)
+        .values_list("pk", "pid", "process_started_at")
+    )
+
+
+def seconds_until_leases_expire(worker_pk: int) -> float:
+    """By the database clock: how long until the last lease this worker still holds expires (0 if none)."""
+    left = (
+        ProcessLease.objects.filter(worker_id=worker_pk, released_at__isnull=True)
+        .annotate(left=F("expires_at") - Now())
+        .aggregate(longest=Max("left"))["longest"]
+    )
+    return max(left.total_seconds(), 0.0) if left else 0.0
 
 
 def orphaned_leases() -> list[tuple[ProcessLease, str]]:

@@ -84,6 +84,8 @@ class OwnerWorker(ViewerHandlers):
         self.leases_fresh_until = 0.0
         self.stop: asyncio.Event | None = None
         self.woken = asyncio.Event()
+        self.recovering = asyncio.Lock()  # one recovery pass at a time in this worker
+        self.siblings: dict[int, int | None] = {}  # other workers here: pk -> pidfd watched (None: ended)
 
     def _background(self, work) -> None:
         """Run ``work`` beside the loop, keeping a reference so it is not collected mid-flight."""
@@ -117,6 +119,7 @@ class OwnerWorker(ViewerHandlers):
             asyncio.create_task(self._lifetimes_loop()),
             asyncio.create_task(self._recovery_loop()),
             asyncio.create_task(self._wake_loop()),
+            asyncio.create_task(self._sibling_loop()),
         ]
         try:
             while not stop.is_set():
@@ -293,6 +296,10 @@ class OwnerWorker(ViewerHandlers):
 
         ``adopt=False`` (recover_terminals) leaves live tmux sessions and running docker commands to a worker.
         """
+        async with self.recovering:
+            return await self._recover_pass(adopt)
+
+    async def _recover_pass(self, adopt: bool) -> list[str]:
         done = []
         try:
             findings = await recovery.plan(can_adopt=adopt, can_watch=adopt)
@@ -309,6 +316,61 @@ class OwnerWorker(ViewerHandlers):
         for line in done:
             log.info("recovery: %s", line)
         return done
+
+    async def _sibling_loop(self) -> None:
+        """Watch the other workers on this host: one that dies (kill -9, a crash) is seen at once through
+        its pidfd, and its sessions are recovered the moment its leases expire, not at the next
+        periodic pass (workers on other hosts are left to that pass)."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                try:
+                    siblings = await db(recovery.sibling_workers)(self.worker)
+                except Exception as error:  # the database is away: the periodic pass still recovers
+                    log.info("cannot list the workers here (%r)", error)
+                    siblings = []
+                for pk, pid, started_at in siblings:
+                    if pk not in self.siblings:
+                        self._watch_sibling(loop, pk, ProcessIdentity(pid, started_at, boot_id()))
+                await asyncio.sleep(settings.TETHER_HEARTBEAT_SECONDS)
+        finally:
+            for fd in self.siblings.values():
+                if fd is not None:
+                    loop.remove_reader(fd)
+                    os.close(fd)
+
+    def _watch_sibling(self, loop, pk: int, identity: ProcessIdentity) -> None:
+        try:
+            fd = os.pidfd_open(identity.pid)
+        except ProcessLookupError:
+            fd = None
+        if fd is not None and identity.is_alive():  # checked after opening: the pidfd is that very process
+            self.siblings[pk] = fd
+            loop.add_reader(fd, self._sibling_ended, loop, pk)
+            return
+        if fd is not None:
+            os.close(fd)
+        self.siblings[pk] = None
+        self._background(self._recover_after(pk))
+
+    def _sibling_ended(self, loop, pk: int) -> None:
+        fd = self.siblings.get(pk)
+        if fd is not None:
+            loop.remove_reader(fd)
+            os.close(fd)
+            self.siblings[pk] = None
+            log.info("worker #%s on this host ended; recovering its sessions when its leases expire", pk)
+            self._background(self._recover_after(pk))
+
+    async def _recover_after(self, worker_pk: int) -> None:
+        try:
+            left = await db(recovery.seconds_until_leases_expire)(worker_pk)
+        except Exception as error:  # the periodic pass will find them
+            log.info("cannot read worker #%s's leases (%r)", worker_pk, error)
+            return
+        await asyncio.sleep(left + 0.05)
+        if not self.draining:
+            await self.recover_once()
 
     async def _recover(self, finding: recovery.Finding) -> str:
         if finding.action == recovery.WAIT:

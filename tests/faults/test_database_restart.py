@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from asgiref.sync import async_to_sync, sync_to_async
-from django.db import connection
+from asgiref.sync import SyncToAsync, async_to_sync, sync_to_async
+from django.db import connection, connections
 
 from executions.models import Execution, State
 from terminals.models import Worker
@@ -42,7 +42,12 @@ def heartbeat_of(pid: int):
 def test_postgresql_restart_during_a_live_session(terminal, operator):
     # Sync on the outside, so every database call below runs on this thread: its connection, broken by
     # the restart, is the one pytest-django flushes with afterwards.
-    async_to_sync(_restart_during_a_live_session)(terminal, operator)
+    try:
+        async_to_sync(_restart_during_a_live_session)(terminal, operator)
+    finally:
+        # Async tests reach the database from asgiref's one shared thread; the restart killed that
+        # thread's connection too: close it, so the next test connects afresh instead of failing.
+        SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=30)
 
 
 async def _restart_during_a_live_session(terminal, operator):

@@ -124,3 +124,34 @@ async def test_a_viewer_follows_its_tmux_shell_to_the_adopting_worker(terminal, 
         await viewer.close()
     finally:
         await sync_to_async(stack.stop)()
+
+
+def test_a_worker_on_the_same_host_adopts_a_killed_siblings_shell_when_its_lease_expires(terminal, operator):
+    """The periodic recovery pass is set to ten minutes here: the surviving worker sees its sibling die
+    (through a pidfd) and adopts the tmux shell as soon as the dead one's lease expires."""
+    stack = Stack()
+    stack.extra_env["TETHER_RECOVERY_SECONDS"] = "600"
+    try:
+        first = stack.start_worker("tmux")
+        session, _ = terminal(operator, "tmux")
+        held = wait_for(
+            lambda: ProcessLease.objects.filter(
+                execution_id=session.execution_id, released_at__isnull=True, handle__has_key="marker"
+            ).first(),
+            what="the first worker to hold the shell",
+        )
+        second = stack.start_worker("tmux")
+        time.sleep(1.5)  # the survivor lists its siblings on its first beat
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        ttl = int(stack.env()["TETHER_LEASE_TTL_SECONDS"])
+        adopted = wait_for(
+            lambda: ExecutionEvent.objects.filter(execution_id=session.execution_id, evidence=Evidence.ADOPTED).first(),
+            timeout=ttl + 8,
+            what="adoption well before the ten-minute pass",
+        )
+        lease = ProcessLease.objects.get(execution_id=session.execution_id, released_at__isnull=True)
+        assert lease.token > held.token and lease.worker.pid == second.pid
+        assert adopted.execution.state == State.RUNNING
+    finally:
+        stack.stop()
