@@ -79,7 +79,7 @@ async def main(args) -> Report:
     report = Report()
     user = await sync_to_async(get_user_model().objects.create_user)("bench", is_staff=True)
     cookie = await sync_to_async(session_cookie)(user)
-    stack = Stack()
+    stack = Stack(worker_poll=0.5)  # the worker's default, not the tests' quick poll
     stack.extra_env.update(TETHER_SESSIONS_PER_USER="100000", TETHER_STRIKE_LIMIT="100000")
     for setting in args.set or []:  # e.g. --set TETHER_CHANNEL_LAYER=pubsub to compare a configuration
         key, _, value = setting.partition("=")
@@ -157,7 +157,8 @@ def cli() -> None:
     parser.add_argument("--full", action="store_true", help="the issue's sizes (slow)")
     parser.add_argument(
         "--only",
-        help="comma-separated: layers,echo,echo_other_layer,throughput,stalled,reconnect,recovery,density,embedded",
+        help="comma-separated: layers,echo,echo_other_layer,throughput,stalled,reconnect,recovery,density,churn,"
+        "embedded",
     )
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument("--profile", metavar="DIR", help="sample daphne and the worker with py-spy into DIR")

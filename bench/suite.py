@@ -137,7 +137,7 @@ async def bench_echo_other_layer(ctx: Context) -> None:
     from tests.bridge.harness import Stack
 
     samples = 1000 if ctx.quick else 5000
-    stack = Stack()
+    stack = Stack(worker_poll=0.5)
     stack.extra_env.update(TETHER_CHANNEL_LAYER=other, TETHER_SESSIONS_PER_USER="100000")
     try:
         await sync_to_async(stack.start_daphne)()
@@ -280,15 +280,12 @@ async def full_throughput(ctx: Context, backend: str, path: str, ref: str = "") 
         await close_session(session)
 
 
-async def tmux_control_rate(path: str) -> float:
-    """tmux's own rate: the tmux backend read in this process, no worker, Redis or socket."""
+async def backend_rate(backend, path: str) -> float:
+    """A backend's own rate: its process read in this process, with no worker, Redis or WebSocket."""
     from terminals.backends.base import SpawnSpec, Tags
     from terminals.backends.procfs import ProcessIdentity
-    from terminals.backends.tmux import TmuxBackend
 
     me = ProcessIdentity.of(os.getpid())
-    socket = unique("tether-bench")
-    backend = TmuxBackend(socket)
     spec = SpawnSpec(argv=("/bin/sh", "-c", f"stty -echo; read x; cat {path}; echo __END__; exec cat"))
     process = await backend.spawn(spec, Tags("bench", me.pid, me.start_time))
     try:
@@ -301,6 +298,16 @@ async def tmux_control_rate(path: str) -> float:
         return len(_payload(bytes(received))) / (time.perf_counter() - began) / MIB
     finally:
         await process.terminate(0.5)
+
+
+async def tmux_control_rate(path: str) -> float:
+    """tmux's own rate: tmux control mode read in this process."""
+    from terminals.backends.tmux import TmuxBackend
+
+    socket = unique("tether-bench")
+    try:
+        return await backend_rate(TmuxBackend(socket), path)
+    finally:
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
 
 
@@ -318,6 +325,22 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
             subprocess.run(["docker", "cp", str(data), f"{container}:/tmp/bench.b64"], check=True)
             path, ref = "/tmp/bench.b64", container
         rate, digest = await full_throughput(ctx, backend, path, ref)
+        if backend == "docker":
+            from terminals.backends.docker import DockerBackend
+
+            # dockerd relays the exec's TTY through containerd's shim and a hijacked HTTP stream: its
+            # own rate, read in this process, says how much of the gap to a raw PTY is docker's.
+            own = await backend_rate(DockerBackend(container=container, engine=""), path)
+            ctx.report.add(
+                Figure(
+                    f"throughput, docker exec read in-process ({size // MIB} MB base64)",
+                    own,
+                    "MB/s",
+                    raw_rate,
+                    "raw PTY read",
+                    note=f"Tether's docker path gets {rate / own:.0%} of this",
+                )
+            )
         ctx.report.add(
             Figure(
                 f"throughput, {backend} ({size // MIB} MB base64)",
@@ -449,6 +472,8 @@ async def bench_reconnect(ctx: Context) -> None:
 
 
 async def bench_recovery(ctx: Context) -> None:
+    from django.conf import settings
+
     from executions.models import Evidence, ExecutionEvent
 
     machine = await sync_to_async(_machine)("tmux", unique("tether-bench"))
@@ -481,7 +506,7 @@ async def bench_recovery(ctx: Context) -> None:
             "s",
             goal=f"≤ TTL + 1 s = {ttl + 1} s",
             met=elapsed <= ttl + 1,
-            note=f"TTL {ttl} s, recovery every {ctx.stack.env().get('TETHER_RECOVERY_SECONDS')} s",
+            note=f"TTL {ttl} s; periodic recovery pass every {settings.TETHER_RECOVERY_SECONDS} s",
         )
     )
     await close_session(session)
@@ -490,44 +515,19 @@ async def bench_recovery(ctx: Context) -> None:
 # --- density --------------------------------------------------------------------------------------
 
 
-async def bench_density(ctx: Context) -> None:
-    from terminals.models import TerminalSession
-
-    count = 100 if ctx.quick else 1000
-    worker = worker_pid(ctx)
-    base_rss = rss_kib(worker)
-    machines = [await sync_to_async(_machine)("local") for _ in range(count)]
-
-    def open_all():
-        return [_open(m, ctx.user, ["/bin/sh", "-c", "exec cat"]) for m in machines]
-
-    from django.test import override_settings
-
-    with override_settings(TETHER_SESSIONS_PER_USER=100_000):
-        sessions = await sync_to_async(open_all)()
-    ids = [s.execution_id for s in sessions]
+async def _wait_all(ids: list[int], state: str, timeout: float = 900) -> None:
     from executions.models import Execution
 
     await wait_until(
-        lambda: sync_to_async(lambda: Execution.objects.filter(pk__in=ids, state="running").count() == count)(),
-        timeout=600,
+        lambda: sync_to_async(lambda: Execution.objects.filter(pk__in=ids, state=state).count() == len(ids))(),
+        timeout=timeout,
         interval=0.5,
     )
-    await asyncio.sleep(3)
-    per_session = (rss_kib(worker) - base_rss) / count
-    cpu_before = cpu_seconds(worker)
-    await asyncio.sleep(10)
-    cpu_idle = (cpu_seconds(worker) - cpu_before) / 10 * 100
-    ctx.report.add(
-        Figure(
-            f"density: worker RSS per idle local session ({count})",
-            per_session,
-            "KiB",
-            goal="≤ 1 MiB",
-            met=per_session <= 1024,
-        )
-    )
-    ctx.report.add(Figure(f"density: worker CPU with {count} idle sessions", cpu_idle, "% of a core"))
+
+
+async def _close_all(sessions) -> None:
+    from terminals.models import TerminalSession
+
     for session in sessions:
         await close_session(session)
     await wait_until(
@@ -538,12 +538,150 @@ async def bench_density(ctx: Context) -> None:
                 .exists()
             )
         )(),
-        timeout=600,
+        timeout=900,
         interval=0.5,
     )
-    leftovers = subprocess.run(["pgrep", "-f", "exec cat"], capture_output=True, text=True).stdout.split()
+
+
+async def bench_density(ctx: Context) -> None:
+    """Idle sessions held by one worker: its memory per session (the shells' own excluded) and idle CPU."""
+    count = 100 if ctx.quick else 1000
+    for backend in ("local", "tmux"):
+        # A fresh worker for each: memory the last benchmark's sessions freed would otherwise be reused.
+        old = ctx.stack.workers[-1]
+        old.send_signal(signal.SIGTERM)
+        await sync_to_async(old.wait)()
+        await sync_to_async(ctx.stack.start_worker)("local,tmux,docker")
+        worker = worker_pid(ctx)
+        base_rss = rss_kib(worker)
+        socket = unique("tether-bench")  # one tmux server for all of them, as on a real host
+        marker = unique("density")
+        machines = [await sync_to_async(_machine)(backend, socket if backend == "tmux" else "") for _ in range(count)]
+        shell = ["/bin/sh", "-c", f"sleep 2147483; : {marker}"]
+        sessions = await sync_to_async(
+            lambda machines=machines, shell=shell: [_open(m, ctx.user, shell) for m in machines]
+        )()
+        await _wait_all([s.execution_id for s in sessions], "running")
+        await asyncio.sleep(3)
+        per_session = (rss_kib(worker) - base_rss) / count
+        cpu_before = cpu_seconds(worker)
+        await asyncio.sleep(10)
+        cpu_idle = (cpu_seconds(worker) - cpu_before) / 10 * 100
+        ctx.report.add(
+            Figure(
+                f"density: worker RSS per idle {backend} session ({count})",
+                per_session,
+                "KiB",
+                goal="≤ 1 MiB",
+                met=per_session <= 1024,
+            )
+        )
+        ctx.report.add(Figure(f"density: worker CPU with {count} idle {backend} sessions", cpu_idle, "% of a core"))
+        await _close_all(sessions)
+        leftovers = _processes(marker, socket if backend == "tmux" else "")
+        ctx.report.add(
+            Figure(
+                f"density: {backend} processes left after closing {count}",
+                len(leftovers),
+                "",
+                goal="0",
+                met=not leftovers,
+            )
+        )
+        if backend == "tmux":
+            subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+
+
+def _processes(marker: str, tmux_socket: str = "") -> list[str]:
+    """Live processes whose command line names ``marker``, less the tmux server of ``tmux_socket``: it
+    carries the command line of the spawn that started it, and is kept running on purpose (exit-empty off)."""
+    server = _tmux_server(tmux_socket) if tmux_socket else ""
+    lines = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout.splitlines()
+    lines = [line for line in lines if line.split()[0] != server]
+    for line in lines:
+        print(f"  still running: {line[:200]}", flush=True)
+    return lines
+
+
+def _tmux_server(socket: str) -> str:
+    """The pid of the socket's tmux server, which carries the command line of the spawn that started it."""
+    done = subprocess.run(["tmux", "-L", socket, "display-message", "-p", "#{pid}"], capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def _tmux_sessions(socket: str) -> int:
+    done = subprocess.run(["tmux", "-L", socket, "list-sessions", "-F", "#S"], capture_output=True, text=True)
+    return len(done.stdout.split())
+
+
+def _redis_counts(url: str, prefix: str) -> tuple[int, int, int]:
+    """(keys under the channel prefix, pub/sub channels under it, client connections) in Redis."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        keys = sum(1 for _ in client.scan_iter(match=f"{prefix}*", count=1000))
+        channels = len(client.pubsub_channels(f"{prefix}*"))
+        return keys, channels, len(client.client_list())
+    finally:
+        client.close()
+
+
+async def bench_churn(ctx: Context) -> None:
+    """Sessions opened, viewed, typed into and closed, many times over, in parallel lanes: afterwards
+    nothing may be left (shells, tmux sessions, Redis keys, subscriptions or connections)."""
+    count = 200 if ctx.quick else 2000
+    lanes = 10
+    socket = unique("tether-bench")
+    marker = unique("churn")
+    prefix = ctx.stack.prefix
+    done = total = 0
+
+    async def lane(number: int) -> None:
+        nonlocal done
+        backend = "tmux" if number % 2 else "local"
+        machine = await sync_to_async(_machine)(backend, socket if backend == "tmux" else "")
+        shell = ["/bin/sh", "-c", f"echo READY; sleep 2147483; : {marker}"]
+        while done < total:
+            done += 1
+            session = await sync_to_async(_open)(machine, ctx.user, shell)
+            from tests.bridge.harness import Viewer
+
+            viewer = await Viewer.open(ctx.stack.ports[0], session.id, ctx.cookie)
+            await viewer.attach()
+            await viewer.read_until(b"READY", timeout=60)
+            await viewer.close()
+            await _close_all([session])
+
+    # A first round warms the connection pools (they keep as many connections as were ever busy at
+    # once): what is counted after the churn proper is then what the churn itself left.
+    total = 2 * lanes
+    await asyncio.gather(*(lane(n) for n in range(lanes)))
+    await asyncio.sleep(3)
+    before = _redis_counts(ctx.stack.redis_url, prefix)
+    total += count
+    began = time.monotonic()
+    await asyncio.gather(*(lane(n) for n in range(lanes)))
+    elapsed = time.monotonic() - began
+    await asyncio.sleep(3)  # let the last closes settle
+    after = _redis_counts(ctx.stack.redis_url, prefix)
+    left = {
+        "shells": len(_processes(marker, socket)),
+        "tmux sessions": _tmux_sessions(socket),
+        "Redis keys": after[0] - before[0],
+        "Redis subscriptions": after[1] - before[1],
+        "Redis connections": after[2] - before[2],
+    }
+    subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
     ctx.report.add(
-        Figure(f"density: processes left after closing {count}", len(leftovers), "", goal="0", met=not leftovers)
+        Figure(
+            f"churn: {count} sessions opened, viewed and closed ({lanes} at a time, local and tmux): left over",
+            sum(max(v, 0) for v in left.values()),
+            "",
+            goal="0",
+            met=all(v <= 0 for v in left.values()),
+            note=", ".join(f"{k} {v}" for k, v in left.items()) + f"; {count / elapsed:.1f} sessions/s",
+        )
     )
 
 
@@ -597,4 +735,5 @@ BENCHMARKS = {
     "reconnect": bench_reconnect,
     "recovery": bench_recovery,
     "density": bench_density,
+    "churn": bench_churn,
 }

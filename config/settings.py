@@ -97,7 +97,12 @@ if REDIS_URL and TETHER_CHANNEL_LAYER == "pubsub":
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": [{"address": REDIS_URL}], "prefix": env_str("TETHER_CHANNEL_PREFIX", "tether")},
+            # RESP2: redis-py's RESP3 parser formats every pub/sub message into a debug string, logged or
+            # not (a third of daphne's time at full output, docs/benchmarks.md); RESP2 has no such step.
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "protocol": 2}],
+                "prefix": env_str("TETHER_CHANNEL_PREFIX", "tether"),
+            },
         }
     }
 elif REDIS_URL:

@@ -35,7 +35,7 @@ from terminals.protocol import (
 
 log = logging.getLogger(__name__)
 
-ACK_BATCH_BYTES = 32 * 1024  # an ack freeing this much of the flow window goes to the worker at once
+ACK_BATCH_BYTES = 128 * 1024  # an ack freeing this much of the flow window goes to the worker at once
 ACK_DELAY_SECONDS = 0.01  # a smaller one waits this long for company
 
 # Sessions closed for these reasons get a fresh shell when a viewer attaches (if TETHER_AUTO_RESET).

@@ -80,15 +80,17 @@ class LocalProcess(Process):
         """One read, then more while more is ready: a PTY hands out about 4 KiB per read, and fewer,
         larger chunks make every hop after this one cheaper. Raises BlockingIOError when nothing is ready."""
         data = os.read(self._master, READ_CHUNK)
-        while len(data) < READ_CHUNK:
+        parts, size = [data], len(data)
+        while size < READ_CHUNK:
             try:
-                more = os.read(self._master, READ_CHUNK - len(data))
+                more = os.read(self._master, READ_CHUNK - size)
             except (BlockingIOError, OSError):
                 break
             if not more:
                 break
-            data += more
-        return data
+            parts.append(more)
+            size += len(more)
+        return b"".join(parts) if len(parts) > 1 else data
 
     async def write(self, data: bytes) -> None:
         view = memoryview(data)

@@ -299,6 +299,8 @@ class TmuxProcess(Process):
     async def _watch(self) -> Exit:
         while self._exit is None:
             state = await self._backend._state(self.handle)
+            if self._exit is not None:  # terminate() read it meanwhile, before it removed the session
+                break
             if state.exit is None and state.status != Status.ALIVE:
                 raise BackendError(f"no exit can be known for {self.handle['session']}: {state.detail}")
             self._exit = state.exit
@@ -318,8 +320,9 @@ class TmuxProcess(Process):
             if exit is not None or state.status != Status.ALIVE:
                 break
             await asyncio.sleep(0.02)
-        await self._backend._run("kill-session", "-t", f"={self.handle['session']}")
+        # Kept before the session (tmux's record of the exit) goes: a wait() woken by the exit reads it here.
         self._exit = exit
+        await self._backend._run("kill-session", "-t", f"={self.handle['session']}")
         return exit
 
     async def detach(self) -> None:
@@ -414,6 +417,9 @@ class TmuxBackend(Backend):
         create = ["new-session", "-d", "-s", name, *size, "-c", cwd.replace("#", "##")]
         commands = [
             ["start-server"],
+            # A server that exits with its last session races the next spawn on the same socket (the
+            # churn benchmark hit "server exited unexpectedly"): keep it up; it costs one idle process.
+            ["set-option", "-s", "exit-empty", "off"],
             ["set-option", "-s", "escape-time", "0"],
             ["set-option", "-g", "update-environment", ""],
             [*create, *env_args, "-P", "-F", "#{pane_id}", "--", *shim],
@@ -423,7 +429,13 @@ class TmuxBackend(Backend):
             *(["set-option", "-t", target, option, value] for option, value in options.items()),
             *(["set-option", "-w", "-t", target, option, value] for option, value in WINDOW_OPTIONS.items()),
         ]
-        code, out, err = await self._run(*_chain(commands))
+        for _ in range(3):
+            code, out, err = await self._run(*_chain(commands))
+            if "server exited" not in err:
+                break
+            # Another client's kill-server (or an exiting server of an older Tether) took our command
+            # list with it: nothing of ours survived it, so asking the next server is safe.
+            await asyncio.sleep(0.1)
         if not out.startswith("%"):  # no session was made (a failed command list stops at the failure)
             raise SpawnError(f"tmux could not start {program}: {err.strip() or out.strip()}")
         handle = self._handle(name, out.split()[0], tags.marker)

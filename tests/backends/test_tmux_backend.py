@@ -122,6 +122,19 @@ async def test_terminate_while_a_read_is_pending_ends_both(backend):
     assert (await backend.inspect(process.handle)).status == Status.GONE
 
 
+async def test_a_kill_while_the_owner_waits_for_the_exit_records_the_exit(backend):
+    """The worker waits for the exit while a Kill ends the tree: the waiter gets the exit terminate read,
+    not "no pane" from a session terminate has just removed (found by the churn benchmark)."""
+    for _ in range(6):
+        process = await backend.spawn(SpawnSpec(argv=("/bin/sh", "-c", "echo ready; exec sleep 1000")), make_tags())
+        await read_until(process, b"ready")
+        waiting = asyncio.create_task(process.wait())
+        await asyncio.sleep(0.05)
+        ended = await asyncio.wait_for(process.terminate(grace=0.5), 15)
+        exit = await asyncio.wait_for(waiting, 15)
+        assert ended is not None and exit == ended
+
+
 async def test_tagged_sessions_are_listed_and_an_untagged_one_is_never_touched(backend, tmux_socket):
     tags = make_tags("tether:session.1")  # ':' and '.' cannot be in a tmux session name
     process = await backend.spawn(SpawnSpec(argv=("sleep", "1000")), tags)

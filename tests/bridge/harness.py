@@ -105,6 +105,8 @@ class Stack:
     workers: list[subprocess.Popen] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
     redis_url: str = REDIS_URL
+    # Tests create work from a process whose wake-ups do not reach the workers: they poll often.
+    worker_poll: float = 0.1
     log_dir: Path = field(default_factory=lambda: Path(os.environ.get("TETHER_TEST_LOGS", "/tmp/tether-test-logs")))
 
     def _log(self, name: str):
@@ -163,7 +165,7 @@ class Stack:
     def start_worker(self, backends: str = "local,tmux,docker") -> subprocess.Popen:
         log = self._log("worker")
         process = subprocess.Popen(
-            [sys.executable, "manage.py", "terminal_worker", "--poll", "0.1", "--backends", backends],
+            [sys.executable, "manage.py", "terminal_worker", "--poll", str(self.worker_poll), "--backends", backends],
             cwd=ROOT,
             env=self.env(),
             stdout=log,
