@@ -28,7 +28,7 @@ def setup_django() -> None:
     os.environ.setdefault("TETHER_SESSIONS_PER_USER", "100000")  # density opens hundreds for one user
     sys.path.insert(0, str(ROOT))
     name = BENCH_DB.split("///")[1].split("?")[0]
-    subprocess.run(["dropdb", "-h", "/var/run/postgresql", "--if-exists", name], check=True)
+    subprocess.run(["dropdb", "-h", "/var/run/postgresql", "--if-exists", "--force", name], check=True)
     subprocess.run(["createdb", "-h", "/var/run/postgresql", name], check=True)
     import django
 

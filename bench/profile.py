@@ -63,7 +63,7 @@ def profiled(directory: Path, benchmark: str, processes: dict[str, int]):
 
 def _frames(line: str) -> tuple[list[str], int]:
     stack, _, count = line.rpartition(" ")
-    return stack.split(";"), int(count)
+    return stack.split(";"), int(count) if count.isdigit() else 0  # py-spy may write a garbled frame
 
 
 def summarise(path: Path, name: str, top: int = 12) -> str:

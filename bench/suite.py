@@ -190,7 +190,9 @@ async def bench_echo(ctx: Context) -> None:
         )
     # Loaded: other sessions each streaming about 1 MB/s to their own viewers.
     loaded_count = 10 if ctx.quick else 100
-    stream = ["/bin/sh", "-c", "while :; do head -c 102400 /dev/zero | tr '\\0' x; sleep 0.1; done"]
+    # One process per session writing 100 KiB every 0.1 s: a shell loop spawning head, tr and sleep would
+    # start 3,000 processes a second for 100 sessions and load the machine more than their output does.
+    stream = [sys.executable, "-c", "import os, time\nwhile True: os.write(1, b'x' * 102400); time.sleep(0.1)"]
     others = [
         await sync_to_async(_open)(await sync_to_async(_machine)("local"), ctx.user, stream)
         for _ in range(loaded_count)

@@ -81,12 +81,15 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql") and TETHER_DB_IDLE_TRAN
         "options", f"-c idle_in_transaction_session_timeout={TETHER_DB_IDLE_TRANSACTION_SECONDS * 1000}"
     )
 
-# The owner worker keeps its one database connection this long between calls (checked before reuse,
-# so a restarted PostgreSQL costs one reconnect): a fresh connection per claim poll and heartbeat
-# cost a new PostgreSQL backend each time, which showed in keystroke latency (docs/benchmarks.md).
-# Web requests keep Django's ASGI default of a connection per request.
-TETHER_WORKER_DB_CONN_MAX_AGE = env_int("TETHER_WORKER_DB_CONN_MAX_AGE", 300, minimum=0)
+# PostgreSQL connections come from a pool in each process (checked before reuse, so a restarted
+# PostgreSQL costs a reconnect, not an error). Without it every database call made its own connection:
+# the worker's claim poll and heartbeats, and in daphne each open terminal's owner check (two a viewer
+# every TETHER_VIEWER_CHECK_SECONDS: 40 new PostgreSQL backends a second for 100 viewers); see
+# docs/benchmarks.md. Django's ASGI mode rules out persistent connections, not a pool. 0 turns it off.
+TETHER_DB_POOL_SIZE = env_int("TETHER_DB_POOL_SIZE", 8, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+if DATABASES["default"]["ENGINE"].endswith("postgresql") and TETHER_DB_POOL_SIZE:
+    DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": TETHER_DB_POOL_SIZE, "timeout": 30}
 
 REDIS_URL = env_str("REDIS_URL")
 # pubsub: Redis PUBLISH (at-most-once, one Redis round trip a hop: 2.5x faster echo here); core:
@@ -185,6 +188,11 @@ TETHER_FLOW_HIGH_BYTES = env_int(
     "TETHER_FLOW_HIGH_BYTES", TETHER_BUFFER_BYTES - 64 * 1024, minimum=4096, maximum=TETHER_BUFFER_BYTES - 64 * 1024
 )
 TETHER_FLOW_LOW_BYTES = env_int("TETHER_FLOW_LOW_BYTES", TETHER_FLOW_HIGH_BYTES // 3, minimum=0)
+# Unacknowledged output across all of a worker's viewers, shared out among the sessions streaming at
+# once (at least 4 KiB each): everything in flight queues in the pipes every session shares (Redis,
+# daphne), so this bounds how long a keystroke's echo can wait behind other sessions' output
+# (docs/benchmarks.md). One streaming session still gets its whole window.
+TETHER_FLOW_WORKER_BYTES = env_int("TETHER_FLOW_WORKER_BYTES", 512 * 1024, minimum=4096)
 # How long a departed viewer's flow window holds the output for it (a reconnect within it has no gap).
 TETHER_RECONNECT_GRACE_SECONDS = env_int("TETHER_RECONNECT_GRACE_SECONDS", 60, minimum=0)
 # A browser sending more bad frames than this within 10 s is closed with 4008.

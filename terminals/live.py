@@ -31,6 +31,23 @@ class Viewer:
     input_seq: int = 0  # the last input message written; a repeated delivery is not written again
 
 
+MIN_WINDOW_BYTES = 4096  # the least flow window a streaming session is given, however many there are
+
+
+@dataclass
+class FlowBudget:
+    """The worker's output in flight to all its viewers at once (TETHER_FLOW_WORKER_BYTES), shared out
+    among the sessions that have output in flight: with a hundred sessions streaming, each gets a
+    hundredth, so a keystroke's echo waits behind a bounded amount of other sessions' output."""
+
+    total: int
+    streaming: set[int] = field(default_factory=set)  # execution pks with unacknowledged output
+
+    def window(self) -> int:
+        share = self.total // max(len(self.streaming), 1)
+        return max(MIN_WINDOW_BYTES, min(settings.TETHER_FLOW_HIGH_BYTES, share))
+
+
 @dataclass
 class LiveProcess:
     execution_pk: int
@@ -57,6 +74,7 @@ class LiveProcess:
     acked: int = 0  # offset the last viewer confirmed rendering; kept while it is away
     viewer_gone_at: float | None = None
     let_go: bool = False  # observation handed back (lease lost, or left for a later owner)
+    budget: FlowBudget | None = None  # the worker's, shared with its other sessions
 
     def __post_init__(self) -> None:
         self.flow_open.set()
@@ -78,15 +96,29 @@ class LiveProcess:
         quick reconnect resumes with no gap; after that the session runs free and the bounded
         buffer keeps only the tail (a reconnect is then told how much was lost).
         """
+        in_flight = self.in_flight()
+        high, low = settings.TETHER_FLOW_HIGH_BYTES, settings.TETHER_FLOW_LOW_BYTES
+        if self.budget is not None:
+            if in_flight > 0 and self.viewer is not None and not self.closing:  # in the shared pipes now
+                self.budget.streaming.add(self.execution_pk)
+            else:
+                self.budget.streaming.discard(self.execution_pk)
+            high = self.budget.window()
+            low = min(low, high // 3)
         if self.viewer is None and (
             self.viewer_gone_at is None
             or time.monotonic() - self.viewer_gone_at >= settings.TETHER_RECONNECT_GRACE_SECONDS
         ):
             self.flow_open.set()
-        elif self.in_flight() >= settings.TETHER_FLOW_HIGH_BYTES:
+        elif in_flight >= high:
             self.flow_open.clear()
-        elif self.in_flight() <= settings.TETHER_FLOW_LOW_BYTES:
+        elif in_flight <= low:
             self.flow_open.set()
+
+    def forget_flow(self) -> None:
+        """No longer held: its share of the worker's budget goes back to the others."""
+        if self.budget is not None:
+            self.budget.streaming.discard(self.execution_pk)
 
     def ack(self, viewer_id: str, offset: int) -> None:
         if self.viewer and self.viewer.viewer_id == viewer_id:

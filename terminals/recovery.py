@@ -108,14 +108,15 @@ def sibling_workers(me: Worker) -> list[tuple[int, int, int]]:
     )
 
 
-def seconds_until_leases_expire(worker_pk: int) -> float:
-    """By the database clock: how long until the last lease this worker still holds expires (0 if none)."""
+def seconds_until_leases_expire(worker_pk: int) -> float | None:
+    """By the database clock: how long until the last lease this worker still holds expires (None: it
+    holds none, so there is nothing to recover)."""
     left = (
         ProcessLease.objects.filter(worker_id=worker_pk, released_at__isnull=True)
         .annotate(left=F("expires_at") - Now())
         .aggregate(longest=Max("left"))["longest"]
     )
-    return max(left.total_seconds(), 0.0) if left else 0.0
+    return None if left is None else max(left.total_seconds(), 0.0)
 
 
 def orphaned_leases() -> list[tuple[ProcessLease, str]]:

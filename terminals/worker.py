@@ -28,7 +28,7 @@ from terminals import actions, recovery
 from terminals.backends.base import SpawnError, SpawnSpec, Status, Tags
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.lifetimes import CHECK_SECONDS, Limits, judge
-from terminals.live import LiveProcess
+from terminals.live import FlowBudget, LiveProcess
 from terminals.models import CloseReason, TerminalSession, Worker, WorkerState
 from terminals.registry import available_backends, backend_for
 from terminals.viewing import ViewerHandlers
@@ -84,6 +84,7 @@ class OwnerWorker(ViewerHandlers):
         self.leases_fresh_until = 0.0
         self.stop: asyncio.Event | None = None
         self.woken = asyncio.Event()
+        self.budget = FlowBudget(settings.TETHER_FLOW_WORKER_BYTES)  # output in flight to all viewers
         self.recovering = asyncio.Lock()  # one recovery pass at a time in this worker
         self.siblings: dict[int, int | None] = {}  # other workers here: pk -> pidfd watched (None: ended)
 
@@ -264,6 +265,7 @@ class OwnerWorker(ViewerHandlers):
             generation=session.generation if session else 0,
             handle_backend=backend,
             limits=Limits(spec.idle_seconds, spec.session_seconds, spec.output_limit_bytes),
+            budget=self.budget,
         )
         if screen:
             live.buffer.append(screen)
@@ -368,6 +370,8 @@ class OwnerWorker(ViewerHandlers):
         except Exception as error:  # the periodic pass will find them
             log.info("cannot read worker #%s's leases (%r)", worker_pk, error)
             return
+        if left is None:
+            return  # it held nothing (a worker that died long ago was settled by earlier passes)
         await asyncio.sleep(left + 0.05)
         if not self.draining:
             await self.recover_once()
@@ -466,6 +470,7 @@ class OwnerWorker(ViewerHandlers):
             raise
         finally:
             self.live.pop(live.execution_pk, None)
+            live.forget_flow()
 
     async def _until_recorded(self, write) -> None:
         """An observed exit must reach the record: retry through a database outage (the lease, checked

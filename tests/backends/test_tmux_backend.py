@@ -135,6 +135,22 @@ async def test_a_kill_while_the_owner_waits_for_the_exit_records_the_exit(backen
         assert ended is not None and exit == ended
 
 
+async def test_the_server_outlives_its_last_session_so_the_next_open_cannot_meet_it_exiting(backend, tmux_socket):
+    """A server that exited with its last session raced the next open on the same socket ("server exited
+    unexpectedly", seen by the churn benchmark): it now stays up, empty, until someone kills it."""
+    first = await backend.spawn(SpawnSpec(argv=("/bin/sh", "-c", "echo one; exec sleep 1000")), make_tags())
+    await read_until(first, b"one")
+    server = tmux(tmux_socket, "display-message", "-p", "#{pid}").strip()
+    await first.terminate(grace=0.5)
+    assert tmux(tmux_socket, "list-sessions", "-F", "#S") == ""  # no session left...
+    assert tmux(tmux_socket, "display-message", "-p", "#{pid}").strip() == server  # ...and the same server
+    second = await backend.spawn(SpawnSpec(argv=("/bin/sh", "-c", "echo two; exec sleep 1000")), make_tags())
+    try:
+        await read_until(second, b"two")
+    finally:
+        await second.terminate(grace=0.5)
+
+
 async def test_tagged_sessions_are_listed_and_an_untagged_one_is_never_touched(backend, tmux_socket):
     tags = make_tags("tether:session.1")  # ':' and '.' cannot be in a tmux session name
     process = await backend.spawn(SpawnSpec(argv=("sleep", "1000")), tags)

@@ -15,9 +15,10 @@ from asgiref.sync import sync_to_async
 
 from executions import actions as exec_actions
 from executions.models import Evidence, Execution, State
+from terminals import actions as terminal_actions
 from terminals.models import ProcessState, TerminalSession
 from terminals.protocol import CloseCode
-from tests.bridge.harness import ROOT, Stack, Viewer, database_url, open_viewer
+from tests.bridge.harness import ROOT, Stack, Viewer, database_url, open_viewer, session_cookie
 from tests.factories import TEST_ACTOR, make_spec
 
 pytestmark = [pytest.mark.continuity, pytest.mark.django_db(transaction=True)]
@@ -283,3 +284,40 @@ def _type_while_away(session, text: str) -> None:
 
     handle = ProcessLease.objects.get(execution_id=session.execution_id).handle
     subprocess.run(["tmux", "-L", handle["socket"], "send-keys", "-t", handle["pane"], "-l", text], check=True)
+
+
+async def test_streaming_sessions_share_the_workers_flow_budget(place, operator):
+    """Four sessions start `yes` together and their viewers acknowledge nothing: together they are sent no
+    more than the worker's budget (plus one read each), not four whole windows, and each gets a share."""
+    budget = 256 * 1024
+    stack = Stack()
+    stack.extra_env["TETHER_FLOW_WORKER_BYTES"] = str(budget)
+    try:
+        await sync_to_async(stack.start_daphne)()
+        await sync_to_async(stack.start_worker)("local")
+
+        def opened(n: int):
+            return terminal_actions.open_terminal(place("local", f"flow-{n}"), operator)[0]
+
+        sessions = [await sync_to_async(opened)(n) for n in range(4)]
+        cookie = await sync_to_async(session_cookie)(operator)
+        viewers = [await Viewer.open(stack.ports[0], session.id, cookie) for session in sessions]
+        for viewer in viewers:
+            await viewer.attach()
+            viewer.auto_ack = False
+            await viewer.type("sleep 1; yes\r")
+
+        async def take(viewer, seconds: float) -> None:
+            deadline = time.monotonic() + seconds
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    await viewer._next(left)
+                except TimeoutError:
+                    pass
+
+        await asyncio.gather(*(take(viewer, 4) for viewer in viewers))
+        sent = [viewer.offset - viewer.acked for viewer in viewers]
+        assert sum(sent) <= budget + 4 * 64 * 1024, sent
+        assert all(size > 0 for size in sent), sent
+    finally:
+        await sync_to_async(stack.stop)()

@@ -3,9 +3,7 @@
 import asyncio
 import signal
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connections
 
 from executions.models import Backend
 from terminals.worker import OwnerWorker
@@ -25,8 +23,6 @@ class Command(BaseCommand):
             unknown = backends - set(Backend.values)
             if unknown:
                 raise CommandError(f"unknown backends: {', '.join(sorted(unknown))}", returncode=2)
-        # The worker's database work runs on one thread: keep that thread's connection between calls.
-        connections["default"].settings_dict["CONN_MAX_AGE"] = settings.TETHER_WORKER_DB_CONN_MAX_AGE
         asyncio.run(self.serve(OwnerWorker(backends=backends, poll_interval=options["poll"])))
 
     async def serve(self, worker: OwnerWorker) -> None:
