@@ -30,10 +30,7 @@ async def main(port: int, cookie: str, session_ids: list[str]) -> None:
 
     async def drain(viewer) -> None:
         while True:
-            try:
-                await viewer._next(5)
-            except TimeoutError:
-                continue
+            await viewer.read_for(1)
             viewer.output.clear()  # counted by offset; kept, it would grow by a megabyte a second
 
     draining = [asyncio.create_task(drain(viewer)) for viewer in viewers]

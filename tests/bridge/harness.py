@@ -253,6 +253,16 @@ class Viewer:
             if message["type"] == "attached":
                 self.offset = self.acked = message["offset"]
 
+    async def read_for(self, seconds: float) -> None:
+        """Take whatever comes for ``seconds`` (acknowledging it only if ``auto_ack``): with it off, a browser
+        whose renderer is stuck, whose socket still takes frames and answers daphne's pings."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                await self._next(left)
+            except TimeoutError:
+                pass
+
     async def read_until(self, needle: bytes, timeout: float = 15.0) -> bytes:
         deadline = time.monotonic() + timeout
         start = len(self.output) - len(needle) if len(self.output) > len(needle) else 0

@@ -103,22 +103,12 @@ async def test_stalled_client_under_yes_costs_bounded_memory_and_ctrl_c_gets_thr
     worker_pid = stack.workers[0].pid
     viewer.auto_ack = False  # the browser stalls: it renders and acknowledges nothing more
 
-    async def stall(seconds: float) -> None:
-        """Like a browser whose renderer is stuck: its socket still takes frames (and answers daphne's
-        pings, which a client that stopped reading its socket would not), but nothing is acknowledged."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                await viewer._next(left)
-            except TimeoutError:
-                pass
-
     await viewer.type("yes\r")
-    await stall(3)
+    await viewer.read_for(3)
     baseline = _rss_kib(worker_pid)
     peak = baseline
     for _ in range(57):  # 60 s of stall in all
-        await stall(1)
+        await viewer.read_for(1)
         peak = max(peak, _rss_kib(worker_pid))
     assert peak - baseline < 10 * 1024, f"worker RSS grew by {peak - baseline} KiB under a stalled client"
     await viewer.type(b"\x03")
@@ -306,16 +296,7 @@ async def test_streaming_sessions_share_the_workers_flow_budget(place, operator)
             await viewer.attach()
             viewer.auto_ack = False
             await viewer.type("sleep 1; yes\r")
-
-        async def take(viewer, seconds: float) -> None:
-            deadline = time.monotonic() + seconds
-            while (left := deadline - time.monotonic()) > 0:
-                try:
-                    await viewer._next(left)
-                except TimeoutError:
-                    pass
-
-        await asyncio.gather(*(take(viewer, 4) for viewer in viewers))
+        await asyncio.gather(*(viewer.read_for(4) for viewer in viewers))
         sent = [viewer.offset - viewer.acked for viewer in viewers]
         assert sum(sent) <= budget + 4 * 64 * 1024, sent
         assert all(size > 0 for size in sent), sent
