@@ -107,6 +107,7 @@ async def main(args) -> Report:
                 report.notes.append(f"{name} did not complete: {error!r}")
                 print(f"  {name} did not complete: {error!r}", flush=True)
             print(f"  ({time.monotonic() - began:.0f} s)", flush=True)
+            write_markdown(report, args, Path(args.out))  # what is measured so far survives an interrupted run
     finally:
         await sync_to_async(stack.stop)()
         if container:
