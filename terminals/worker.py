@@ -86,6 +86,7 @@ class OwnerWorker(ViewerHandlers):
         self.woken = asyncio.Event()
         self.budget = FlowBudget(settings.TETHER_FLOW_WORKER_BYTES)  # output in flight to all viewers
         self.recovering = asyncio.Lock()  # one recovery pass at a time in this worker
+        self.ending = asyncio.Semaphore(4)  # process trees being ended at once
         self.siblings: dict[int, int | None] = {}  # other workers here: pk -> pidfd watched (None: ended)
 
     def _background(self, work) -> None:
@@ -548,7 +549,10 @@ class OwnerWorker(ViewerHandlers):
         live.closing, live.close_reason = True, reason
         live.flow_open.set()  # let the pump drain to EOF
         try:
-            await live.process.terminate(grace=1.0)
+            # A few at a time: a thousand sessions killed at once, each scanning every process on the
+            # host, ran out of time and were left alive (and honestly recorded unknown).
+            async with self.ending:
+                await live.process.terminate(grace=1.0)
         except Exception as error:  # cannot prove it gone: the supervisor records unknown
             live.lost_observation = f"terminate failed: {error!r}"
         if live.pump_task:

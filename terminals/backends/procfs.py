@@ -116,17 +116,23 @@ async def terminate_tree(
     Returns once no process of the tree is left alive (raises TimeoutError
     otherwise), so the caller can say the tree is proven gone.
     """
-    first = find_tree(marker=marker, session=session)
+
+    async def scan() -> list[ProcessIdentity]:
+        # A scan reads every process's environment: on a thread, so a host with thousands of processes
+        # does not stall the event loop (and with it every other session) while it runs.
+        return await asyncio.to_thread(find_tree, marker=marker, session=session)
+
+    first = await scan()
     for process in first:
         process.signal(signal.SIGHUP)
         process.signal(signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and find_tree(marker=marker, session=session):
+    while time.monotonic() < deadline and await scan():
         await asyncio.sleep(0.05)
     stop_by = time.monotonic() + timeout
     while True:
         # Re-scan each round: a dying parent may have forked a last child.
-        left = find_tree(marker=marker, session=session)
+        left = await scan()
         if not left:
             return first
         for process in left:
