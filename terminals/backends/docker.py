@@ -132,8 +132,6 @@ class DockerProcess(Process):
         try:
             if self._on_loop:
                 chunk = await asyncio.get_running_loop().sock_recv(self._sock, READ_CHUNK)
-                if chunk:
-                    chunk = self._and_what_else_waits(chunk)
             else:
                 chunk = await asyncio.to_thread(self._sock.recv, READ_CHUNK)
         except OSError:
@@ -143,24 +141,6 @@ class DockerProcess(Process):
         if not chunk:
             self._eof.set()
         return chunk
-
-    def _and_what_else_waits(self, chunk: bytes) -> bytes:
-        """``chunk`` plus whatever else the socket already holds, up to READ_CHUNK, without waiting.
-
-        dockerd relays a TTY in writes of a few KiB; one message per few KiB made every later hop
-        (Redis, daphne, the browser's acks) pay per message (in-process: 5.3 KiB a read on average)."""
-        parts, size = [chunk], len(chunk)
-        while size < READ_CHUNK:
-            try:
-                more = self._sock.recv(READ_CHUNK - size)
-            except OSError:  # nothing more waiting now (EAGAIN), or the stream broke: the next read says
-                break
-            if not more:
-                self._eof.set()  # what came is delivered now; the next read returns the end
-                break
-            parts.append(more)
-            size += len(more)
-        return b"".join(parts) if len(parts) > 1 else chunk
 
     async def write(self, data: bytes) -> None:
         if self._closing:
