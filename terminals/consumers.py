@@ -22,6 +22,7 @@ from django.conf import settings
 
 from executions.actions import WAKE_CHANNEL
 from terminals import actions
+from terminals.layers import forget_channel
 from terminals.models import ProcessLease, ProcessState, TerminalSession, WorkerState
 from terminals.protocol import (
     ATTACH_WAIT_SECONDS,
@@ -102,6 +103,12 @@ def _restart(session_id, user, reason: str) -> None:
 
 
 class TerminalConsumer(AsyncWebsocketConsumer):
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await forget_channel(getattr(self, "channel_layer", None), getattr(self, "channel_name", None))
+
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:

@@ -250,3 +250,36 @@ async def test_a_window_that_missed_its_supersede_message_finds_out_from_the_dat
         assert any(m["type"] == "superseded" for m in viewer.messages)
     finally:
         await sync_to_async(stack.stop)()
+
+
+def _viewer_subscriptions(stack) -> list[bytes]:
+    """The consumers' own pub/sub channels in Redis under this stack's prefix (daphne's ``specific.``
+    channels; the worker's channel and groups are named otherwise)."""
+    import redis
+
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        return client.pubsub_channels(f"{stack.prefix}specific.*")
+    finally:
+        client.close()
+
+
+async def test_viewers_that_leave_while_output_streams_leave_no_redis_subscriptions(stack, terminal, operator):
+    """A viewer's channel is unsubscribed however its socket ends, even when an output message for it
+    arrives in the same moment (channels' dispatch loop drops a receive that had already finished)."""
+    viewer, session, cookie = await open_viewer(stack, terminal, operator)
+    await viewer.type("yes tether-stream\r")
+    await viewer.read_until(b"tether-stream\r\ntether-stream")
+    await viewer.close()
+    for _ in range(40):
+        viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+        await viewer.attach()
+        await viewer.read_until(b"tether-stream")
+        await viewer.close()
+    left: list[bytes] = []
+    for _ in range(50):
+        left = await asyncio.to_thread(_viewer_subscriptions, stack)
+        if not left:
+            break
+        await asyncio.sleep(0.1)
+    assert left == [], f"{len(left)} viewer channels still subscribed after every viewer left"

@@ -1,0 +1,30 @@
+"""What Tether needs from a channel layer that the layers do not offer themselves."""
+
+from __future__ import annotations
+
+from channels.layers import InMemoryChannelLayer
+from channels_redis.core import RedisChannelLayer
+from channels_redis.pubsub import RedisPubSubChannelLayer
+
+
+async def forget_channel(layer, channel: str | None) -> None:
+    """Let go of a consumer's own channel once the consumer has ended.
+
+    Channels has no call for this: each layer cleans up when a pending ``receive`` is cancelled.
+    But channels' dispatch loop (``await_many_dispatch``) only cancels, on the way out, the receives
+    still pending. A receive that had already returned a message, because output for the viewer
+    arrived in the same moment the socket closed, is never cancelled, so the pub/sub layer stayed
+    subscribed to the channel for the life of daphne, and kept queueing what was sent to it. That
+    happened to nearly every viewer that left while its terminal printed (tests/bridge, churn
+    benchmark). The core and in-memory layers kept the channel's unread messages the same way.
+    """
+    if layer is None or not channel:
+        return
+    if isinstance(layer, RedisPubSubChannelLayer):
+        loop_layer = layer._get_layer()  # the layer object of this event loop
+        if loop_layer.channels.pop(channel, None) is not None:
+            await loop_layer._get_shard(channel).unsubscribe(channel)
+    elif isinstance(layer, RedisChannelLayer):
+        layer.receive_buffer.pop(channel, None)
+    elif isinstance(layer, InMemoryChannelLayer):
+        layer.channels.pop(channel, None)
