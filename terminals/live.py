@@ -105,7 +105,12 @@ class LiveProcess:
                 self.budget.streaming.discard(self.execution_pk)
             high = self.budget.window()
             low = min(low, high // 3)
-        if self.viewer is None and (
+        if self.closing:
+            # Ending on purpose: read on to EOF, whoever is (not) acknowledging, so the supervisor
+            # sees the end. Closing the window here left a killed session's pump waiting for acks
+            # from a viewer that had gone: the Kill never finished (tests/bridge/test_kill_streaming.py).
+            self.flow_open.set()
+        elif self.viewer is None and (
             self.viewer_gone_at is None
             or time.monotonic() - self.viewer_gone_at >= settings.TETHER_RECONNECT_GRACE_SECONDS
         ):

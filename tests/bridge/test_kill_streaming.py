@@ -1,0 +1,59 @@
+"""Killing sessions that were streaming to viewers that went away."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from executions.actions import Actor, add_machine
+from executions.models import Evidence, Execution, State
+from terminals.actions import open_terminal, operator_session_action
+from tests.bridge.harness import Viewer, session_cookie
+
+pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
+
+STREAM = [sys.executable, "-c", "import os, time\nwhile True: os.write(1, b'x' * 102400); time.sleep(0.1)"]
+
+
+async def test_killing_streaming_sessions_whose_viewers_left_ends_every_one(stack, operator, settings):
+    settings.TETHER_SESSIONS_PER_USER = 10
+
+    def open_one(n):
+        machine = add_machine(name=f"stream-{n}", backend="local", scope="t", actor=Actor.command("test"))
+        return open_terminal(machine, operator, shell=STREAM)[0]
+
+    sessions = [await sync_to_async(open_one)(n) for n in range(10)]
+    cookie = await sync_to_async(session_cookie)(operator)
+    viewers = []
+    for session in sessions:
+        viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+        await viewer.attach()
+        viewers.append(viewer)
+    for viewer in viewers:
+        await viewer.read_until(b"x" * 1000)
+    for viewer in viewers:
+        await viewer.close()
+
+    def kill(session):
+        from terminals.models import TerminalSession
+
+        operator_session_action(TerminalSession.objects.get(pk=session.pk), "kill", actor=Actor.command("test"))
+
+    for session in sessions:
+        await sync_to_async(kill)(session)
+    # Their viewers left with output unacknowledged, inside the reconnect grace period, so each session's
+    # window is shut: the Kill must read on to the end anyway (it once waited for acks that never came).
+    ids = [s.execution_id for s in sessions]
+
+    def outcomes():
+        return sorted(Execution.objects.filter(pk__in=ids).values_list("state", "evidence"))
+
+    ended = [(State.COMPLETED, Evidence.KILLED)] * len(ids)
+    for _ in range(300):
+        if await sync_to_async(outcomes)() == ended:
+            break
+        await asyncio.sleep(0.1)
+    assert await sync_to_async(outcomes)() == ended
