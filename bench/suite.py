@@ -222,8 +222,7 @@ async def _loaded_echo(ctx: Context, viewer, count: int, samples: int, baseline:
         delivered = int((await asyncio.to_thread(drain.communicate, timeout=60))[0].split()[-1]) - mark
     finally:
         drain.kill()
-        for other in others:
-            await close_session(other)
+        await _close_all(others)  # ended, not only asked to end: the next benchmark starts clean
     ctx.report.add(
         Figure(
             f"echo p99, {count} other sessions streaming ~1 MB/s each ({samples} samples)",
