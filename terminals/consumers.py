@@ -22,7 +22,7 @@ from django.conf import settings
 
 from executions.actions import WAKE_CHANNEL
 from terminals import actions
-from terminals.layers import forget_channel
+from terminals.layers import forget_channel, keep_receiving
 from terminals.models import ProcessLease, ProcessState, TerminalSession, WorkerState
 from terminals.protocol import (
     ATTACH_WAIT_SECONDS,
@@ -138,6 +138,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.owner_check: asyncio.Task | None = None
         self.ack_pending = self.ack_forwarded = 0  # the browser's latest ack, and the last one sent on
         self.ack_timer: asyncio.Task | None = None
+        await keep_receiving(self.channel_layer)
         await self.accept()
         # Logging out anywhere closes this socket (terminals.signals); the owner check catches a lost message.
         self.user_group = f"tether.user.{user.pk}"

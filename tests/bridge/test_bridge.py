@@ -252,14 +252,14 @@ async def test_a_window_that_missed_its_supersede_message_finds_out_from_the_dat
         await sync_to_async(stack.stop)()
 
 
-def _viewer_subscriptions(stack) -> list[bytes]:
-    """The consumers' own pub/sub channels in Redis under this stack's prefix (daphne's ``specific.``
-    channels; the worker's channel and groups are named otherwise)."""
+def _subscriptions(stack, kind: str) -> list[bytes]:
+    """Pub/sub channels in Redis under this stack's prefix: ``specific.`` for the consumers' own,
+    ``tether.standing.`` for each daphne's standing one (the worker's are named otherwise)."""
     import redis
 
     client = redis.Redis.from_url(stack.redis_url)
     try:
-        return client.pubsub_channels(f"{stack.prefix}specific.*")
+        return client.pubsub_channels(f"{stack.prefix}{kind}*")
     finally:
         client.close()
 
@@ -278,8 +278,10 @@ async def test_viewers_that_leave_while_output_streams_leave_no_redis_subscripti
         await viewer.close()
     left: list[bytes] = []
     for _ in range(50):
-        left = await asyncio.to_thread(_viewer_subscriptions, stack)
+        left = await asyncio.to_thread(_subscriptions, stack, "specific.")
         if not left:
             break
         await asyncio.sleep(0.1)
     assert left == [], f"{len(left)} viewer channels still subscribed after every viewer left"
+    # What daphne keeps is its one standing channel, so its reader keeps reading for the next viewer.
+    assert len(await asyncio.to_thread(_subscriptions, stack, "tether.standing.")) == 1
