@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 from channels.layers import InMemoryChannelLayer
 from channels_redis.core import RedisChannelLayer
 from channels_redis.pubsub import RedisPubSubChannelLayer
+
+log = logging.getLogger(__name__)
 
 
 async def forget_channel(layer, channel: str | None) -> None:
@@ -23,7 +27,10 @@ async def forget_channel(layer, channel: str | None) -> None:
     if isinstance(layer, RedisPubSubChannelLayer):
         loop_layer = layer._get_layer()  # the layer object of this event loop
         if loop_layer.channels.pop(channel, None) is not None:
-            await loop_layer._get_shard(channel).unsubscribe(channel)
+            try:
+                await loop_layer._get_shard(channel).unsubscribe(channel)
+            except Exception as error:  # Redis away: the socket is closing anyway; say what is left behind
+                log.warning("could not unsubscribe %s (%r): it stays subscribed until daphne restarts", channel, error)
     elif isinstance(layer, RedisChannelLayer):
         layer.receive_buffer.pop(channel, None)
     elif isinstance(layer, InMemoryChannelLayer):
