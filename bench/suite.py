@@ -197,9 +197,9 @@ async def bench_echo(ctx: Context) -> None:
 
 
 async def _loaded_echo(ctx: Context, viewer, count: int, samples: int, baseline: dict) -> None:
-    # One process per session writing 100 KiB every 0.1 s: a shell loop spawning head, tr and sleep would
-    # start 3,000 processes a second for 100 sessions and load the machine more than their output does.
-    stream = [sys.executable, "-c", "import os, time\nwhile True: os.write(1, b'x' * 102400); time.sleep(0.1)"]
+    from tests.bridge.harness import STREAM_1MBS
+
+    stream = list(STREAM_1MBS)
     others = [
         await sync_to_async(_open)(await sync_to_async(_machine)("local"), ctx.user, stream) for _ in range(count)
     ]

@@ -547,7 +547,7 @@ class OwnerWorker(ViewerHandlers):
         if live.closing:
             return
         live.closing, live.close_reason = True, reason
-        live.flow_open.set()  # let the pump drain to EOF
+        live.update_flow()  # a closing session reads on to EOF
         try:
             # A few at a time: a thousand sessions killed at once, each scanning every process on the
             # host, ran out of time and were left alive (and honestly recorded unknown).

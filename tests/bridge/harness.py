@@ -22,6 +22,9 @@ from websockets.exceptions import ConnectionClosed
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# A program printing about 1 MB/s (100 KiB every 0.1 s) from one process: a shell loop of head, tr and
+# sleep would start dozens of processes a second per session and load the machine more than its output.
+STREAM_1MBS = (sys.executable, "-c", "import os, time\nwhile True: os.write(1, b'x' * 102400); time.sleep(0.1)")
 
 
 def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -11,17 +10,17 @@ from asgiref.sync import sync_to_async
 from executions.actions import Actor
 from executions.models import Evidence, Execution, State
 from terminals.actions import open_terminal, operator_session_action
-from tests.bridge.harness import Viewer, session_cookie
+from tests.bridge.harness import STREAM_1MBS, Viewer, session_cookie
 
 pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
-
-STREAM = [sys.executable, "-c", "import os, time\nwhile True: os.write(1, b'x' * 102400); time.sleep(0.1)"]
 
 
 async def test_killing_streaming_sessions_whose_viewers_left_ends_every_one(stack, place, operator, settings):
     settings.TETHER_SESSIONS_PER_USER = 10
     sessions = [
-        await sync_to_async(lambda n=n: open_terminal(place("local", f"stream-{n}"), operator, shell=STREAM)[0])()
+        await sync_to_async(
+            lambda n=n: open_terminal(place("local", f"stream-{n}"), operator, shell=list(STREAM_1MBS))[0]
+        )()
         for n in range(10)
     ]
     cookie = await sync_to_async(session_cookie)(operator)
