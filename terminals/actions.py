@@ -58,21 +58,30 @@ def register_worker(*, worker_id: str, host: str, pid: int, started_at: int, boo
     )
 
 
-def worker_heartbeat(worker: Worker) -> tuple[str, dict[int, tuple[int, str]]]:
-    """Beat for the worker and extend every lease it still holds.
+def worker_heartbeat(worker: Worker, tokens: dict[int, int]) -> tuple[str, dict[int, tuple[int, str]]]:
+    """Beat for the worker and extend the leases it holds under the tokens it was given.
+
+    ``tokens`` is {execution id: token} as the worker knows them. A lease whose
+    token moved on (another claim) is fenced off like any other write: it is not
+    extended, so it expires and recovery can act on it.
 
     Returns the worker's state (``draining`` once drain_worker asked) and
-    {execution id: (token, requested action)} for the leases still held.
+    {execution id: (token, requested action)} for the leases in its name.
     """
     ttl = settings.TETHER_LEASE_TTL_SECONDS
     with transaction.atomic():
         Worker.objects.filter(pk=worker.pk).exclude(state=WorkerState.STOPPED).update(heartbeat_at=Now())
         state = Worker.objects.filter(pk=worker.pk).values_list("state", flat=True).get()
-        held = ProcessLease.objects.filter(worker=worker, released_at__isnull=True)
-        held.update(heartbeat_at=Now(), expires_at=_in(ttl))
-        return state, {
-            pk: (token, request) for pk, token, request in held.values_list("execution_id", "token", "requested_action")
-        }
+        # Locked, so no token can move between the comparison and the update.
+        held = list(
+            ProcessLease.objects.select_for_update()
+            .filter(worker=worker, released_at__isnull=True)
+            .values_list("pk", "execution_id", "token", "requested_action")
+        )
+        ours = [pk for pk, execution_pk, token, _request in held if tokens.get(execution_pk) == token]
+        if ours:
+            ProcessLease.objects.filter(pk__in=ours).update(heartbeat_at=Now(), expires_at=_in(ttl))
+        return state, {execution_pk: (token, request) for _pk, execution_pk, token, request in held}
 
 
 def _worker_event(worker: Worker, from_state: str, to_state: str, actor: Actor, reason: str = "", **detail) -> None:

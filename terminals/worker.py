@@ -75,6 +75,9 @@ class OwnerWorker(ViewerHandlers):
         self.poll_interval = poll_interval
         self.layer = get_channel_layer()
         self.live: dict[int, LiveProcess] = {}
+        # {execution id: token} for every lease this worker was given (claimed, adopted, watched): the
+        # heartbeat extends a lease only under the token it holds.
+        self.tokens: dict[int, int] = {}
         self.worker: Worker | None = None
         self.channel = ""
         self.draining = False
@@ -164,6 +167,7 @@ class OwnerWorker(ViewerHandlers):
         if claimed is None:
             return False
         execution, lease = claimed
+        self.tokens[execution.pk] = lease.token
         try:
             await self.launch(execution, lease.token)
         except actions.LeaseLost as error:  # another worker owns it now: nothing of ours to record
@@ -386,6 +390,7 @@ class OwnerWorker(ViewerHandlers):
             token = await db(recovery.take_over)(finding.lease, self.worker)
             if token is None:
                 return "skipped: another worker moved first"
+            self.tokens[finding.lease.execution_id] = token
             self._background(self._watch_exit(finding, token))
             return f"watching under token {token}"
         return await recovery.settle(finding, self.worker)
@@ -396,6 +401,7 @@ class OwnerWorker(ViewerHandlers):
         token = await db(recovery.take_over)(lease, self.worker)
         if token is None:
             return "skipped: another worker moved first"
+        self.tokens[lease.execution_id] = token
         execution = await db(_load_execution)(lease.execution_id)
         backend = backend_for(execution.machine)
         try:
@@ -596,7 +602,11 @@ class OwnerWorker(ViewerHandlers):
 
     async def heartbeat_once(self) -> None:
         began = time.monotonic()
-        state, held = await db(actions.worker_heartbeat)(self.worker)
+        given = dict(self.tokens)
+        state, held = await db(actions.worker_heartbeat)(self.worker, given)
+        for pk, token in given.items():  # released, or claimed by another worker: nothing left to extend
+            if pk not in held and self.tokens.get(pk) == token:
+                del self.tokens[pk]
         # Until then our leases provably stand: no other worker may claim them before they expire.
         self.leases_fresh_until = began + settings.TETHER_LEASE_TTL_SECONDS
         if state == WorkerState.DRAINING and not self.drain_requested:

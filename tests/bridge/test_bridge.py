@@ -10,10 +10,10 @@ from asgiref.sync import sync_to_async
 from websockets.exceptions import InvalidStatus
 
 from executions import actions as exec_actions
-from executions.models import Evidence, Execution, State
+from executions.models import Evidence, Execution, ExecutionEvent, State
 from terminals.models import ProcessLease
 from terminals.protocol import CloseCode
-from tests.bridge.harness import Viewer, open_viewer, session_cookie
+from tests.bridge.harness import Stack, Viewer, open_viewer, session_cookie
 from tests.factories import TEST_ACTOR, make_spec
 
 pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
@@ -143,33 +143,54 @@ async def test_worker_that_lost_its_lease_stops_writing_for_that_session(stack, 
     execution_pk = await sync_to_async(bump)()
     closed = await viewer.wait_for("closed", timeout=10)
     assert closed["reason"] == "server_restart"
-    await asyncio.sleep(1.5)
-    execution = await sync_to_async(Execution.objects.get)(pk=execution_pk)
-    # The old owner wrote nothing more: no exit, no unknown, the lease untouched but for the bump.
-    assert execution.state == State.RUNNING
-    lease = await sync_to_async(ProcessLease.objects.get)(execution_id=execution_pk)
-    assert lease.released_at is None
+
+    def written():
+        lease = ProcessLease.objects.get(execution_id=execution_pk)
+        events = ExecutionEvent.objects.filter(execution_id=execution_pk).count()
+        return Execution.objects.get(pk=execution_pk).state, lease.released_at, lease.expires_at, events
+
+    before = await sync_to_async(written)()
+    await asyncio.sleep(3.5)  # three heartbeats (1 s each in the stack)
+    after = await sync_to_async(written)()
+    # The old owner wrote nothing more: no exit, no unknown, no event, and its heartbeat no longer
+    # extends a lease it does not hold, so the lease runs out for recovery to act on.
+    assert after == before
+    assert after[0] == State.RUNNING and after[1] is None
 
 
-async def test_two_daphnes_and_two_workers_serve_sessions_whichever_daphne(stack, terminal, operator):
-    stack.start_daphne()
-    stack.start_worker()
-    sessions = [await sync_to_async(terminal)(operator, "local") for _ in range(1)]
-    sessions.append(await sync_to_async(terminal)(operator, "tmux"))
-    for index, (session, cookie) in enumerate(sessions):
-        first = await Viewer.open(stack.ports[index % 2], session.id, cookie)
-        await first.attach()
-        await first.type(f"echo s{index}-$((5*5))\r")
-        await first.read_until(f"s{index}-25".encode())
-        # Take over from the other daphne: same shell, earlier output replayed.
-        second = await Viewer.open(stack.ports[(index + 1) % 2], session.id, cookie)
-        await second.attach()
-        assert await first.wait_closed() == CloseCode.SUPERSEDED
-        await second.read_until(f"s{index}-25".encode())
-        await second.type(f"echo again{index}\r")
-        await second.read_until(f"again{index}\r\n".encode())
-    workers = await sync_to_async(lambda: set(ProcessLease.objects.values_list("worker_id", flat=True)))()
-    assert len(workers) >= 1
+async def test_two_daphnes_and_two_workers_serve_sessions_whichever_daphne(terminal, operator):
+    # Its own stack, so each worker can only take one kind of session: the two sessions land on
+    # different workers, and every viewer below reaches the owner through either daphne.
+    stack = Stack()
+    try:
+        stack.start_daphne()
+        stack.start_daphne()
+        local_worker = stack.start_worker("local")
+        tmux_worker = stack.start_worker("tmux")
+        sessions = [await sync_to_async(terminal)(operator, backend) for backend in ("local", "tmux")]
+        for index, (session, cookie) in enumerate(sessions):
+            first = await Viewer.open(stack.ports[index % 2], session.id, cookie)
+            await first.attach()
+            await first.type(f"echo s{index}-$((5*5))\r")
+            await first.read_until(f"s{index}-25".encode())
+            # Take over from the other daphne: same shell, earlier output replayed.
+            second = await Viewer.open(stack.ports[(index + 1) % 2], session.id, cookie)
+            await second.attach()
+            assert await first.wait_closed() == CloseCode.SUPERSEDED
+            await second.read_until(f"s{index}-25".encode())
+            await second.type(f"echo again{index}\r")
+            await second.read_until(f"again{index}\r\n".encode())
+            await second.close()
+
+        def owners():
+            return [
+                ProcessLease.objects.select_related("worker").get(execution__terminal_session=session).worker.pid
+                for session, _cookie in sessions
+            ]
+
+        assert await sync_to_async(owners)() == [local_worker.pid, tmux_worker.pid]
+    finally:
+        stack.stop()
 
 
 async def test_a_repeat_offender_is_closed_with_4008_and_the_session_is_unharmed(stack, terminal, operator):
