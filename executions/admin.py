@@ -51,6 +51,20 @@ class MachineEventInline(ReadOnlyInline):
     readonly_fields = fields
 
 
+class NothingEditableOnChange:
+    """A change page that only shows: no save buttons, and a forged or stale POST saves nothing.
+
+    ``obj.save()`` would write back every field as read at request start, silently reverting a
+    transition a worker made meanwhile; state changes only through actions.py, with an event.
+    Subclasses make ``save_model`` a no-op on change; the event inlines grant no add, change or delete.
+    """
+
+    _view_only = {"show_save": False, "show_save_and_continue": False, "show_save_and_add_another": False}
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        return super().change_view(request, object_id, form_url, {**self._view_only, **(extra_context or {})})
+
+
 def apply_each(modeladmin, request, queryset, operation, done: str) -> None:
     """Run ``operation`` per object; a refusal is reported with its reason and the rest carry on."""
     succeeded = 0
@@ -66,7 +80,7 @@ def apply_each(modeladmin, request, queryset, operation, done: str) -> None:
 
 
 @admin.register(Machine)
-class MachineAdmin(admin.ModelAdmin):
+class MachineAdmin(NothingEditableOnChange, admin.ModelAdmin):
     list_display = ["name", "backend", "ref", "scope", "state", "slot_holder", "updated_at"]
     list_filter = ["backend", "state", "scope"]
     search_fields = ["name", "ref", "scope"]
@@ -127,7 +141,7 @@ class MachineAdmin(admin.ModelAdmin):
 
 
 @admin.register(Execution)
-class ExecutionAdmin(admin.ModelAdmin):
+class ExecutionAdmin(NothingEditableOnChange, admin.ModelAdmin):
     list_display = ["__str__", "machine", "kind", "state_badge", "evidence", "exit_code", "created_at"]
     list_filter = ["state", "kind", "machine"]
     search_fields = ["scope", "execution_id", "aliases__alias_id"]
@@ -177,6 +191,9 @@ class ExecutionAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False  # never deleted to "fix" a state
+
+    def save_model(self, request, obj, form, change):
+        return  # executions are never added here, and nothing on one is editable
 
     @admin.action(description="Cancel selected pending executions", permissions=["change"])
     def cancel_pending(self, request, queryset):
