@@ -93,6 +93,39 @@ def database_from_url(url: str) -> dict:
     raise ImproperlyConfigured(f"DATABASE_URL={url!r}: scheme must be sqlite or postgres")
 
 
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def redis_url(name: str = "REDIS_URL") -> str | None:
+    """A Redis URL (``redis://``, ``rediss://`` or ``unix://``), or None when unset or empty (in-memory layer)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    parts = urlsplit(raw.strip())
+    if parts.scheme not in _REDIS_SCHEMES:
+        raise ImproperlyConfigured(
+            f"{name}={raw!r}: scheme must be redis://, rediss:// or unix:// (unset it for the in-memory layer)"
+        )
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} has a port that is not a number") from None
+    if parts.scheme == "unix" and not parts.path:
+        raise ImproperlyConfigured(f"{name}={raw!r} names no socket path (unix:///run/redis/redis.sock)")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ImproperlyConfigured(f"{name}={raw!r} names no host (redis://HOST:6379/0)")
+    return raw.strip()
+
+
+def allowed_hosts(*, required: bool, default: list[str]) -> list[str]:
+    """ALLOWED_HOSTS from the environment; production has no safe default, so it must be set."""
+    if required and not os.environ.get("ALLOWED_HOSTS", "").strip():
+        raise ImproperlyConfigured(
+            "ALLOWED_HOSTS must be set when TETHER_MODE=production (comma-separated host names, e.g. tether.example)"
+        )
+    return env_list("ALLOWED_HOSTS", default)
+
+
 def secret_key(data_dir: Path, *, required: bool) -> str:
     """SECRET_KEY from the environment; in development, generate one and keep it in the data directory."""
     value = os.environ.get("SECRET_KEY")

@@ -3,26 +3,28 @@
 from pathlib import Path
 
 from config.env import (
+    allowed_hosts,
     database_from_url,
     env_bool,
     env_choice,
     env_int,
     env_list,
     env_str,
+    redis_url,
     secret_key,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 # embedded: one process, SQLite, in-memory channel layer, generated secret.
-# production: PostgreSQL/Redis from the environment, SECRET_KEY required, secure cookies.
+# production: PostgreSQL/Redis from the environment, SECRET_KEY and ALLOWED_HOSTS required, secure cookies.
 TETHER_MODE = env_choice("TETHER_MODE", "embedded", {"embedded", "production"})
 PRODUCTION = TETHER_MODE == "production"
 DATA_DIR = Path(env_str("TETHER_DATA_DIR", str(BASE_DIR / "var")))
 
 SECRET_KEY = secret_key(DATA_DIR, required=PRODUCTION)
 DEBUG = env_bool("DEBUG", False)
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]"])
+ALLOWED_HOSTS = allowed_hosts(required=PRODUCTION, default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
@@ -91,7 +93,8 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"].endswith("postgresql") and TETHER_DB_POOL_SIZE:
     DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": TETHER_DB_POOL_SIZE, "timeout": 30}
 
-REDIS_URL = env_str("REDIS_URL")
+# Unset or empty: the in-memory channel layer (one process only). Otherwise redis://, rediss:// or unix://.
+REDIS_URL = redis_url("REDIS_URL")
 # pubsub: Redis PUBLISH (at-most-once, one Redis round trip a hop: 2.5x faster echo here); core:
 # channels-redis lists (at-least-once, per-channel capacity). The protocol survives both loss and
 # repetition (offsets, numbered input, owner checks against PostgreSQL); see docs/benchmarks.md.

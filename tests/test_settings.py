@@ -70,8 +70,33 @@ def test_secret_key_is_generated_once_and_kept(tmp_path, monkeypatch):
         env.secret_key(tmp_path, required=True)
 
 
+@pytest.mark.parametrize(
+    "raw", ["not a url", "localhost:6379", "http://127.0.0.1:6379", "redis://", "redis://h:port/0", "unix://"]
+)
+def test_redis_url_that_is_not_one_is_refused(monkeypatch, raw):
+    monkeypatch.setenv("REDIS_URL", raw)
+    with pytest.raises(ImproperlyConfigured, match="REDIS_URL="):
+        env.redis_url("REDIS_URL")
+
+
+@pytest.mark.parametrize(
+    "raw", ["redis://127.0.0.1:6379/0", "rediss://user:secret@redis.internal:6380/1", "unix:///run/redis.sock"]
+)
+def test_redis_urls_of_each_scheme_are_accepted(monkeypatch, raw):
+    monkeypatch.setenv("REDIS_URL", raw)
+    assert env.redis_url("REDIS_URL") == raw
+
+
+def test_empty_redis_url_means_the_in_memory_layer(monkeypatch):
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    assert env.redis_url("REDIS_URL") is None
+    monkeypatch.setenv("REDIS_URL", " ")
+    assert env.redis_url("REDIS_URL") is None
+
+
 def _check(tmp_path, **overrides) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DATABASE_URL", "TETHER_MODE", "DEBUG"}}
+    ours = {"SECRET_KEY", "DATABASE_URL", "TETHER_MODE", "DEBUG", "REDIS_URL", "ALLOWED_HOSTS"}
+    environ = {k: v for k, v in os.environ.items() if k not in ours}
     environ.update(TETHER_DATA_DIR=str(tmp_path), **overrides)
     return subprocess.run(
         [sys.executable, "manage.py", "check"], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60
@@ -90,3 +115,23 @@ def test_production_mode_requires_a_secret_key(tmp_path):
     assert "SECRET_KEY must be set" in result.stderr
     ok = _check(tmp_path, TETHER_MODE="production", ALLOWED_HOSTS="tether.example", SECRET_KEY="k" * 50)
     assert ok.returncode == 0, ok.stderr
+
+
+def _last_line(result: subprocess.CompletedProcess) -> str:
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_start_up_fails_loudly_on_a_redis_url_that_is_not_one(tmp_path):
+    result = _check(tmp_path, REDIS_URL="not a url")
+    assert result.returncode != 0
+    assert "REDIS_URL='not a url': scheme must be redis://, rediss:// or unix://" in _last_line(result)
+    assert _check(tmp_path, REDIS_URL="").returncode == 0  # empty is unset: the in-memory layer
+
+
+def test_production_mode_requires_allowed_hosts(tmp_path):
+    secret = "k" * 50
+    for hosts in ({}, {"ALLOWED_HOSTS": ""}):
+        result = _check(tmp_path, TETHER_MODE="production", SECRET_KEY=secret, **hosts)
+        assert result.returncode != 0
+        assert "ALLOWED_HOSTS must be set when TETHER_MODE=production" in _last_line(result)
+    assert _check(tmp_path, SECRET_KEY=secret).returncode == 0  # embedded keeps its loopback default
