@@ -29,6 +29,9 @@ def execution_json(execution: Execution) -> dict:
         "ended_at": _iso(execution.ended_at),
         "resolved_at": _iso(execution.resolved_at),
         "resolution_note": execution.resolution_note,
+        # A command's captured terminal output (its last TETHER_COMMAND_OUTPUT_BYTES), as text.
+        "output": bytes(execution.output or b"").decode("utf-8", "replace"),
+        "output_truncated": execution.output_truncated,
     }
 
 
@@ -41,4 +44,8 @@ def execution_text(execution: Execution) -> str:
     lines.append(f"  argv: {' '.join(data['spec']['argv'])}")
     if data["resolution_note"]:
         lines.append(f"  resolution: {data['resolution_note']} (at {data['resolved_at']})")
+    if data["output"]:
+        dropped = f"; {data['output_truncated']} earlier bytes not kept" if data["output_truncated"] else ""
+        lines.append(f"  output ({len(execution.output)} bytes{dropped}):")
+        lines.append(data["output"].rstrip("\r\n"))
     return "\n".join(lines)

@@ -103,7 +103,9 @@ def stop_worker(worker: Worker, reason: str = "shut down") -> None:
         if current is None or current == WorkerState.STOPPED:
             return
         Worker.objects.filter(pk=worker.pk).update(state=WorkerState.STOPPED, heartbeat_at=Now())
-        left = ProcessLease.objects.filter(worker=worker, released_at__isnull=True).count()
+        # It has let go of what it leaves: expire those leases now, so the next recovery pass (a new
+        # worker's first) takes them over at once instead of a TTL later.
+        left = ProcessLease.objects.filter(worker=worker, released_at__isnull=True).update(expires_at=Now())
         _worker_event(
             worker, current, WorkerState.STOPPED, Actor.worker(worker.worker_id), reason, left_for_adoption=left
         )

@@ -199,15 +199,27 @@ class OwnerWorker(ViewerHandlers):
         )
 
     async def shutdown(self) -> None:
-        """Stop: tmux sessions stay alive for a later owner; other processes are ended and recorded as killed."""
+        """Stop, releasing nothing we cannot prove finished.
+
+        What a later owner can take over is left running: tmux sessions (adopted, screen and all) and
+        docker commands (docker keeps the exec and reports its exit to whoever inspects it next). A
+        local process or a docker shell cannot be observed again by anyone: it is ended here, proven
+        gone, and recorded as killed.
+        """
         self.draining = True
         for live in list(self.live.values()):
-            if live.handle_backend == BackendKind.TMUX:
+            if self._later_owner_can_take(live):
                 await self._let_go(live, "left running for a later owner")
             else:
                 await self._end(live, "server_restart")
         if self.worker is not None:
             await db(actions.stop_worker)(self.worker, "drained" if self.drain_requested else "shut down")
+
+    @staticmethod
+    def _later_owner_can_take(live: LiveProcess) -> bool:
+        if live.handle_backend == BackendKind.TMUX:
+            return True
+        return live.handle_backend == BackendKind.DOCKER and live.kind == Kind.COMMAND
 
     # --- launching ---------------------------------------------------------------------------
 

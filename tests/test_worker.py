@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
 
 from executions import actions as exec_actions
 from executions.errors import Refused, SlotTaken
-from executions.models import Evidence, Execution, State
+from executions.models import Evidence, Execution, ExecutionEvent, State
 from terminals import actions
 from terminals.models import ProcessLease, ProcessState, TerminalSession, Worker, WorkerState
 from terminals.worker import OwnerWorker
@@ -19,6 +23,7 @@ from tests.bridge.harness import Stack
 from tests.factories import TEST_ACTOR, make_machine, make_spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 async def _until(predicate, timeout: float = 10.0):
@@ -134,3 +139,108 @@ def test_sigterm_stops_the_worker_and_records_what_it_ended(operator):
     session = TerminalSession.objects.get(pk=session.pk)
     assert (session.process_state, session.close_reason) == (ProcessState.CLOSED, "server_restart")
     assert Worker.objects.get().state == WorkerState.STOPPED
+
+
+async def test_command_output_keeps_its_last_bytes_and_counts_what_it_dropped(settings):
+    settings.TETHER_COMMAND_OUTPUT_BYTES = 1000
+    machine = await sync_to_async(make_machine)("chatty-box")
+    # 5,000 numbered bytes, then an end marker: the record keeps the last 1,000 and says 4,000+ went.
+    program = "i=0; while [ $i -lt 500 ]; do printf '%09d\\n' $i; i=$((i+1)); done; printf END"
+    execution = await sync_to_async(
+        lambda: exec_actions.submit_execution(
+            scope="team-a",
+            execution_id="chatty",
+            machine_name=machine.name,
+            spec=make_spec("sh", "-c", program),
+            actor=TEST_ACTOR,
+        )[0]
+    )()
+    worker = OwnerWorker(backends={"local"})
+    await worker.start()
+    await worker.handle_one_step()
+    done = await _until(lambda: Execution.objects.filter(pk=execution.pk, state=State.COMPLETED).first())
+    output = bytes(done.output)
+    assert len(output) == 1000 and output.endswith(b"000000499\r\nEND")
+    # The PTY turns each \n into \r\n: 500 lines of 11 bytes and END were produced.
+    assert done.output_truncated == 500 * 11 + 3 - 1000
+    await worker.shutdown()
+
+
+def _manage(stack: Stack, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=stack.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_submitted_command_runs_and_exec_await_waits_for_its_outcome():
+    make_machine("cli-box")
+    stack = Stack()
+    try:
+        stack.start_worker("local")
+        submit = ["exec_submit", "--scope", "team-a", "--id", "cli-1", "--machine", "cli-box", "--json", "--"]
+        submitted = _manage(stack, *submit, "sh", "-c", "sleep 2; echo done here; exit 7")
+        assert submitted.returncode == 0, submitted.stderr
+        # Not settled within half a second: exit 6, one line saying so, and the record as it stands.
+        early = _manage(stack, "exec_await", "team-a", "cli-1", "--timeout", "0.5", "--json")
+        assert early.returncode == 6, early.stderr
+        assert json.loads(early.stdout)["state"] in ("pending", "dispatched", "running")
+        assert "timed out" in early.stderr and early.stderr.count("\n") == 1
+        done = _manage(stack, "exec_await", "team-a", "cli-1", "--timeout", "30", "--json")
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        assert (data["state"], data["evidence"], data["exit_code"]) == ("completed", "exited", 7)
+        assert data["output"] == "done here\r\n"
+        text = _manage(stack, "exec_await", "team-a", "cli-1")
+        assert "exit_code: 7" in text.stdout and "done here" in text.stdout
+        # Submitting it again returns the record and runs nothing.
+        events = ExecutionEvent.objects.filter(execution__execution_id="cli-1").count()
+        again = _manage(stack, *submit, "sh", "-c", "sleep 2; echo done here; exit 7")
+        assert again.returncode == 0 and json.loads(again.stdout)["exit_code"] == 7
+        time.sleep(1)
+        assert ExecutionEvent.objects.filter(execution__execution_id="cli-1").count() == events
+        missing = _manage(stack, "exec_await", "team-a", "no-such-id", "--timeout", "1")
+        assert missing.returncode == 5 and missing.stderr.count("\n") == 1
+    finally:
+        stack.stop()
+
+
+@pytest.mark.parametrize("backend", ["docker", "tmux"])
+def test_sigterm_leaves_a_command_running_for_the_next_worker(place, backend):
+    machine = place(backend)
+    execution, _ = exec_actions.submit_execution(
+        scope="team-a",
+        execution_id="deploy-1",
+        machine_name=machine.name,
+        spec=make_spec("sh", "-c", "sleep 3; exit 4"),
+        actor=TEST_ACTOR,
+    )
+    stack = Stack()
+    try:
+        first = stack.start_worker(backend)
+        deadline = time.monotonic() + 15
+        while Execution.objects.get(pk=execution.pk).state != State.RUNNING:
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.05)
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=20) == 0
+        # The worker stopped without ending it or writing an outcome it did not see.
+        assert Execution.objects.get(pk=execution.pk).state == State.RUNNING
+        assert ProcessLease.objects.get(execution=execution).released_at is None
+        stack.start_worker(backend)
+        deadline = time.monotonic() + 20
+        while (done := Execution.objects.get(pk=execution.pk)).state == State.RUNNING:
+            assert time.monotonic() < deadline, "the next worker never recorded the exit"
+            time.sleep(0.1)
+    finally:
+        stack.stop()
+    # Its own exit code: it ran to the end under the next worker's watch; it was not killed.
+    assert (done.state, done.evidence, done.exit_code) == (State.COMPLETED, Evidence.EXITED, 4)
+    if backend == "docker":  # watched, then read back from docker
+        assert "docker exec inspect" in done.events.order_by("-at").first().reason
+    else:  # adopted, then seen exiting by its new owner
+        assert done.events.filter(evidence=Evidence.ADOPTED).exists()
