@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from executions import actions
-from executions.models import Evidence, State
+from executions.models import Evidence, Execution, Machine, State
 from tests.factories import TEST_ACTOR, make_machine, make_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,8 +109,8 @@ def test_exec_resolve_frees_the_slot_of_an_unknown_execution():
     actions.transition(execution, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
 
     no_note = manage("exec_resolve", "team-a", "lost", "--note", " ")
-    assert no_note.returncode == 4  # refused: a failed check, named
-    assert "[FAILED] note" in no_note.stderr
+    assert no_note.returncode == 2  # usage: the note is part of the request
+    assert one_line(no_note) == "CommandError: --note is required: say what evidence shows the process is gone"
 
     resolved = manage("exec_resolve", "team-a", "lost", "--note", "container removed", "--json")
     assert resolved.returncode == 0, resolved.stderr
@@ -118,3 +118,115 @@ def test_exec_resolve_frees_the_slot_of_an_unknown_execution():
     assert (data["state"], data["evidence"], data["exit_code"]) == ("resolved", "operator_resolved", None)
     machine.refresh_from_db()
     assert machine.active_execution is None
+
+
+def one_line(result: subprocess.CompletedProcess) -> str:
+    """The error, asserted to be exactly one line on stderr (no traceback)."""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_exec_show_json_prints_one_object_with_the_documented_fields():
+    machine = make_machine("box4", scope="team-a")
+    execution, _ = actions.submit_execution(
+        scope="team-a", execution_id="shown", machine_name=machine.name, spec=make_spec("true"), actor=TEST_ACTOR
+    )
+    execution = actions.transition(execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR)
+    actions.transition(execution, State.COMPLETED, evidence=Evidence.EXITED, exit_code=7, actor=TEST_ACTOR)
+    shown = manage("exec_show", "team-a", "shown", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert len(shown.stdout.strip().splitlines()) == 1
+    data = json.loads(shown.stdout)
+    assert {k: data[k] for k in ("scope", "execution_id", "state", "evidence", "exit_code", "machine")} == {
+        "scope": "team-a",
+        "execution_id": "shown",
+        "state": "completed",
+        "evidence": "exited",
+        "exit_code": 7,
+        "machine": "box4",
+    }
+
+
+def test_identity_conflicts_exit_3():
+    make_machine("box5", scope="team-a")
+    make_machine("box6", scope="team-a")
+    submit = ["exec_submit", "--scope", "team-a", "--id", "placed", "--json"]
+    assert manage(*submit, "--machine", "box5", "--", "true").returncode == 0
+    elsewhere = manage(*submit, "--machine", "box6", "--", "true")
+    assert elsewhere.returncode == 3
+    assert one_line(elsewhere) == "CommandError: team-a/placed already exists on machine box5, not box6"
+    assert elsewhere.stdout == ""
+
+    twice = manage("machine_add", "box5", "--backend", "local")
+    assert twice.returncode == 3
+    assert one_line(twice) == "CommandError: a machine named 'box5' already exists"
+
+
+def test_not_found_exits_5():
+    missing_machine = manage("exec_submit", "--scope", "team-a", "--id", "j", "--machine", "nope", "--", "true")
+    assert missing_machine.returncode == 5
+    assert one_line(missing_machine) == "CommandError: no machine named 'nope'"
+
+    missing_execution = manage("exec_resolve", "team-a", "ghost", "--note", "container removed")
+    assert missing_execution.returncode == 5
+    assert one_line(missing_execution) == "CommandError: no execution team-a/ghost"
+
+
+def test_blank_resolution_note_is_a_usage_error():
+    missing = manage("exec_resolve", "team-a", "ghost", "--note", "")
+    assert missing.returncode == 2  # the request is malformed before anything is looked up
+    assert one_line(missing) == "CommandError: --note is required: say what evidence shows the process is gone"
+
+
+def test_values_too_long_for_their_column_are_usage_errors():
+    def refused(*args: str) -> str:
+        result = manage(*args)
+        assert result.returncode == 2, result.stderr
+        return one_line(result)
+
+    assert refused("machine_add", "n" * 300, "--backend", "local") == (
+        "CommandError: NAME is 300 characters long; at most 100 fit"
+    )
+    assert refused("machine_add", "long-ref", "--backend", "docker", "--ref", "r" * 256) == (
+        "CommandError: --ref is 256 characters long; at most 255 fit"
+    )
+    assert refused("machine_add", "long-engine", "--backend", "docker", "--ref", "c", "--engine", "e" * 300) == (
+        "CommandError: --engine is 300 characters long; at most 255 fit"
+    )
+    assert refused("machine_add", "long-scope", "--backend", "local", "--scope", "s" * 201) == (
+        "CommandError: --scope is 201 characters long; at most 200 fit"
+    )
+    assert not Machine.objects.exists()
+
+    make_machine("box7", scope="team-a")
+    submit = ["exec_submit", "--machine", "box7"]
+    assert refused(*submit, "--scope", "s" * 300, "--id", "j", "--", "true") == (
+        "CommandError: --scope is 300 characters long; at most 200 fit"
+    )
+    assert refused(*submit, "--scope", "team-a", "--id", "i" * 201, "--", "true") == (
+        "CommandError: --id is 201 characters long; at most 200 fit"
+    )
+    assert not Execution.objects.exists()
+
+
+def test_refused_resolve_lists_each_check_once_then_one_error_line():
+    machine = make_machine("box8", scope="team-a")
+    execution, _ = actions.submit_execution(
+        scope="team-a", execution_id="moved", machine_name=machine.name, spec=make_spec("true"), actor=TEST_ACTOR
+    )
+    # It ran on another incarnation of the machine than the one there now: the machine check fails.
+    execution = actions.transition(
+        execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR, ran_on_ref="", ran_on_incarnation=2
+    )
+    actions.transition(execution, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
+    refused = manage("exec_resolve", "team-a", "moved", "--note", "looked")
+    assert refused.returncode == 4
+    lines = refused.stderr.strip().splitlines()
+    assert lines[-1] == "CommandError: team-a/moved cannot be resolved: check failed: machine"
+    assert [line.split(":")[0] for line in lines[:-1]] == [
+        "[ok] owner",
+        "[FAILED] machine",
+        "[ok] process",
+        "[ok] note",
+    ]

@@ -5,9 +5,17 @@ from __future__ import annotations
 import json
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import models
 
-from executions.errors import ExecutionError
+from executions.errors import ExecutionError, UsageError
 from executions.presenters import execution_json, execution_text
+
+
+def require_fits(model: type[models.Model], field: str, value: str, option: str) -> None:
+    """Refuse a value longer than its column as a usage error, before the database refuses it mid-write."""
+    limit = model._meta.get_field(field).max_length
+    if limit is not None and len(value) > limit:
+        raise UsageError(f"{option} is {len(value)} characters long; at most {limit} fit")
 
 
 class ExecutionCommand(BaseCommand):

@@ -2,8 +2,8 @@ from django.core.management.base import CommandError
 
 from executions.actions import Actor, submit_execution
 from executions.errors import UsageError
-from executions.management.base import ExecutionCommand
-from executions.models import Kind
+from executions.management.base import ExecutionCommand, require_fits
+from executions.models import Execution, Kind
 from executions.spec import ExecutionSpec, SpecError
 
 
@@ -26,6 +26,8 @@ class Command(ExecutionCommand):
         parser.add_argument("argv", nargs="+", metavar="PROGRAM [ARGS...]")
 
     def run(self, *args, **options):
+        require_fits(Execution, "scope", options["scope"], "--scope")
+        require_fits(Execution, "execution_id", options["execution_id"], "--id")
         env = {}
         for pair in options["env"]:
             name, sep, value = pair.partition("=")

@@ -1,6 +1,6 @@
 from executions.actions import Actor, add_machine
-from executions.management.base import ExecutionCommand
-from executions.models import Backend
+from executions.management.base import ExecutionCommand, require_fits
+from executions.models import Backend, Machine
 
 
 class Command(ExecutionCommand):
@@ -14,6 +14,8 @@ class Command(ExecutionCommand):
         parser.add_argument("--engine", default="", help="docker engine URL (default: the local socket)")
 
     def run(self, *args, **options):
+        for field, option in (("name", "NAME"), ("ref", "--ref"), ("engine", "--engine"), ("scope", "--scope")):
+            require_fits(Machine, field, options[field], option)
         machine = add_machine(
             name=options["name"],
             backend=options["backend"],

@@ -1,4 +1,7 @@
+from django.core.management.base import CommandError
+
 from executions.actions import Actor, get_execution
+from executions.errors import UsageError
 from executions.management.base import ExecutionCommand
 from terminals.resolution import ResolveRefused, resolve
 
@@ -17,13 +20,17 @@ class Command(ExecutionCommand):
         parser.add_argument("--json", action="store_true")
 
     def run(self, *args, **options):
+        # A blank note is a malformed request, refused before anything is looked up (status 2, not a failed check).
+        if not options["note"].strip():
+            raise UsageError("--note is required: say what evidence shows the process is gone")
         execution = get_execution(options["scope"], options["execution_id"])
         try:
             execution, checks = resolve(execution, actor=Actor.command("exec_resolve"), note=options["note"])
         except ResolveRefused as refused:
             for check in refused.checks:
                 self.stderr.write(str(check))
-            raise
+            # The checks are listed above; the error itself is their one-line summary.
+            raise CommandError(str(refused).splitlines()[0], returncode=refused.exit_status) from None
         if not options["json"]:
             for check in checks:
                 self.stdout.write(str(check))
