@@ -95,6 +95,9 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql") and TETHER_DB_POOL_SIZE
 
 # Unset or empty: the in-memory channel layer (one process only). Otherwise redis://, rediss:// or unix://.
 REDIS_URL = redis_url("REDIS_URL")
+# Every channel-layer message is refused over this size (terminals/layers.py). Output travels in
+# 64 KiB pieces; the largest message is a tmux screen redrawn on attach, kept well under this.
+TETHER_LAYER_MESSAGE_BYTES = env_int("TETHER_LAYER_MESSAGE_BYTES", 1024 * 1024, minimum=128 * 1024)
 # pubsub: Redis PUBLISH (at-most-once, one Redis round trip a hop: 2.5x faster echo here); core:
 # channels-redis lists (at-least-once, per-channel capacity). The protocol survives both loss and
 # repetition (offsets, numbered input, owner checks against PostgreSQL); see docs/benchmarks.md.
@@ -102,7 +105,7 @@ TETHER_CHANNEL_LAYER = env_choice("TETHER_CHANNEL_LAYER", "pubsub", {"core", "pu
 if REDIS_URL and TETHER_CHANNEL_LAYER == "pubsub":
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "BACKEND": "terminals.layers.CappedPubSubLayer",
             # RESP2: redis-py's RESP3 parser formats every pub/sub message into a debug string, logged or
             # not (a third of daphne's time at full output, docs/benchmarks.md); RESP2 has no such step.
             "CONFIG": {
@@ -114,7 +117,7 @@ if REDIS_URL and TETHER_CHANNEL_LAYER == "pubsub":
 elif REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "terminals.layers.CappedRedisLayer",
             "CONFIG": {
                 # redis-py 8 reads with a 5 s socket timeout, the same as channels-redis' 5 s blocking
                 # pop: an idle receive then fails with TimeoutError. Give the socket more room.
@@ -127,7 +130,7 @@ elif REDIS_URL:
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "terminals.layers.CappedInMemoryLayer"}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -465,8 +465,10 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if not self._current(event):
             return  # from an owner this viewer has left behind
         self.attached = False
-        await self.send_json({"type": "superseded", "text": "Superseded by another window"})
-        await self.close(CloseCode.SUPERSEDED)
+        text = "Superseded by another window"
+        await self.send_json({"type": "superseded", "text": text})
+        # Daphne 4 sends the close frame without a reason text; the message above carries it.
+        await self.close(CloseCode.SUPERSEDED, reason=text)
 
     async def terminal_exit(self, event: dict) -> None:
         if not self._current(event):

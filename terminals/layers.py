@@ -4,11 +4,54 @@ from __future__ import annotations
 
 import logging
 
+import msgpack
 from channels.layers import InMemoryChannelLayer
 from channels_redis.core import RedisChannelLayer
 from channels_redis.pubsub import RedisPubSubChannelLayer
+from django.conf import settings
 
 log = logging.getLogger(__name__)
+
+
+class MessageTooLarge(ValueError):
+    """A channel-layer message over TETHER_LAYER_MESSAGE_BYTES: refused before it reaches Redis."""
+
+
+def _checked(size: int, message: dict) -> None:
+    cap = settings.TETHER_LAYER_MESSAGE_BYTES
+    if size > cap:
+        raise MessageTooLarge(f"{message.get('type', 'a message')} of {size} bytes is over the {cap}-byte message cap")
+
+
+class CappedPubSubLayer(RedisPubSubChannelLayer):
+    """The pub/sub layer (the default), refusing any message over the cap."""
+
+    def serialize(self, message):
+        data = super().serialize(message)
+        _checked(len(data), message)
+        return data
+
+
+class CappedRedisLayer(RedisChannelLayer):
+    """The core (list-based) Redis layer, refusing any message over the cap."""
+
+    def serialize(self, message):
+        data = super().serialize(message)
+        _checked(len(data), message)
+        return data
+
+
+class CappedInMemoryLayer(InMemoryChannelLayer):
+    """The embedded mode's layer: nothing is serialised, so the cap is taken on the msgpack size the
+    Redis layers would send, and the embedded mode refuses what production would."""
+
+    async def send(self, channel, message):
+        _checked(len(msgpack.packb(message)), message)
+        return await super().send(channel, message)
+
+    async def group_send(self, group, message):
+        _checked(len(msgpack.packb(message)), message)
+        return await super().group_send(group, message)
 
 
 async def forget_channel(layer, channel: str | None) -> None:

@@ -12,8 +12,10 @@ import logging
 import time
 
 from channels.db import database_sync_to_async as db
+from django.conf import settings
 
 from terminals import actions
+from terminals.layers import MessageTooLarge
 from terminals.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Viewer
 from terminals.models import CloseReason, ProcessState
 from terminals.protocol import MAX_COLS, MAX_ROWS
@@ -114,6 +116,8 @@ class ViewerHandlers:
                 # tmux knows the screen as it is now: a labelled fresh screen beats a torn tail.
                 try:
                     screen = (await live.process.snapshot()).render()
+                    if len(screen) > settings.TETHER_LAYER_MESSAGE_BYTES - 64 * 1024:  # room for the rest
+                        raise MessageTooLarge(f"a screen of {len(screen)} bytes")
                 except Exception as error:  # fall back to the retained tail
                     log.info("execution %s: no snapshot (%r); replaying the tail", live.execution_pk, error)
                 else:

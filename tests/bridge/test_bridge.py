@@ -11,6 +11,7 @@ from websockets.exceptions import InvalidStatus
 
 from executions import actions as exec_actions
 from executions.models import Evidence, Execution, ExecutionEvent, State
+from terminals.backends.procfs import ProcessIdentity
 from terminals.models import ProcessLease
 from terminals.protocol import CloseCode
 from tests.bridge.harness import Stack, Viewer, open_viewer, session_cookie
@@ -66,14 +67,26 @@ async def test_second_viewer_supersedes_the_first_with_4001(stack, terminal, ope
     await second.type("echo two-$((2+2))\r")
     output = await second.read_until(b"two-4")
     assert b"one-2" in output
+    # The superseded window takes the session back explicitly: the other one gets 4001 in turn.
+    back = await Viewer.open(stack.ports[0], session.id, cookie)
+    await back.send_json({"type": "takeover", "since": 0, "cols": 80, "rows": 24})
+    await back.wait_for("attached")
+    assert await second.wait_closed() == CloseCode.SUPERSEDED
+    await back.type("echo three-$((3+3))\r")
+    assert b"two-4" in await back.read_until(b"three-6")
 
 
 async def test_reset_gives_a_new_process(stack, terminal, operator):
     viewer, session, _cookie = await open_viewer(stack, terminal, operator)
-    await viewer.type('echo "pid:$$:"\r')
-    first_pid = (await viewer.read_match(rb"pid:(\d+):")).group(1)
+    await viewer.type('sleep 1000 & echo "pid:$$:$!:"\r')
+    match = await viewer.read_match(rb"pid:(\d+):(\d+):")
+    first_pid, background = match.group(1), ProcessIdentity.of(int(match.group(2)))
+    assert background.is_alive()
     await viewer.send_json({"type": "reset"})
     await viewer.wait_for("reset")
+    # The whole tree ended, the background job too, before the fresh shell was started (a zombie
+    # waiting for init to reap it has ended).
+    assert not background.is_alive()
     await viewer.wait_for("attached")
     await viewer.type('echo "pid:$$:"\r')
     second_pid = (await viewer.read_match(rb"pid:(\d+):")).group(1)
@@ -89,6 +102,15 @@ async def test_resize_is_seen_by_stty(stack, terminal, operator):
     await viewer.send_json({"type": "resize", "cols": 132, "rows": 43})
     await viewer.type("stty size\r")
     await viewer.read_until(b"43 132")
+    # The limits are 1-500 columns by 1-200 rows: the largest grid is taken, one more is refused.
+    await viewer.send_json({"type": "resize", "cols": 500, "rows": 200})
+    await viewer.type("stty size\r")
+    await viewer.read_until(b"200 500")
+    for cols, rows in ((501, 200), (500, 201)):
+        await viewer.send_json({"type": "resize", "cols": cols, "rows": rows})
+        assert "500" in (await viewer.wait_for("error"))["message"]
+    await viewer.type("echo size-$((1+1)); stty size\r")
+    await viewer.read_until(b"size-2\r\n200 500")
 
 
 async def test_foreign_user_and_bad_origin_are_refused(stack, terminal, alice, bob):
