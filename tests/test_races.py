@@ -16,15 +16,26 @@ from tests.factories import TEST_ACTOR, make_execution, make_machine, make_spec
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def run_together(count: int, work: Callable[[int], object]) -> list[object]:
-    """Start ``count`` threads that call ``work(i)`` at the same instant; return results or exceptions."""
+def run_together(
+    count: int, work: Callable[..., object], prepare: Callable[[int], object] | None = None
+) -> list[object]:
+    """Start ``count`` threads that call ``work(i)`` at the same instant; return results or exceptions.
+
+    With ``prepare``, each thread first runs ``prepare(i)`` and only then waits at the barrier, and
+    ``work(i, prepared)`` gets what it returned: every thread has read before any of them writes.
+    """
     barrier = threading.Barrier(count)
     results: list[object] = [None] * count
 
     def target(index: int) -> None:
         try:
-            barrier.wait()
-            results[index] = work(index)
+            if prepare is None:
+                barrier.wait()
+                results[index] = work(index)
+            else:
+                prepared = prepare(index)
+                barrier.wait()
+                results[index] = work(index, prepared)
         except Exception as error:  # collected and asserted on by the test
             results[index] = error
         finally:
@@ -78,16 +89,20 @@ def test_two_operators_resolving_at_once_one_wins_one_gets_a_clear_error():
     execution = actions.transition(execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR)
     execution = actions.transition(execution, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
 
-    def resolve(index: int):
-        mine = Execution.objects.get(pk=execution.pk)  # each operator read it as unknown
+    def read(_: int) -> Execution:
+        return Execution.objects.get(pk=execution.pk)  # both operators see it unknown, before either acts
+
+    def resolve(index: int, mine: Execution):
+        assert mine.state == State.UNKNOWN
         return actions.resolve_execution(mine, actor=actions.Actor(f"user:op{index}"), note=f"checked by op{index}")
 
-    results = run_together(2, resolve)
+    results = run_together(2, resolve, prepare=read)
     wins = [result for result in results if isinstance(result, Execution)]
     errors = [result for result in results if isinstance(result, ExecutionError)]
-    assert len(wins) == 1 and len(errors) == 1
+    assert len(wins) == 1 and len(errors) == 1, results
+    # Both passed the transition table (each read unknown); only the compare-and-set can have refused one.
     assert isinstance(errors[0], TransitionRefused)
-    assert "is resolved" in str(errors[0])
+    assert str(errors[0]).endswith("is resolved; cannot move it to resolved: it changed while you were looking")
     resolved_events = ExecutionEvent.objects.filter(execution=execution, to_state=State.RESOLVED)
     assert resolved_events.count() == 1
     assert resolved_events.get().actor == wins[0].events.last().actor
