@@ -43,6 +43,21 @@ if ! psql -h /var/run/postgresql -d postgres -Atc 'select 1' >/dev/null 2>&1; th
     runuser -u postgres -- psql -q -d postgres -c "CREATE ROLE \"$me\" SUPERUSER LOGIN" \
         || die "could not create PostgreSQL role $me"
 fi
+# `make test` runs `makemigrations --check` against the database TEST_DATABASE_URL names (`tether` by default).
+# Without it, Django waits out the connection pool's 30 s timeout and then only warns that it could not check
+# the migration history. Create it when it is missing (over the local socket; a remote database is the
+# caller's own). pytest makes its own test_* database beside it.
+test_url=${TEST_DATABASE_URL:-postgres:///tether?host=/var/run/postgresql}
+if [[ "$test_url" == postgres:///* || "$test_url" == postgresql:///* ]]; then
+    db=${test_url#*:///}
+    db=${db%%\?*}
+    exists() { [ "$(psql -h /var/run/postgresql -d postgres -Atc "select 1 from pg_database where datname = '$db'")" = 1 ]; }
+    if [ -n "$db" ] && ! exists; then
+        log "creating PostgreSQL database $db"
+        # Another run may create it at the same moment: only its absence afterwards is a failure.
+        createdb -h /var/run/postgresql "$db" 2>/dev/null || exists || die "could not create PostgreSQL database $db"
+    fi
+fi
 
 # --- Redis ------------------------------------------------------------------------------------
 command -v redis-server >/dev/null || apt_install redis-server
