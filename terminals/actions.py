@@ -344,16 +344,22 @@ def settle_execution(
     close_reason: str = "",
     snapshot: bytes | None = None,
     output_offset: int = 0,
+    restart_session: bool = False,
     **fields,
 ) -> Execution:
-    """Record how a held process ended, release its lease and close its session: one fenced transaction."""
+    """Record how a held process ended, release its lease and close its session: one fenced transaction.
+
+    ``restart_session`` (a reset) starts the session's next generation in the same transaction, so the
+    machine's slot passes straight from the ended shell to the fresh one: a command submitted at
+    that moment is refused, as it would be a moment before.
+    """
     actor = Actor.worker(worker.worker_id)
     with fenced(execution.pk, worker, token):
         execution = exec_actions.transition(
             execution, to_state, evidence=evidence, actor=actor, reason=reason, **fields
         )
         ProcessLease.objects.filter(execution_id=execution.pk).update(released_at=Now())
-        session = TerminalSession.objects.filter(execution=execution).first()
+        session = TerminalSession.objects.select_related("machine").filter(execution=execution).first()
         if session is not None:
             close_session(
                 session,
@@ -362,6 +368,9 @@ def settle_execution(
                 snapshot=snapshot,
                 output_offset=output_offset,
             )
+            # Only a proven end frees the slot for a fresh shell; unknown keeps it until resolved.
+            if restart_session and execution.state == State.COMPLETED:
+                start_next_generation(session, actor, close_reason or "reset")
     return execution
 
 

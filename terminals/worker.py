@@ -531,6 +531,7 @@ class OwnerWorker(ViewerHandlers):
             close_reason=reason if state == State.COMPLETED else CloseReason.CONTROLLER_LOST,
             snapshot=live.buffer.tail(64 * 1024),
             output_offset=live.buffer.end,
+            restart_session=bool(live.session_id) and reason == CloseReason.RESET,
             **fields,
         )
         if live.viewer:
@@ -547,12 +548,11 @@ class OwnerWorker(ViewerHandlers):
                     "epoch": live.token,
                 },
             )
-        if live.session_id and reason == CloseReason.RESET:
-            await self._restart_session(live)
+        if live.session_id and reason == CloseReason.RESET and execution.state == State.COMPLETED:
+            await self._restarted(live)
 
-    async def _restart_session(self, live: LiveProcess) -> None:
-        session = await db(TerminalSession.objects.select_related("machine").get)(pk=live.session_id)
-        await db(actions.start_next_generation)(session, actions.Actor.worker(self.worker.worker_id), "reset")
+    async def _restarted(self, live: LiveProcess) -> None:
+        """The reset's next generation is pending (settle_execution started it): claim it, tell the viewer."""
         await self.layer.send(WAKE_CHANNEL, {"type": "wake"})
         if live.viewer:
             await self._send(

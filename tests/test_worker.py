@@ -244,3 +244,36 @@ def test_sigterm_leaves_a_command_running_for_the_next_worker(place, backend):
         assert "docker exec inspect" in done.events.order_by("-at").first().reason
     else:  # adopted, then seen exiting by its new owner
         assert done.events.filter(evidence=Evidence.ADOPTED).exists()
+
+
+def test_a_reset_hands_the_slot_straight_to_the_fresh_shell(operator):
+    machine = make_machine("reset-box")
+    session, _ = actions.open_terminal(machine, operator)
+    worker = actions.register_worker(
+        worker_id="w-reset", host="here", pid=1, started_at=1, boot_id="b", channel_name="tether.worker.w-reset"
+    )
+    execution, lease = actions.claim_next_execution(worker, {"local"})
+    execution = actions.fenced_transition(
+        execution, State.RUNNING, worker=worker, token=lease.token, evidence=Evidence.OBSERVED
+    )
+    actions.settle_execution(
+        execution,
+        worker=worker,
+        token=lease.token,
+        to_state=State.COMPLETED,
+        evidence=Evidence.RESET,
+        close_reason="reset",
+        restart_session=True,
+        exit_signal=signal.SIGHUP,
+    )
+    session.refresh_from_db()
+    machine.refresh_from_db()
+    # The old shell's record is settled and the fresh one already holds the slot: no moment in between
+    # when a command could slip in and leave the reset with nowhere to start.
+    assert session.generation == 2 and session.process_state == ProcessState.LIVE
+    assert machine.active_execution_id == session.execution_id != execution.pk
+    with pytest.raises(SlotTaken) as refused:
+        exec_actions.submit_execution(
+            scope="team-a", execution_id="sneak", machine_name=machine.name, spec=make_spec("true"), actor=TEST_ACTOR
+        )
+    assert session.execution.execution_id in str(refused.value)
