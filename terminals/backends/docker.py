@@ -379,8 +379,7 @@ class DockerBackend(Backend):
         identity = _host_identity(handle)
         if identity is not None:
             # Our /proc shows the container's processes: the exec leads its own session there.
-            session = identity.pid if identity.is_alive() else None
-            await procfs.terminate_tree(marker=handle["marker"], session=session, grace=grace)
+            await procfs.terminate_tree(marker=handle["marker"], leader=identity, grace=grace)
             return
         container, marker = handle["container"], handle["marker"]
         left = await self._kill_in_container(api, container, marker, "HUP TERM")

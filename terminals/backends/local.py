@@ -127,7 +127,7 @@ class LocalProcess(Process):
         return self._exit
 
     async def terminate(self, grace: float = 2.0) -> Exit | None:
-        await terminate_tree(marker=self.marker, session=self.identity.pid, grace=grace)
+        await terminate_tree(marker=self.marker, leader=self.identity, grace=grace)
         exit = await asyncio.wait_for(self.wait(), 10)
         self._close_master()
         return exit
@@ -188,4 +188,4 @@ class LocalBackend(Backend):
 
     async def remove(self, handle: dict, grace: float = 2.0) -> None:
         identity = ProcessIdentity.from_json(handle["process"])
-        await terminate_tree(marker=handle["marker"], session=identity.pid, grace=grace)
+        await terminate_tree(marker=handle["marker"], leader=identity, grace=grace)

@@ -63,6 +63,14 @@ class ProcessIdentity:
         fields = _stat_fields(self.pid)
         return fields is not None and int(fields[19]) == self.start_time and fields[0] not in {"Z", "X"}
 
+    def is_present(self) -> bool:
+        """True while the pid still names this process, exited or not: a zombie keeps its pid (and with
+        it the number of the session it leads) until it is reaped."""
+        if self.boot_id != boot_id():
+            return False
+        fields = _stat_fields(self.pid)
+        return fields is not None and int(fields[19]) == self.start_time
+
     def is_stopped(self) -> bool:
         """True while this exact process is stopped by a signal (SIGSTOP, SIGTSTP) or a tracer."""
         fields = _stat_fields(self.pid)
@@ -92,35 +100,61 @@ def _has_marker(pid: int, marker: str) -> bool:
     return f"{MARKER_VARIABLE}={marker}".encode() in environ.split(b"\0")
 
 
-def find_tree(*, marker: str, session: int | None = None) -> list[ProcessIdentity]:
-    """Every live process carrying ``marker`` in its environment, or in ``session``."""
-    found = []
+def find_tree(*, marker: str, leader: ProcessIdentity | None = None) -> list[ProcessIdentity]:
+    """Every live process carrying ``marker`` in its environment, or in the session ``leader`` leads.
+
+    A session is known only by its number, the leader's pid, and that number is ours only while our
+    leader holds it. Once the leader is gone (its pid free for reuse, perhaps by a stranger that called
+    setsid) or the pid names another process, only members carrying the marker are taken.
+    """
+    marked, members = [], []
     for entry in PROC.iterdir():
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
         if pid == os.getpid():
             continue
-        if (session is not None and session_of(pid) == session) or _has_marker(pid, marker):
-            identity = ProcessIdentity.of(pid)
-            if identity is not None and identity.is_alive():
-                found.append(identity)
+        if _has_marker(pid, marker):
+            marked.append(pid)
+        elif leader is not None and session_of(pid) == leader.pid:
+            members.append(pid)
+    # Checked after the scan: a leader present now held its pid all through the scan, so every process
+    # seen in a session of that number was in its session.
+    if members and not leader.is_present():
+        members = []
+    found = []
+    for pid in marked + members:
+        identity = ProcessIdentity.of(pid)
+        if identity is not None and identity.is_alive():
+            found.append(identity)
     return found
 
 
 async def terminate_tree(
-    *, marker: str, session: int | None = None, grace: float = 2.0, timeout: float = 10.0
+    *,
+    marker: str,
+    leader: ProcessIdentity | None = None,
+    grace: float = 2.0,
+    timeout: float = 10.0,
 ) -> list[ProcessIdentity]:
-    """End every process of the tree: SIGHUP+SIGTERM, then SIGKILL after ``grace``.
+    """End every process of the tree (see ``find_tree``) and return once none is left alive.
 
-    Returns once no process of the tree is left alive (raises TimeoutError
-    otherwise), so the caller can say the tree is proven gone.
+    1. SIGHUP and SIGTERM to every process found;
+    2. wait up to ``grace`` for them to end;
+    3. SIGKILL whatever is left, scanning again each round (a dying parent may have forked a last
+       child), until nothing is; TimeoutError after ``timeout``, so a return means proven gone.
+
+    A process found once stays on the list (by pid and start time): a session member without the marker
+    that ignores SIGTERM is still killed after its leader has died and been reaped.
     """
+    known: set[ProcessIdentity] = set()
 
     async def scan() -> list[ProcessIdentity]:
         # A scan reads every process's environment: on a thread, so a host with thousands of processes
         # does not stall the event loop (and with it every other session) while it runs.
-        return await asyncio.to_thread(find_tree, marker=marker, session=session)
+        known.update(await asyncio.to_thread(find_tree, marker=marker, leader=leader))
+        known.difference_update([process for process in known if not process.is_alive()])
+        return list(known)
 
     first = await scan()
     for process in first:
@@ -131,7 +165,6 @@ async def terminate_tree(
         await asyncio.sleep(0.05)
     stop_by = time.monotonic() + timeout
     while True:
-        # Re-scan each round: a dying parent may have forked a last child.
         left = await scan()
         if not left:
             return first

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import time
@@ -11,7 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from terminals.backends.base import Backend, Tags
-from terminals.backends.procfs import ProcessIdentity
+from terminals.backends.procfs import ProcessIdentity, session_of
 
 BACKENDS = ["local", "tmux", "docker"]
 
@@ -79,3 +80,43 @@ def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval:
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s")
+
+
+def session_leader(*argv: str) -> subprocess.Popen:
+    """``argv`` run by ``setsid``, as a stranger's own session (Popen's child is no group leader, so setsid
+    does not fork: the pid leads the session)."""
+    return subprocess.Popen(["setsid", *argv], stdout=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def stranger():
+    """An unrelated live process leading its own session: what a reused pid may name."""
+    leader = session_leader("sleep", "1000")
+    try:
+        wait_until(lambda: session_of(leader.pid) == leader.pid)
+        yield ProcessIdentity.of(leader.pid)
+    finally:
+        leader.kill()
+        leader.wait()
+
+
+MAIN = "sleep 2147483647"  # the container's own process; everything else was exec'd
+
+
+def exec_processes(container: str) -> list[str]:
+    """Every process in the container except its main one, as `docker top` lists them."""
+    top = subprocess.run(
+        ["docker", "top", container, "-eo", "pid,args"], capture_output=True, text=True, check=True, timeout=30
+    )
+    return [line for line in top.stdout.splitlines()[1:] if not line.strip().endswith(MAIN)]
+
+
+async def settled_exec_processes(container: str, timeout: float = 5.0) -> list[str]:
+    """exec_processes once no transient one is left; the last listing if some stay."""
+    left = exec_processes(container)
+    for _ in range(int(timeout / 0.1)):
+        if not left:
+            break
+        await asyncio.sleep(0.1)
+        left = exec_processes(container)
+    return left

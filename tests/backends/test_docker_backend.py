@@ -17,32 +17,10 @@ import pytest
 from terminals.backends.base import BackendError, Exit, SpawnError, SpawnSpec, Status
 from terminals.backends.docker import DockerBackend
 from terminals.backends.procfs import find_tree
-from tests.backends.conftest import make_tags
+from tests.backends.conftest import exec_processes, make_tags, settled_exec_processes
 from tests.backends.test_contract import read_until, shell
 
 REPO = Path(__file__).resolve().parents[2]
-MAIN = "sleep 2147483647"  # the container's own process; everything else was exec'd
-
-
-def exec_processes(container: str) -> list[str]:
-    """Every process in the container except its main one, as `docker top` lists them."""
-    top = subprocess.run(
-        ["docker", "top", container, "-eo", "pid,args"], capture_output=True, text=True, check=True, timeout=30
-    )
-    return [line for line in top.stdout.splitlines()[1:] if not line.strip().endswith(MAIN)]
-
-
-async def settled_exec_processes(container: str, timeout: float = 5.0) -> list[str]:
-    """exec_processes once no transient one is left; the last listing if some stay."""
-    left = exec_processes(container)
-    for _ in range(int(timeout / 0.1)):
-        if not left:
-            break
-        await asyncio.sleep(0.1)
-        left = exec_processes(container)
-    return left
-
-
 # A shell with a child that ignores HUP and TERM, and a detached grandchild in its own session.
 STUBBORN = (
     "(trap '' HUP TERM; while :; do sleep 0.1; done) & setsid sh -c 'trap \"\" HUP TERM; while :; do sleep 0.1; done' &"
@@ -98,6 +76,20 @@ async def test_terminate_from_inside_the_container_when_host_pids_are_not_ours(c
     await read_until(process, b"ready")
     del process.handle["process"]
     await asyncio.wait_for(process.terminate(grace=0.3), 30)
+    assert await settled_exec_processes(container) == []
+    assert find_tree(marker=tags.marker) == []
+
+
+async def test_a_stale_host_pid_never_ends_a_strangers_session(container, stranger):
+    """The handle's host pid now names an unrelated session leader (pid reused): the exec's tree is still
+    ended by its marker, and the stranger is left alone."""
+    tags = make_tags()
+    process = await DockerBackend(container=container).spawn(shell(*STUBBORN), tags)
+    await read_until(process, b"ready")
+    await process.detach()
+    forged = dict(process.handle, process={**stranger.to_json(), "start_time": stranger.start_time + 1})
+    await asyncio.wait_for(DockerBackend(container=container).remove(forged, grace=0.3), 30)
+    assert stranger.is_alive()
     assert await settled_exec_processes(container) == []
     assert find_tree(marker=tags.marker) == []
 

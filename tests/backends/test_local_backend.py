@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+import secrets
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
 from terminals.backends.base import SpawnError, SpawnSpec, Status
 from terminals.backends.local import LocalBackend
-from terminals.backends.procfs import ProcessIdentity, find_tree
-from tests.backends.conftest import make_tags, wait_until
+from terminals.backends.procfs import ProcessIdentity, boot_id, find_tree, session_of
+from tests.backends.conftest import make_tags, session_leader, wait_until
+from tests.backends.test_contract import read_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,6 +52,71 @@ async def test_a_reused_pid_is_never_taken_for_the_original_process():
     assert not ProcessIdentity.from_json(forged["process"]).signal(signal.SIGKILL)
     assert (await backend.inspect(process.handle)).status == Status.ALIVE
     await process.terminate(grace=0.2)
+
+
+async def test_an_identity_from_another_boot_is_never_taken_for_a_live_process(stranger):
+    """Same pid, same start time, another boot: after a reboot both numbers can name a new process."""
+    other_boot = ProcessIdentity(pid=stranger.pid, start_time=stranger.start_time, boot_id=str(uuid.uuid4()))
+    assert not other_boot.is_alive()
+    assert not other_boot.is_present()
+    assert not other_boot.signal(signal.SIGKILL)
+    handle = {"backend": "local", "process": other_boot.to_json(), "marker": secrets.token_hex(12)}
+    assert (await LocalBackend().inspect(handle)).status == Status.GONE
+    await LocalBackend().remove(handle, grace=0.2)  # the stranger leads a session of that very number
+    assert stranger.is_alive()
+
+
+def stale_handle(pid: int, start_time: int) -> dict:
+    return {
+        "backend": "local",
+        "process": {"pid": pid, "start_time": start_time, "boot_id": boot_id()},
+        "marker": secrets.token_hex(12),
+    }
+
+
+async def test_removing_a_stale_handle_spares_a_stranger_whose_session_reuses_the_pid(stranger):
+    await LocalBackend().remove(stale_handle(stranger.pid, stranger.start_time + 1), grace=0.2)
+    assert stranger.is_alive()
+
+
+async def test_terminating_a_stale_process_spares_a_stranger_whose_session_reuses_the_pid(stranger):
+    process = await LocalBackend().spawn(SpawnSpec(argv=("true",)), make_tags())
+    ended = await asyncio.wait_for(process.wait(), 10)
+    # Its pid is free now; suppose the stranger got it. The handle still says ours started earlier.
+    process.identity = ProcessIdentity(stranger.pid, stranger.start_time - 1, process.identity.boot_id)
+    assert await asyncio.wait_for(process.terminate(grace=0.2), 15) == ended
+    assert stranger.is_alive()
+
+
+async def test_removing_a_handle_whose_leader_is_gone_spares_unmarked_members_of_that_session_number():
+    """The stranger's session outlived its leader: its number is the stale handle's pid, but nothing in it
+    carries our marker."""
+    leader = session_leader("sh", "-c", "sleep 1000 & echo $!")
+    member = ProcessIdentity.of(int(leader.stdout.readline()))
+    leader.wait()
+    try:
+        assert session_of(member.pid) == leader.pid and ProcessIdentity.of(leader.pid) is None
+        await LocalBackend().remove(stale_handle(leader.pid, 1), grace=0.2)
+        assert member.is_alive()
+    finally:
+        member.signal(signal.SIGKILL)
+        leader.stdout.close()
+
+
+async def test_terminate_ends_an_unmarked_session_member_that_ignores_sigterm_after_its_leader_is_reaped():
+    """Session members are ours while the leader holds the session's number; one found then stays on the
+    list, so it is still killed once the leader has died and been reaped."""
+    unmarked = "env -u TETHER_PROCESS_MARKER sh -c \"trap '' HUP TERM; echo member-\\$\\$-up; exec sleep 1000\""
+    process = await LocalBackend().spawn(SpawnSpec(argv=("sh", "-c", f"{unmarked} & sleep 1000")), make_tags())
+    member = ProcessIdentity.of(int(re.search(rb"member-(\d+)-up", await read_until(process, b"-up")).group(1)))
+    assert session_of(member.pid) == process.identity.pid
+    waiting = asyncio.ensure_future(process.wait())  # reaps the leader as soon as it dies, as an owner does
+    try:
+        await asyncio.wait_for(process.terminate(grace=0.3), 15)
+        assert waiting.done()
+        assert not member.is_alive()
+    finally:
+        member.signal(signal.SIGKILL)
 
 
 async def test_worker_secrets_do_not_leak_into_the_shell(monkeypatch):
