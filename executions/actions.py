@@ -18,6 +18,7 @@ from django.db.models.functions import Now
 from executions.errors import IdentityConflict, NotFound, SlotTaken, TransitionRefused, UsageError
 from executions.models import (
     FINAL_STATES,
+    SLOT_STATES,
     Backend,
     Evidence,
     Execution,
@@ -192,9 +193,13 @@ def submit_execution(
     except IntegrityError:
         # A concurrent submit of the same identity won the insert; answer as a re-submission.
         existing = find_execution(scope, execution_id)
-        if existing is None:
-            raise
-        return _same_submission(existing, spec, machine_name, kind), False
+        if existing is not None:
+            return _same_submission(existing, spec, machine_name, kind), False
+        # Another submit's live execution on this machine committed while ours waited to insert
+        # (execution_one_live_per_machine): the slot is taken, whichever check noticed first.
+        if Execution.objects.filter(machine=machine, state__in=sorted(SLOT_STATES)).exists():
+            _raise_slot_refusal(machine.pk, f"submit {scope}/{execution_id}")
+        raise
     transaction.on_commit(wake_workers)
     execution.refresh_from_db()
     return execution, True

@@ -181,6 +181,13 @@ class Execution(models.Model):
                 condition=~Q(state=State.RESOLVED) | (Q(resolved_at__isnull=False) & ~Q(resolution_note="")),
                 name="execution_resolved_has_note",
             ),
+            # One live execution per machine: those in a slot state are exactly the machine's
+            # active_execution (submit takes the slot in the insert's transaction; only a final state frees it).
+            models.UniqueConstraint(
+                fields=["machine"],
+                condition=Q(state__in=sorted(SLOT_STATES)),
+                name="execution_one_live_per_machine",
+            ),
         ]
         permissions = [("resolve_execution", "Can resolve an unknown execution (after Tether's checks)")]
         indexes = [

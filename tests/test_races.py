@@ -6,7 +6,8 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
+from django.db.models.functions import Now
 
 from executions import actions
 from executions.errors import ExecutionError, SlotTaken, TransitionRefused
@@ -106,3 +107,44 @@ def test_two_operators_resolving_at_once_one_wins_one_gets_a_clear_error():
     resolved_events = ExecutionEvent.objects.filter(execution=execution, to_state=State.RESOLVED)
     assert resolved_events.count() == 1
     assert resolved_events.get().actor == wins[0].events.last().actor
+
+
+# --- the database's own guard, for a write that bypasses actions.py ---------------------------
+
+
+def _raw_execution(machine: Machine, execution_id: str, state: str, **fields) -> Execution:
+    spec = make_spec()
+    if state != State.PENDING:
+        fields.setdefault("ended_at", Now())
+    with transaction.atomic():
+        return Execution.objects.create(
+            scope="team-a",
+            execution_id=execution_id,
+            spec=spec.to_json(),
+            spec_digest=spec.digest,
+            machine=machine,
+            state=state,
+            **fields,
+        )
+
+
+def test_database_refuses_a_second_live_execution_on_one_machine():
+    machine = make_machine("one-slot")
+    holder = make_execution(machine, execution_id="holder")
+    for state in (State.PENDING, State.DISPATCHED, State.RUNNING, State.UNKNOWN):
+        with pytest.raises(IntegrityError, match="execution_one_live_per_machine"):
+            _raw_execution(machine, f"raw-{state}", state)
+    # Settled history on the machine, and live executions on other machines, are fine.
+    old = _raw_execution(machine, "old", State.COMPLETED, evidence=Evidence.KILLED)
+    _raw_execution(make_machine("other"), "elsewhere", State.PENDING)
+    # Reviving a settled execution beside the live one is refused too.
+    with pytest.raises(IntegrityError, match="execution_one_live_per_machine"), transaction.atomic():
+        Execution.objects.filter(pk=old.pk).update(state=State.RUNNING, ended_at=None)
+
+    # unknown still holds the slot; resolving frees it for the next submit.
+    holder = actions.transition(holder, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR)
+    holder = actions.transition(holder, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
+    with pytest.raises(IntegrityError, match="execution_one_live_per_machine"):
+        _raw_execution(machine, "while-unknown", State.PENDING)
+    actions.resolve_execution(holder, actor=TEST_ACTOR, note="container removed")
+    assert make_execution(machine, execution_id="next").state == State.PENDING
