@@ -325,12 +325,23 @@ def close_session(
     return bool(changed)
 
 
-def note_viewer(session_pk, viewer_id: str | None = None) -> None:
-    """Remember when a viewer was last seen (idle reaping) and, on attach, which window owns the session."""
+def note_viewer(session_pk, worker: Worker, token: int, viewer_id: str | None = None) -> bool:
+    """Remember when a viewer was last seen (idle reaping) and, on attach, which window owns the session.
+
+    Written by the owner worker, so fenced like its other writes: False (nothing written) when this
+    worker no longer holds the session's process under ``token``.
+    """
     fields = {"last_viewer_at": Now()}
     if viewer_id is not None:
         fields["viewer_id"] = viewer_id
-    TerminalSession.objects.filter(pk=session_pk).update(**fields)
+    return bool(
+        TerminalSession.objects.filter(
+            pk=session_pk,
+            execution__lease__worker=worker,
+            execution__lease__token=token,
+            execution__lease__released_at__isnull=True,
+        ).update(**fields)
+    )
 
 
 def settle_execution(

@@ -97,9 +97,13 @@ class ViewerHandlers:
             # Recorded first: a superseded window that misses the message below finds out from the
             # database on its next owner check, and the new one never sees itself as superseded.
             try:
-                await db(actions.note_viewer)(live.session_id, message["viewer"])
+                held = await db(actions.note_viewer)(live.session_id, self.worker, live.token, message["viewer"])
             except Exception as error:  # the database is away: the message below still tells the old one
                 log.info("could not record the new viewer: %r", error)
+            else:
+                if not held:  # our lease moved on: the heartbeat lets go; the viewer looks for the new owner
+                    await self._refuse(message, "attach_refused", "this worker no longer holds that session")
+                    return
         if old and old.viewer_id != message["viewer"]:
             await self._send(old.channel, {"type": "terminal.superseded", "epoch": live.token})
         cols, rows = message.get("cols"), message.get("rows")
@@ -201,7 +205,7 @@ class ViewerHandlers:
         if live and live.viewer and live.viewer.viewer_id == message["viewer"]:
             live.viewer_left()
             if live.session_id:
-                await db(actions.note_viewer)(live.session_id)
+                await db(actions.note_viewer)(live.session_id, self.worker, live.token)
 
     async def on_reset(self, message: dict) -> None:
         live = self._held(message)

@@ -4,19 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connections
+from django.utils import timezone
 
 from executions import actions as exec_actions
 from executions.errors import Refused, SlotTaken
 from executions.models import Evidence, Execution, ExecutionEvent, State
 from terminals import actions
+from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.models import ProcessLease, ProcessState, TerminalSession, Worker, WorkerState
 from terminals.worker import OwnerWorker
 from tests.bridge.harness import Stack
@@ -50,6 +58,16 @@ async def test_one_step_claims_runs_and_records_a_command():
 
     worker = OwnerWorker(backends={"local"})
     await worker.start()
+    # Registered as the process it is: recovery tells a dead owner from a live one by these.
+    me = ProcessIdentity.of(os.getpid())
+    registered = await sync_to_async(Worker.objects.get)(pk=worker.worker.pk)
+    assert (registered.host, registered.pid, registered.process_started_at, registered.boot_id) == (
+        socket.gethostname(),
+        me.pid,
+        me.start_time,
+        boot_id(),
+    )
+    assert registered.heartbeat_at is not None and registered.state == WorkerState.RUNNING
     assert await worker.handle_one_step() is False  # nothing pending: an idle step
     execution = await sync_to_async(submit)("job-1", "sh", "-c", "printf 'out put'; exit 3")
     assert await worker.handle_one_step() is True
@@ -104,19 +122,95 @@ def test_host_shells_are_for_staff_and_the_session_cap_holds(alice, operator, se
         actions.open_terminal(make_machine("cap-3"), operator)
 
 
-def test_a_stale_worker_cannot_write_after_losing_its_lease():
+def test_a_stale_worker_cannot_write_after_losing_its_lease(operator):
     machine = make_machine("fence-box")
-    exec_actions.submit_execution(
-        scope="team-a", execution_id="fenced", machine_name=machine.name, spec=make_spec(), actor=TEST_ACTOR
-    )
+    session, _ = actions.open_terminal(machine, operator)
     me = Worker.objects.create(
         worker_id="w1", host="h", pid=1, process_started_at=1, boot_id="b", heartbeat_at="2026-01-01T00:00Z"
     )
     execution, lease = actions.claim_next_execution(me, {"local"})
+    assert actions.note_viewer(session.pk, me, lease.token, "window-1")
     ProcessLease.objects.filter(pk=lease.pk).update(token=lease.token + 1)  # someone else claimed it
     with pytest.raises(actions.LeaseLost):
         actions.fenced_transition(execution, State.RUNNING, worker=me, token=lease.token, evidence=Evidence.OBSERVED)
     assert Execution.objects.get(pk=execution.pk).state == State.DISPATCHED
+    # Nor may it say which window views the session.
+    assert not actions.note_viewer(session.pk, me, lease.token, "window-2")
+    assert TerminalSession.objects.get(pk=session.pk).viewer_id == "window-1"
+    # Nor extend the lease with its heartbeat.
+    expires = ProcessLease.objects.get(pk=lease.pk).expires_at
+    _state, held = actions.worker_heartbeat(me, {execution.pk: lease.token})
+    assert held[execution.pk][0] == lease.token + 1
+    assert ProcessLease.objects.get(pk=lease.pk).expires_at == expires
+
+
+def test_registration_and_leases_use_the_database_clock(monkeypatch):
+    """A worker whose own clock is an hour off still registers, beats and leases on PostgreSQL's time."""
+    from django.db import connection
+
+    machine = make_machine("clock-box")
+    exec_actions.submit_execution(
+        scope="team-a", execution_id="clocked", machine_name=machine.name, spec=make_spec(), actor=TEST_ACTOR
+    )
+    skewed = timezone.now() + timedelta(hours=1)
+    monkeypatch.setattr(timezone, "now", lambda: skewed)
+    me = ProcessIdentity.of(os.getpid())
+    worker = actions.register_worker(
+        worker_id="w-clock",
+        host=socket.gethostname(),
+        pid=me.pid,
+        started_at=me.start_time,
+        boot_id=boot_id(),
+        channel_name="tether.worker.w-clock",
+    )
+    _execution, lease = actions.claim_next_execution(worker, {"local"})
+    actions.worker_heartbeat(worker, {lease.execution_id: lease.token})
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        (db_now,) = cursor.fetchone()
+    worker.refresh_from_db()
+    lease.refresh_from_db()
+    assert (worker.host, worker.pid, worker.process_started_at, worker.boot_id) == (
+        socket.gethostname(),
+        os.getpid(),
+        me.start_time,
+        boot_id(),
+    )
+    assert abs((worker.heartbeat_at - db_now).total_seconds()) < 5
+    ttl = (lease.expires_at - db_now).total_seconds()
+    assert settings.TETHER_LEASE_TTL_SECONDS - 5 < ttl <= settings.TETHER_LEASE_TTL_SECONDS
+
+
+def test_two_workers_racing_for_one_execution_launch_it_once():
+    machine = make_machine("race-box")
+    exec_actions.submit_execution(
+        scope="team-a", execution_id="once", machine_name=machine.name, spec=make_spec(), actor=TEST_ACTOR
+    )
+    workers = [
+        actions.register_worker(
+            worker_id=f"w-race-{n}", host="h", pid=n, started_at=n, boot_id="b", channel_name=f"c{n}"
+        )
+        for n in range(8)
+    ]
+    barrier = threading.Barrier(len(workers))
+    claims = []
+
+    def claim(worker):
+        barrier.wait()
+        try:
+            claims.append(actions.claim_next_execution(worker, {"local"}))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=claim, args=(worker,)) for worker in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    taken = [claim for claim in claims if claim is not None]
+    assert len(taken) == 1 and len(claims) == len(workers)
+    assert ProcessLease.objects.get().worker_id == taken[0][1].worker_id
+    assert list(Execution.objects.get().events.values_list("to_state", flat=True)) == ["pending", "dispatched"]
 
 
 def test_sigterm_stops_the_worker_and_records_what_it_ended(operator):
