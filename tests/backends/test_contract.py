@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
+import signal
 import uuid
 
 import pytest
 
 from terminals.backends.base import Exit, Process, SpawnSpec, Status
 from terminals.backends.procfs import find_tree
-from tests.backends.conftest import make_tags
+from tests.backends.conftest import make_tags, settled_exec_processes
 
 pytestmark = pytest.mark.backend_contract
 
@@ -99,25 +101,38 @@ async def test_ctrl_c_interrupts_sleep(backend):
         await process.terminate(grace=0.5)
 
 
-async def test_terminate_ends_a_detached_grandchild(backend, read_place_file):
-    beat = f"/tmp/tether-heartbeat-{uuid.uuid4().hex[:8]}"
-    script = f"setsid sh -c 'while :; do date +%s%N > {beat}; sleep 0.1; done' & echo started; sleep 1000"
+async def read_count(read_place_file, path: str) -> int:
+    text = await asyncio.to_thread(read_place_file, path)
+    return int(text) if text and text.strip().isdigit() else 0
+
+
+async def test_terminate_ends_a_detached_grandchild(backend, read_place_file, request):
+    count = f"/tmp/tether-count-{uuid.uuid4().hex[:8]}"
+    # A counter, not a clock: busybox's date has no %N, so in docker a nanosecond timestamp moved once a
+    # second and a check over half a second passed about half the time with the grandchild still alive.
+    counter = f"i=0; while :; do i=$((i+1)); echo $i > {count}; sleep 0.1; done"
     tags = make_tags()
-    process = await backend.spawn(shell(script), tags)
-    await read_until(process, b"started")
-    first = None
-    for _ in range(50):
-        first = read_place_file(beat)
-        if first:
-            break
-        await asyncio.sleep(0.1)
-    assert first, "the detached grandchild never wrote its heartbeat"
-    await asyncio.wait_for(process.terminate(grace=0.5), 30)
-    settled = read_place_file(beat)
-    await asyncio.sleep(0.5)
-    assert read_place_file(beat) == settled, "the detached grandchild still beats after terminate"
-    if backend.name != "docker":  # docker processes are checked by the docker-specific tests
+    process = await backend.spawn(shell(f"setsid sh -c '{counter}' & echo started; sleep 1000"), tags)
+    try:
+        await read_until(process, b"started")
+        async with asyncio.timeout(10):
+            while not (first := await read_count(read_place_file, count)):
+                await asyncio.sleep(0.05)
+            while await read_count(read_place_file, count) <= first:
+                await asyncio.sleep(0.1)  # counting: the grandchild is alive
+        await asyncio.wait_for(process.terminate(grace=0.5), 30)
+        settled = await read_count(read_place_file, count)
+        await asyncio.sleep(1.5)  # 15 counts for a grandchild that survived
+        assert await read_count(read_place_file, count) == settled, "the detached grandchild still counts"
         assert find_tree(marker=tags.marker) == []
+        if backend.name == "docker":
+            assert await settled_exec_processes(request.getfixturevalue("container")) == []
+    finally:
+        for survivor in find_tree(marker=tags.marker):
+            survivor.signal(signal.SIGKILL)
+        if backend.name != "docker":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(count)
 
 
 async def test_fifty_megabytes_arrive_intact(backend):
