@@ -68,6 +68,15 @@ async def test_non_utf8_bytes_arrive_intact(backend):
     await process.wait()
 
 
+async def test_the_program_runs_in_the_given_directory_with_the_given_environment(backend):
+    # /etc: in the container and on the host, and no backend's default directory.
+    script = 'printf "cwd=[%s] v=[%s]" "$(pwd)" "$TETHER_TEST_VALUE"'
+    spec = SpawnSpec(argv=("/bin/sh", "-c", script), env={"TETHER_TEST_VALUE": "two words; $HOME"}, cwd="/etc")
+    process = await backend.spawn(spec, make_tags())
+    assert b"cwd=[/etc] v=[two words; $HOME]" in await drain(process)
+    assert (await asyncio.wait_for(process.wait(), 10)).code == 0
+
+
 async def test_spawn_size_and_resize_are_seen_by_stty(backend):
     process = await backend.spawn(shell(cols=91, rows=33), make_tags())
     try:
