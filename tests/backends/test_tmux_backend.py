@@ -193,6 +193,42 @@ async def test_snapshot_has_the_screen_with_colours_and_the_cursor(backend):
         await process.terminate(grace=0.5)
 
 
+def screen_of(socket: str, pane: str) -> tuple[list[str], tuple[int, int]]:
+    """The pane's visible rows as tmux shows them (not joined) and its cursor."""
+    rows = tmux(socket, "capture-pane", "-p", "-t", pane).rstrip("\n").split("\n")
+    x, y = tmux(socket, "display", "-p", "-t", pane, "#{cursor_x} #{cursor_y}").split()
+    return rows, (int(x), int(y))
+
+
+async def test_snapshot_joins_a_wrapped_line_and_keeps_the_cursor_where_the_pane_has_it(backend, tmux_socket, tmp_path):
+    long = "abcdefghijklmnopqrstuvwxyz0123456789ABCD"  # two rows of a 20-column pane
+    process = await backend.spawn(SpawnSpec(argv=("/bin/sh",), env={"PS1": "$ "}, cols=20, rows=10), make_tags())
+    try:
+        await read_until(process, b"$ ")
+        await process.write(f"echo {long}\n".encode())
+        await read_until(process, f"{long}\r\n$ ".encode())
+        rows, cursor = screen_of(tmux_socket, process.handle["pane"])
+        assert rows[:6] == ["$ echo abcdefghijklm", "nopqrstuvwxyz0123456", "789ABCD", long[:20], long[20:], "$"]
+        shot = await process.snapshot()
+        assert shot.screen.split(b"\n")[:3] == [f"$ echo {long}".encode(), long.encode(), b"$ "]
+        # The cursor is where the pane has it (row 5), not the joined line it is on (line 2).
+        assert (shot.cursor_x, shot.cursor_y) == cursor == (2, 5)
+
+        # Drawn on a terminal of the same size, the joined lines wrap back into the same rows.
+        drawn = tmp_path / "snapshot"
+        drawn.write_bytes(shot.render())
+        viewer = await backend.spawn(
+            SpawnSpec(argv=("sh", "-c", f"cat {drawn}; exec sleep 1000"), cols=20, rows=10), make_tags()
+        )
+        try:
+            await read_until(viewer, b"\x1b[6;3H")
+            assert screen_of(tmux_socket, viewer.handle["pane"]) == (rows, cursor)
+        finally:
+            await viewer.terminate(grace=0.2)
+    finally:
+        await process.terminate(grace=0.5)
+
+
 async def test_the_last_output_before_a_fast_exit_is_never_lost(backend):
     # tmux alone drops what it has not passed on when the pane's process exits.
     process = await backend.spawn(SpawnSpec(argv=("sh", "-c", "seq 1 200000; printf the-end")), make_tags())
