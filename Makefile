@@ -13,11 +13,14 @@ venv:
 frontend:
 	@scripts/build-frontend.sh
 
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
 run: venv frontend
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_admin
-	@echo "Tether: http://127.0.0.1:8000/ (admin at /admin/)"
-	$(PY) manage.py tether_serve --host 127.0.0.1 --port 8000
+	@echo "Tether: http://$(HOST):$(PORT)/ (admin at /admin/)"
+	exec $(PY) manage.py tether_serve --host $(HOST) --port $(PORT)
 
 services:
 	@scripts/ensure-services.sh

@@ -1,10 +1,11 @@
-"""`make run`'s steps on a fresh data directory: SQLite, migrate, printed admin login, daphne serving admin."""
+"""`make run` on a fresh data directory: SQLite, migrate, printed admin login, admin and a terminal served."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -14,8 +15,16 @@ import urllib.request
 from http.cookiejar import CookieJar
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
+
+FACTS = """
+from django.conf import settings
+from executions.models import Machine
+print(Machine.objects.get(name="this-host").backend, settings.CHANNEL_LAYERS["default"]["BACKEND"])
+"""
 
 OPEN_TERMINAL = """
 from django.contrib.auth import get_user_model
@@ -43,41 +52,62 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_embedded_mode_serves_admin_with_the_printed_login(tmp_path):
+def _without_tmux(tmp_path: Path) -> str:
+    """A PATH with every program of this one but tmux: a host where tmux is not installed."""
+    shadow = tmp_path / "bin"
+    shadow.mkdir()
+    for directory in os.environ["PATH"].split(os.pathsep):
+        if not os.path.isdir(directory):
+            continue
+        for name in os.listdir(directory):
+            target = shadow / name
+            if name != "tmux" and not target.exists() and os.access(os.path.join(directory, name), os.X_OK):
+                target.symlink_to(os.path.join(directory, name))
+    return str(shadow)
+
+
+@pytest.mark.parametrize("tmux", ["with tmux", "without tmux"])
+def test_make_run_serves_admin_with_the_printed_login_and_a_terminal(tmp_path, tmux):
     environ = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"}}
     environ["TETHER_DATA_DIR"] = str(tmp_path)
     environ["TETHER_SHELL"] = "/bin/bash,--noprofile,--norc"
     # Its tmux shell outlives the server by design: on a test socket (clean-test-leftovers.sh knows it).
     environ["TETHER_TMUX_SOCKET"] = f"tether-test-{tmp_path.name[-8:]}"
+    if tmux == "without tmux":
+        environ["PATH"] = _without_tmux(tmp_path)
     run = lambda *args: subprocess.run(  # noqa: E731
         [sys.executable, "manage.py", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120
     )
-    assert run("migrate", "--noinput").returncode == 0
-    printed = run("ensure_admin").stdout
-    username, password = re.search(r"Admin login: (\S+) / (\S+)", printed).groups()
-    assert run("ensure_admin").stdout == printed  # idempotent: same login every time
-    assert (tmp_path / "tether.sqlite3").exists()
 
     port = _free_port()
+    printed = tmp_path / "make-run.out"
+    # The README's command itself, on a port of its own.
     server = subprocess.Popen(
-        [sys.executable, "manage.py", "tether_serve", "--port", str(port)],
+        ["make", "run", f"PORT={port}"],
         cwd=ROOT,
         env=environ,
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "serve.log").open("wb"),
+        stdout=printed.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         base = f"http://127.0.0.1:{port}"
         jar = CookieJar()
         opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-        for _ in range(100):
+        deadline = time.monotonic() + 120
+        while True:
             try:
                 login_page = opener.open(f"{base}/admin/login/", timeout=5).read().decode()
                 break
             except OSError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("daphne did not answer")
+                assert server.poll() is None, printed.read_text()
+                assert time.monotonic() < deadline, f"make run did not serve: {printed.read_text()[-2000:]}"
+                time.sleep(0.2)
+        output = printed.read_text()
+        username, password = re.search(r"Admin login: (\S+) / (\S+)", output).groups()
+        assert f"Tether: http://127.0.0.1:{port}/" in output
+        assert run("ensure_admin").stdout.strip() in output  # idempotent: the same login every time
+        assert (tmp_path / "tether.sqlite3").exists()  # SQLite under the data directory: no service needed
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page).group(1)
         form = urllib.parse.urlencode(
             {"csrfmiddlewaretoken": token, "username": username, "password": password, "next": "/admin/"}
@@ -90,6 +120,12 @@ def test_embedded_mode_serves_admin_with_the_printed_login(tmp_path):
         css = opener.open(f"{base}/static/admin/css/base.css", timeout=5)
         assert css.status == 200
 
+        # The machine is tmux when tmux exists, else a local PTY; the layer is in memory.
+        facts = run("shell", "-c", FACTS)
+        assert facts.returncode == 0, facts.stderr
+        backend, layer = facts.stdout.strip().splitlines()[-1].split()
+        assert backend == ("tmux" if tmux == "with tmux" else "local")
+        assert layer == "terminals.layers.CappedInMemoryLayer"
         # The owner worker runs inside the same process, on the in-memory channel layer.
         opened = run("shell", "-c", OPEN_TERMINAL)
         assert opened.returncode == 0, opened.stderr
@@ -98,6 +134,6 @@ def test_embedded_mode_serves_admin_with_the_printed_login(tmp_path):
         echoed = asyncio.run(_echo(port, session_id, cookie))
         assert b"embedded-42" in echoed
     finally:
-        server.terminate()
+        os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
         subprocess.run(["tmux", "-L", environ["TETHER_TMUX_SOCKET"], "kill-server"], capture_output=True)
