@@ -92,16 +92,18 @@ def session_of(pid: int) -> int | None:
     return int(fields[3]) if fields else None
 
 
-def _has_marker(pid: int, marker: str) -> bool:
+def _has_marker(pid: int, marker: str, variable: str = MARKER_VARIABLE) -> bool:
     try:
         environ = (PROC / str(pid) / "environ").read_bytes()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return False
-    return f"{MARKER_VARIABLE}={marker}".encode() in environ.split(b"\0")
+    return f"{variable}={marker}".encode() in environ.split(b"\0")
 
 
-def find_tree(*, marker: str, leader: ProcessIdentity | None = None) -> list[ProcessIdentity]:
-    """Every live process carrying ``marker`` in its environment, or in the session ``leader`` leads.
+def find_tree(
+    *, marker: str, leader: ProcessIdentity | None = None, variable: str = MARKER_VARIABLE
+) -> list[ProcessIdentity]:
+    """Every live process whose environment says ``variable=marker``, or in the session ``leader`` leads.
 
     A session is known only by its number, the leader's pid, and that number is ours only while our
     leader holds it. Once the leader is gone (its pid free for reuse, perhaps by a stranger that called
@@ -114,7 +116,7 @@ def find_tree(*, marker: str, leader: ProcessIdentity | None = None) -> list[Pro
         pid = int(entry.name)
         if pid == os.getpid():
             continue
-        if _has_marker(pid, marker):
+        if _has_marker(pid, marker, variable):
             marked.append(pid)
         elif leader is not None and session_of(pid) == leader.pid:
             members.append(pid)
@@ -134,6 +136,7 @@ async def terminate_tree(
     *,
     marker: str,
     leader: ProcessIdentity | None = None,
+    variable: str = MARKER_VARIABLE,
     grace: float = 2.0,
     timeout: float = 10.0,
 ) -> list[ProcessIdentity]:
@@ -152,7 +155,7 @@ async def terminate_tree(
     async def scan() -> list[ProcessIdentity]:
         # A scan reads every process's environment: on a thread, so a host with thousands of processes
         # does not stall the event loop (and with it every other session) while it runs.
-        known.update(await asyncio.to_thread(find_tree, marker=marker, leader=leader))
+        known.update(await asyncio.to_thread(find_tree, marker=marker, leader=leader, variable=variable))
         known.difference_update([process for process in known if not process.is_alive()])
         return list(known)
 

@@ -30,6 +30,7 @@ import termios
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from signal import SIGTERM
 
 from terminals.backends import procfs
 from terminals.backends.base import (
@@ -47,12 +48,13 @@ from terminals.backends.base import (
     child_env,
 )
 from terminals.backends.tmux_control import ControlClient, Event, Sentinel
-from terminals.backends.tmux_shim import SENTINEL
+from terminals.backends.tmux_shim import SENTINEL, SHIM_MARKER_VARIABLE
 
 log = logging.getLogger(__name__)
 
 SHIM = Path(__file__).with_name("tmux_shim.py")
 STALL_AFTER = 0.1
+SHIM_GRACE = 2.0  # seconds the shim may take to record the exit and end once the program's tree is gone
 PAUSE_AFTER = 300  # seconds; without it tmux drops a control client that is 5 minutes behind
 SEND_KEYS_BATCH = 1024
 FORCED_BY_TMUX = ("TERM", "TERM_PROGRAM", "TERM_PROGRAM_VERSION", "TMUX", "TMUX_PANE", "SHELL")
@@ -106,17 +108,16 @@ def session_name(tags: Tags) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_-]', '_', tags.session)[:48]}-{tags.marker[:8]}"
 
 
-def _exit_from(recorded: str, dead: str, status: str, signal: str) -> Exit | None:
+def _exit_from(recorded: str) -> Exit | None:
+    """The program's exit as the shim recorded it. tmux's own pane_dead_status / pane_dead_signal are the
+    shim's: they equal the program's only when the shim ran to its end, and then it had recorded the exit
+    first. Without a record they tell how the shim ended (killed, crashed), not the program."""
     kind, _, number = recorded.partition(":")
     if kind == "code" and number.isdigit():
         return Exit(code=int(number), source="tmux_shim waitpid (tmux @tether_exit)")
     if kind == "signal" and number.isdigit():
         return Exit(signal=int(number), source="tmux_shim waitpid (tmux @tether_exit)")
-    if dead != "1":
-        return None
-    if signal.isdigit():
-        return Exit(signal=int(signal), source="tmux pane_dead_signal")
-    return Exit(code=int(status), source="tmux pane_dead_status") if status.isdigit() else None
+    return None
 
 
 def _chain(commands: list[list[str]]) -> list[str]:
@@ -124,6 +125,18 @@ def _chain(commands: list[list[str]]) -> list[str]:
     # tmux ends a command at any argument ending in ';' unless it ends in '\\;'.
     quoted = [[f"{arg[:-1]}\\;" if arg.endswith(";") else arg for arg in command] for command in commands]
     return [arg for command in quoted for arg in (*command, ";")][:-1]
+
+
+def _end_go_wait(marker: str) -> None:
+    """End the tmux client through which a shim waits for its go: the shim then exits, starting nothing."""
+    gate = f"tether-go-{marker}".encode()
+    for waiter in procfs.find_tree(marker=marker, variable=SHIM_MARKER_VARIABLE):
+        try:
+            argv = Path(f"/proc/{waiter.pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if gate in argv:
+            waiter.signal(SIGTERM)
 
 
 def _tty_of(pid: int) -> int | None:
@@ -387,11 +400,14 @@ class TmuxBackend(Backend):
         ):
             return PaneState(Status.GONE, detail=f"no pane {handle['pane']} of session {handle['session']}")
         _, pid, tty, dead, status, signal, recorded = fields[:7]
-        exit = _exit_from(recorded, dead, status, signal)
+        exit = _exit_from(recorded)
         if exit is not None:
             verdict, detail = Status.EXITED, exit.describe()
+        elif dead == "1":
+            shim = f"by signal {signal}" if signal else f"with code {status}" if status else "without a status"
+            verdict, detail = Status.UNKNOWN, f"the pane's shim ended {shim} before it recorded the program's exit"
         else:
-            verdict, detail = (Status.UNKNOWN, "dead pane without a status") if dead == "1" else (Status.ALIVE, "")
+            verdict, detail = Status.ALIVE, ""
         # A dead pane's pid may already name another process.
         pid_if_alive = int(pid) if dead == "0" else 0
         return PaneState(verdict, True, exit, pid_if_alive, tty, program_ended=bool(recorded), detail=detail)
@@ -413,6 +429,8 @@ class TmuxBackend(Backend):
         shim = [sys.executable, "-I", "-S", str(SHIM), self._tmux, *fixes, "--", *spec.argv]
         options = {**SESSION_OPTIONS, **{f"@tether_{key}": str(value) for key, value in asdict(tags).items()}}
         size = ["-x", str(spec.cols), "-y", str(spec.rows)]
+        # The shim carries the marker under its own name and hands it to the program (see tmux_shim).
+        env[SHIM_MARKER_VARIABLE] = env.pop(procfs.MARKER_VARIABLE)
         env_args = [x for key, value in env.items() for x in ("-e", f"{key}={value}")]
         create = ["new-session", "-d", "-s", name, *size, "-c", cwd.replace("#", "##")]
         commands = [
@@ -494,13 +512,33 @@ class TmuxBackend(Backend):
         if code != 0:
             raise BackendError(f"could not tag {handle['session']}: {err.strip()}")
 
-    async def _end_tree(self, handle: dict, grace: float) -> None:
-        await self._run("wait-for", "-U", f"tether-release-{handle['marker']}")  # the shim ends with the program
-        await procfs.terminate_tree(marker=handle["marker"], grace=grace)
+    async def _end_tree(self, handle: dict, grace: float, state: PaneState | None = None) -> None:
+        """End the program's tree, then the shim once it has recorded the exit.
+
+        1. open the shim's release gate, so it ends as soon as it has recorded how the program ended;
+        2. end the program's tree (SIGHUP/SIGTERM, SIGKILL after ``grace``), which the shim is not part of;
+        3. if there was no program, end the shim's wait for the go (it then exits without starting one);
+        4. give the shim ``SHIM_GRACE`` to end by itself; a shim that does not (it cannot write its
+           sentinel), or was killed before it recorded an exit, is ended with its helpers.
+        """
+        state = state or await self._state(handle)
+        shim = None
+        if state.pid and procfs._has_marker(state.pid, handle["marker"], SHIM_MARKER_VARIABLE):
+            shim = procfs.ProcessIdentity.of(state.pid)  # checked: tmux may have reaped it, freeing the pid
+        await self._run("wait-for", "-U", f"tether-release-{handle['marker']}")
+        ended = await procfs.terminate_tree(marker=handle["marker"], grace=grace)
+        no_program = not ended and not state.program_ended
+        until = asyncio.get_running_loop().time() + SHIM_GRACE
+        while shim is not None and shim.is_alive() and asyncio.get_running_loop().time() < until:
+            if no_program:  # a shim just started may reach its gate only now
+                await asyncio.to_thread(_end_go_wait, handle["marker"])
+            await asyncio.sleep(0.02)
+        if (shim is not None and shim.is_alive()) or (state.status != Status.ALIVE and not state.program_ended):
+            await procfs.terminate_tree(marker=handle["marker"], variable=SHIM_MARKER_VARIABLE, grace=0)
 
     async def remove(self, handle: dict, grace: float = 2.0) -> None:
         state = await self._state(handle)
-        await self._end_tree(handle, grace)
+        await self._end_tree(handle, grace, state)
         if state.ours:  # never a session whose pane, name and marker do not all match
             await self._run("kill-session", "-t", f"={handle['session']}")
 

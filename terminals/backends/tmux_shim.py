@@ -1,7 +1,10 @@
 """The first process of every tmux pane: runs the program and relays its exit without losing output.
 
 Run by tmux as ``python -I -S tmux_shim.py TMUX_BINARY [--set NAME=VALUE | --unset NAME]... -- ARGV...``
-with the marker in its environment. Standard library only, no project imports: it runs in the pane.
+with the marker in its environment as ``TETHER_SHIM_MARKER``; the program gets it as
+``TETHER_PROCESS_MARKER``. So ending the program's tree (found by that variable) leaves the shim alive to
+record how the program ended; the owner ends the shim afterwards if it does not end by itself. Standard
+library only, no project imports: it runs in the pane.
 
 Why it exists (tmux 3.3a, measured): when a pane's process exits, tmux closes the pane's terminal at
 once, dropping output that it had not yet read or passed to the control client (about 15 KiB of
@@ -24,6 +27,7 @@ import subprocess
 import sys
 
 MARKER_VARIABLE = "TETHER_PROCESS_MARKER"
+SHIM_MARKER_VARIABLE = "TETHER_SHIM_MARKER"
 SENTINEL = b"\x1b]7777;tether-exit;%s\x07"
 
 
@@ -46,9 +50,11 @@ def main(argv: list[str]) -> None:
     tmux, rest = argv[1], argv[2:]
     split = rest.index("--")
     options, program = rest[:split], rest[split + 1 :]
-    marker = os.environ[MARKER_VARIABLE]
+    marker = os.environ[SHIM_MARKER_VARIABLE]
     pane = os.environ.get("TMUX_PANE", "")
     env = dict(os.environ)
+    del env[SHIM_MARKER_VARIABLE]
+    env[MARKER_VARIABLE] = marker
     for flag, value in zip(options[::2], options[1::2], strict=True):
         if flag == "--set":
             name, _, text = value.partition("=")

@@ -12,7 +12,8 @@ from collections.abc import Callable
 import pytest
 
 from terminals.backends.base import Backend, Tags
-from terminals.backends.procfs import ProcessIdentity, session_of
+from terminals.backends.procfs import ProcessIdentity, find_tree, session_of
+from terminals.backends.tmux_shim import SHIM_MARKER_VARIABLE
 
 BACKENDS = ["local", "tmux", "docker"]
 
@@ -70,6 +71,11 @@ def read_place_file(backend_name, request) -> Callable[[str], str | None]:
         return result.stdout if result.returncode == 0 else None
 
     return read_container
+
+
+def left_behind(marker: str) -> list[ProcessIdentity]:
+    """Every live process of a spawn on this host: the program's tree and, for tmux, the pane's shim."""
+    return find_tree(marker=marker) + find_tree(marker=marker, variable=SHIM_MARKER_VARIABLE)
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05):

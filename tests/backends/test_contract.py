@@ -12,8 +12,7 @@ import uuid
 import pytest
 
 from terminals.backends.base import Exit, Process, SpawnSpec, Status
-from terminals.backends.procfs import find_tree
-from tests.backends.conftest import make_tags, settled_exec_processes
+from tests.backends.conftest import left_behind, make_tags, settled_exec_processes
 
 pytestmark = pytest.mark.backend_contract
 
@@ -133,11 +132,11 @@ async def test_terminate_ends_a_detached_grandchild(backend, read_place_file, re
         settled = await read_count(read_place_file, count)
         await asyncio.sleep(1.5)  # 15 counts for a grandchild that survived
         assert await read_count(read_place_file, count) == settled, "the detached grandchild still counts"
-        assert find_tree(marker=tags.marker) == []
+        assert left_behind(tags.marker) == []
         if backend.name == "docker":
             assert await settled_exec_processes(request.getfixturevalue("container")) == []
     finally:
-        for survivor in find_tree(marker=tags.marker):
+        for survivor in left_behind(tags.marker):
             survivor.signal(signal.SIGKILL)
         if backend.name != "docker":
             with contextlib.suppress(FileNotFoundError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -13,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from terminals.backends.base import Inspection, SpawnError, SpawnSpec, Status
-from terminals.backends.procfs import find_tree
+from terminals.backends.base import BackendError, Inspection, SpawnError, SpawnSpec, Status
 from terminals.backends.tmux import TmuxBackend
-from tests.backends.conftest import make_tags
+from tests.backends.conftest import left_behind, make_tags
 from tests.backends.test_contract import drain, read_until, rss_kib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ async def test_a_session_survives_its_killed_spawner_and_its_exit_is_read_from_a
     assert (await adopted.wait()).code == 4
     await backend.remove(handle, grace=0.5)
     assert (await backend.inspect(handle)).status == Status.GONE
-    assert find_tree(marker=handle["marker"]) == []
+    assert left_behind(handle["marker"]) == []
 
 
 async def test_a_new_owner_adopts_a_live_session_and_sees_new_output(backend, tmux_socket):
@@ -262,10 +262,54 @@ async def test_a_signal_is_reported_as_a_signal(backend):
     assert (await backend.inspect(process.handle)).exit == exit
 
 
+async def test_a_shim_killed_before_it_recorded_the_exit_leaves_the_exit_unknown(backend, tmux_socket, tmp_path):
+    """tmux's pane_dead_status / pane_dead_signal are the shim's. They are the program's only when the shim ran
+    to its end, and then it had recorded @tether_exit first. Here the shim is killed: the program ends by its
+    HUP trap with code 3 while tmux says signal 9, so no exit may be read back."""
+    ended = tmp_path / "ended"
+    script = f"trap 'echo 3 > {ended}; exit 3' HUP; echo ready; sleep 1000 & wait"
+    process = await backend.spawn(SpawnSpec(argv=("sh", "-c", script)), make_tags())
+    pane = process.handle["pane"]
+    await read_until(process, b"ready")
+    os.kill(int(tmux(tmux_socket, "display", "-p", "-t", pane, "#{pane_pid}")), signal.SIGKILL)
+    dead = "#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{@tether_exit}"
+    await eventually(
+        lambda: asyncio.to_thread(tmux, tmux_socket, "display", "-p", "-t", pane, dead),
+        lambda said: said.startswith("1|") and said != "1|||\n",  # the pane may die before tmux reaps the shim
+    )
+    assert tmux(tmux_socket, "display", "-p", "-t", pane, dead).strip() == "1||9|"  # only the fallback is left
+    assert ended.read_text() == "3\n"  # how the program really ended
+    seen = await TmuxBackend(socket=tmux_socket).inspect(process.handle)
+    assert (seen.status, seen.exit) == (Status.UNKNOWN, None)
+    assert "signal 9" in seen.detail
+    with pytest.raises(BackendError, match="no exit"):
+        await asyncio.wait_for(process.wait(), 10)
+    assert await asyncio.wait_for(process.terminate(grace=0.2), 15) is None
+    assert (await backend.inspect(process.handle)).status == Status.GONE
+    assert left_behind(process.handle["marker"]) == []
+
+
 async def test_a_missing_program_is_a_spawn_error_and_leaves_nothing(backend):
     with pytest.raises(SpawnError, match="not found"):
         await backend.spawn(SpawnSpec(argv=("no-such-program-tether",)), make_tags())
     assert await backend.list_tagged() == []
+
+
+class FailingAttach(TmuxBackend):
+    """A backend whose control client cannot attach, as when tmux refuses it right after the session is made."""
+
+    async def _adopt(self, handle: dict):
+        raise BackendError("refused for the test")
+
+
+async def test_a_spawn_that_fails_after_its_session_exists_leaves_no_shim_waiting(tmux_socket):
+    """The shim waits for the owner's go before it starts the program; when the owner gives up first, the shim
+    (and the tmux client it waits through) are ended, and the program never runs."""
+    tags = make_tags()
+    with pytest.raises(SpawnError, match="refused for the test"):
+        await FailingAttach(socket=tmux_socket).spawn(SpawnSpec(argv=("sh", "-c", "echo ran > /dev/null")), tags)
+    assert left_behind(tags.marker) == []
+    assert tmux(tmux_socket, "list-sessions", "-F", "#S") == ""
 
 
 async def test_a_stalled_reader_keeps_the_tmux_server_small(backend, tmux_socket):
