@@ -7,12 +7,14 @@ import contextlib
 import hashlib
 import os
 import signal
+import time
 import uuid
 
 import pytest
 
 from terminals.backends.base import Exit, Process, SpawnSpec, Status
-from tests.backends.conftest import left_behind, make_tags, settled_exec_processes
+from terminals.backends.procfs import ProcessIdentity, find_tree
+from tests.backends.conftest import left_behind, make_tags, settled_exec_processes, wait_until
 
 pytestmark = pytest.mark.backend_contract
 
@@ -141,6 +143,43 @@ async def test_terminate_ends_a_detached_grandchild(backend, read_place_file, re
         if backend.name != "docker":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(count)
+
+
+def comm(process: ProcessIdentity) -> str:
+    try:
+        with open(f"/proc/{process.pid}/comm") as name:
+            return name.read().strip()
+    except OSError:
+        return ""
+
+
+async def test_terminate_kills_a_tree_that_ignores_hup_and_term_and_returns_once_it_is_gone(backend, request):
+    stubborn = "while :; do sleep 0.1; done"
+    script = f"trap '' HUP TERM; ({stubborn}) & setsid sh -c '{stubborn}' & echo ready; {stubborn}"
+    tags = make_tags()
+    process = await backend.spawn(shell(script), tags)
+    try:
+        await read_until(process, b"ready")
+        # The shell, its subshell and the detached one (their sleeps come and go).
+        tree = wait_until(
+            lambda: len(shells := [p for p in find_tree(marker=tags.marker) if comm(p) == "sh"]) == 3 and shells
+        )
+        started = time.monotonic()
+        exit = await asyncio.wait_for(process.terminate(grace=0.5), 30)
+        assert time.monotonic() - started >= 0.5  # SIGKILL only after the grace period
+        assert [p for p in tree if p.is_alive()] == []
+        assert left_behind(tags.marker) == []
+        # How the shell ended, as each backend's trustworthy source reports a SIGKILL.
+        assert exit == (
+            Exit(code=128 + signal.SIGKILL, source=exit.source)
+            if backend.name == "docker"
+            else Exit(signal=signal.SIGKILL, source=exit.source)
+        )
+        if backend.name == "docker":
+            assert await settled_exec_processes(request.getfixturevalue("container")) == []
+    finally:
+        for survivor in left_behind(tags.marker):
+            survivor.signal(signal.SIGKILL)
 
 
 async def test_fifty_megabytes_arrive_intact(backend):
