@@ -236,6 +236,38 @@ async def test_an_unreachable_engine_is_unknown_not_gone(container, tmp_path):
     assert (await backend.inspect(handle)).status == Status.UNKNOWN
 
 
+LOCAL_ENGINE = "unix:///var/run/docker.sock"
+
+
+async def test_an_explicit_engine_url_is_used_and_kept_in_the_handle(container):
+    backend = DockerBackend(container=container, engine=LOCAL_ENGINE)
+    process = await backend.spawn(shell("echo on-$((40+2)); read line; exit 5"), make_tags())
+    assert process.handle["engine"] == LOCAL_ENGINE
+    assert "process" in process.handle  # a unix socket is this host's engine: its pids are ours to check
+    await read_until(process, b"on-42")
+    await process.write(b"go\n")
+    assert (await asyncio.wait_for(process.wait(), 10)).code == 5
+    seen = await DockerBackend(container=container, engine=LOCAL_ENGINE).inspect(process.handle)
+    assert (seen.status, seen.exit.code) == (Status.EXITED, 5)
+
+
+async def test_inspect_and_remove_follow_the_engine_named_in_the_handle(container, tmp_path):
+    """A backend's engine is only where it spawns: a handle is looked at, and removed, on its own engine."""
+    tags = make_tags()
+    process = await DockerBackend(container=container, engine=LOCAL_ENGINE).spawn(shell(*STUBBORN), tags)
+    await read_until(process, b"ready")
+    await process.detach()
+    elsewhere = DockerBackend(container=container, engine=f"unix://{tmp_path}/no-docker.sock")
+    seen = await elsewhere.inspect(process.handle)
+    assert seen.status == Status.ALIVE, seen
+    # The same exec named on an unreachable engine is unknown, even to a backend whose own engine works.
+    moved = dict(process.handle, engine=elsewhere.engine)
+    assert (await DockerBackend(container=container, engine=LOCAL_ENGINE).inspect(moved)).status == Status.UNKNOWN
+    await asyncio.wait_for(elsewhere.remove(process.handle, grace=0.3), 30)
+    assert await settled_exec_processes(container) == []
+    assert (await elsewhere.inspect(process.handle)).status == Status.EXITED
+
+
 async def test_every_terminal_has_its_size_right_after_spawn(container):
     """The size is set once the exec runs; docker refuses earlier, so spawn retries until it takes."""
     backend = DockerBackend(container=container)
