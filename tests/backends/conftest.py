@@ -8,6 +8,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -76,6 +77,47 @@ def read_place_file(backend_name, request) -> Callable[[str], str | None]:
 def left_behind(marker: str) -> list[ProcessIdentity]:
     """Every live process of a spawn on this host: the program's tree and, for tmux, the pane's shim."""
     return find_tree(marker=marker) + find_tree(marker=marker, variable=SHIM_MARKER_VARIABLE)
+
+
+def _stat(pid: int) -> list[str]:
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+@pytest.fixture
+def output_relays(backend_name, request) -> Callable[[], dict[str, int]]:
+    """The processes on this host that pass a program's output on to us (a local PTY has none but the
+    kernel): the tmux server, or dockerd and the container's containerd-shim. Call it after spawn."""
+    if backend_name == "local":
+        return dict
+    if backend_name == "tmux":
+        socket = request.getfixturevalue("tmux_socket")
+
+        def tmux_server() -> dict[str, int]:
+            pid = subprocess.run(["tmux", "-L", socket, "display", "-p", "#{pid}"], capture_output=True, text=True)
+            return {"tmux server": int(pid.stdout)}
+
+        return tmux_server
+    container = request.getfixturevalue("container")
+
+    def engine() -> dict[str, int]:
+        inspect = ["docker", "inspect", "-f", "{{.State.Pid}}", container]
+        main = int(subprocess.run(inspect, capture_output=True, text=True, check=True).stdout)
+        shim = int(_stat(main)[1])  # the container's main process is a child of its shim
+        assert _comm(shim).startswith("containerd-shim"), _comm(shim)
+        (dockerd,) = [
+            int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _comm(int(p.name)) == "dockerd"
+        ]
+        return {"dockerd": dockerd, "containerd-shim": shim}
+
+    return engine
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05):
