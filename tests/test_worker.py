@@ -213,16 +213,20 @@ def test_two_workers_racing_for_one_execution_launch_it_once():
     assert list(Execution.objects.get().events.values_list("to_state", flat=True)) == ["pending", "dispatched"]
 
 
+def _wait_until_running(execution_pk: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while Execution.objects.get(pk=execution_pk).state != State.RUNNING:
+        assert time.monotonic() < deadline, "the process never started"
+        time.sleep(0.05)
+
+
 def test_sigterm_stops_the_worker_and_records_what_it_ended(operator):
     machine = make_machine("stop-box")
     session, _ = actions.open_terminal(machine, operator)
     stack = Stack()
     try:
         worker = stack.start_worker("local")
-        deadline = time.monotonic() + 15
-        while Execution.objects.get(pk=session.execution_id).state != State.RUNNING:
-            assert time.monotonic() < deadline, "the terminal never started"
-            time.sleep(0.05)
+        _wait_until_running(session.execution_id)
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=20) == 0
     finally:
@@ -316,10 +320,7 @@ def test_sigterm_leaves_a_command_running_for_the_next_worker(place, backend):
     stack = Stack()
     try:
         first = stack.start_worker(backend)
-        deadline = time.monotonic() + 15
-        while Execution.objects.get(pk=execution.pk).state != State.RUNNING:
-            assert time.monotonic() < deadline, "the command never started"
-            time.sleep(0.05)
+        _wait_until_running(execution.pk)
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=20) == 0
         # The worker stopped without ending it or writing an outcome it did not see.
