@@ -79,6 +79,10 @@ def database_from_url(url: str) -> dict:
         name = unquote(parts.path.lstrip("/"))
         if not name:
             raise ImproperlyConfigured(f"DATABASE_URL={url!r} names no database")
+        try:
+            port = parts.port
+        except ValueError:  # urlsplit's own message names neither the variable nor the value
+            raise ImproperlyConfigured(f"DATABASE_URL={url!r} has a port that is not a number (0-65535)") from None
         query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
         host = query.pop("host", parts.hostname or "")
         return {
@@ -87,7 +91,7 @@ def database_from_url(url: str) -> dict:
             "USER": unquote(parts.username or ""),
             "PASSWORD": unquote(parts.password or ""),
             "HOST": host,
-            "PORT": str(parts.port or ""),
+            "PORT": str(port or ""),
             "OPTIONS": query,
         }
     raise ImproperlyConfigured(f"DATABASE_URL={url!r}: scheme must be sqlite or postgres")

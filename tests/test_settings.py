@@ -55,6 +55,9 @@ def test_database_urls():
         env.database_from_url("mysql://x/y")
     with pytest.raises(ImproperlyConfigured, match="names no database"):
         env.database_from_url("postgres://host/")
+    for bad_port in ("postgres://h:notaport/db", "postgres://h:99999/db"):
+        with pytest.raises(ImproperlyConfigured, match=r"DATABASE_URL=.* has a port that is not a number"):
+            env.database_from_url(bad_port)
 
 
 def test_secret_key_is_generated_once_and_kept(tmp_path, monkeypatch):
@@ -126,6 +129,12 @@ def test_start_up_fails_loudly_on_a_redis_url_that_is_not_one(tmp_path):
     assert result.returncode != 0
     assert "REDIS_URL='not a url': scheme must be redis://, rediss:// or unix://" in _last_line(result)
     assert _check(tmp_path, REDIS_URL="").returncode == 0  # empty is unset: the in-memory layer
+
+
+def test_start_up_fails_loudly_on_a_database_port_that_is_not_a_number(tmp_path):
+    result = _check(tmp_path, DATABASE_URL="postgres://h:notaport/db")
+    assert result.returncode != 0
+    assert "DATABASE_URL='postgres://h:notaport/db' has a port that is not a number" in _last_line(result)
 
 
 def test_production_mode_requires_allowed_hosts(tmp_path):
