@@ -124,6 +124,8 @@ class Machine(models.Model):
 
 
 class Execution(models.Model):
+    # scope, execution_id, kind, machine, spec and spec_digest are fixed once inserted: on PostgreSQL
+    # a trigger (migration 0006) refuses an UPDATE that changes them.
     scope = models.CharField(max_length=200)
     execution_id = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.COMMAND)

@@ -7,7 +7,7 @@ from django.db import IntegrityError, connection, transaction
 
 from executions import actions
 from executions.errors import IdentityConflict, NotFound, Refused, SlotTaken, TransitionRefused, UsageError
-from executions.models import Evidence, Execution, ExecutionEvent, Machine, MachineState, State
+from executions.models import Evidence, Execution, ExecutionEvent, Kind, Machine, MachineState, State
 from tests.factories import TEST_ACTOR, make_execution, make_machine, make_spec
 
 pytestmark = pytest.mark.django_db
@@ -274,3 +274,36 @@ def test_audit_events_are_append_only():
     with pytest.raises(Exception, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("DELETE FROM executions_executionevent WHERE id = %s", [event.pk])
     assert ExecutionEvent.objects.get(pk=event.pk).reason == ""
+
+
+@pytest.mark.parametrize(
+    ("field", "column", "new_value"),
+    [
+        ("scope", "scope", lambda: "team-b"),
+        ("execution_id", "execution_id", lambda: "renamed"),
+        ("kind", "kind", lambda: Kind.TERMINAL),
+        ("machine", "machine_id", lambda: make_machine()),
+        ("spec", "spec", lambda: make_spec("rm", "-rf", "/tmp/x").to_json()),
+        ("spec_digest", "spec_digest", lambda: "0" * 64),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_what_an_execution_is_cannot_be_rewritten(field, column, new_value):
+    execution = make_execution()
+    fixed = ["scope", "execution_id", "kind", "machine_id", "spec", "spec_digest"]
+    before = Execution.objects.values(*fixed).get(pk=execution.pk)
+    # Bypassing actions.py with a raw update still hits the PostgreSQL trigger.
+    with pytest.raises(IntegrityError, match=f"{column} is immutable"), transaction.atomic():
+        Execution.objects.filter(pk=execution.pk).update(**{field: new_value()})
+    assert Execution.objects.values(*fixed).get(pk=execution.pk) == before
+
+
+def test_an_execution_still_moves_while_its_spec_stays_fixed():
+    execution = make_execution()
+    with pytest.raises(IntegrityError, match="spec is immutable"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE executions_execution SET spec = '{}'::jsonb WHERE id = %s", [execution.pk])
+    # Everything else on the row (state, stamps, where it ran) still changes as before.
+    dispatched = actions.transition(
+        execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR, ran_on_ref="c1", ran_on_incarnation=1
+    )
+    assert (dispatched.state, dispatched.ran_on_ref, dispatched.spec) == (State.DISPATCHED, "c1", execution.spec)
