@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 from django.db import IntegrityError, connection, transaction
 
 from executions import actions
 from executions.errors import IdentityConflict, NotFound, Refused, SlotTaken, TransitionRefused, UsageError
-from executions.models import Evidence, Execution, ExecutionEvent, Kind, Machine, MachineState, State
+from executions.models import Evidence, Execution, ExecutionEvent, Kind, Machine, MachineEvent, MachineState, State
 from tests.factories import TEST_ACTOR, make_execution, make_machine, make_spec
 
 pytestmark = pytest.mark.django_db
@@ -307,3 +310,98 @@ def test_an_execution_still_moves_while_its_spec_stays_fixed():
         execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR, ran_on_ref="c1", ran_on_incarnation=1
     )
     assert (dispatched.state, dispatched.ran_on_ref, dispatched.spec) == (State.DISPATCHED, "c1", execution.spec)
+
+
+# --- a state change and its audit event commit together or not at all ------------------------
+
+
+class AuditWriteFailed(Exception):
+    pass
+
+
+@contextmanager
+def audit_insert_fails(model: type = ExecutionEvent) -> Iterator[None]:
+    """Every insert of ``model`` raises, inside whichever transaction the action opened."""
+
+    def refuse(self, *args, **kwargs):
+        raise AuditWriteFailed(f"{model.__name__} insert failed")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(model, "save", refuse)
+        yield
+
+
+_AS_STORED = ["state", "evidence", "exit_code", "dispatched_at", "ended_at", "resolved_at", "resolution_note"]
+
+
+def _to_unknown(execution: Execution) -> Execution:
+    execution = actions.transition(execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR)
+    return actions.transition(execution, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
+
+
+def _dispatch(execution: Execution) -> Execution:
+    return actions.transition(execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR)
+
+
+@pytest.mark.django_db(transaction=True)  # real commits: no test-wide transaction hides a half-written change
+@pytest.mark.parametrize(
+    ("prepare", "operation"),
+    [
+        (lambda e: e, _dispatch),
+        (lambda e: e, lambda e: actions.cancel_execution(e, actor=TEST_ACTOR, reason="not needed")),
+        (
+            _dispatch,
+            lambda e: actions.transition(e, State.COMPLETED, evidence=Evidence.EXITED, exit_code=0, actor=TEST_ACTOR),
+        ),
+        (_to_unknown, lambda e: actions.resolve_execution(e, actor=TEST_ACTOR, note="container removed")),
+    ],
+    ids=["dispatch", "cancel", "complete", "resolve"],
+)
+def test_a_transition_whose_event_cannot_be_written_changes_nothing(prepare, operation):
+    machine = make_machine()
+    execution = prepare(make_execution(machine))
+    before = Execution.objects.values(*_AS_STORED).get(pk=execution.pk)
+    events = _events(execution)
+    with audit_insert_fails(), pytest.raises(AuditWriteFailed):
+        operation(execution)
+    assert Execution.objects.values(*_AS_STORED).get(pk=execution.pk) == before
+    assert _events(execution) == events
+    machine.refresh_from_db()
+    assert machine.active_execution_id == execution.pk  # a final state's slot release was rolled back too
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transition_whose_event_detail_cannot_be_stored_changes_nothing():
+    machine = make_machine()
+    execution = make_execution(machine)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        actions.transition(
+            execution, State.CANCELLED, evidence=Evidence.CANCELLED, actor=TEST_ACTOR, detail={"at": object()}
+        )
+    assert Execution.objects.get(pk=execution.pk).state == State.PENDING
+    assert Machine.objects.get(pk=machine.pk).active_execution_id == execution.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_submit_whose_event_cannot_be_written_leaves_no_execution_and_a_free_slot():
+    machine = make_machine()
+    with audit_insert_fails(), pytest.raises(AuditWriteFailed):
+        make_execution(machine, execution_id="lost")
+    assert not Execution.objects.exists()
+    machine.refresh_from_db()
+    assert machine.active_execution_id is None
+    # Nothing half-written stands in the way: the same submit goes through once events can be written.
+    assert make_execution(machine, execution_id="lost").events.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_machine_change_whose_event_cannot_be_written_changes_nothing():
+    with audit_insert_fails(MachineEvent), pytest.raises(AuditWriteFailed):
+        make_machine("never")
+    assert not Machine.objects.exists()
+    machine = make_machine("box")
+    with audit_insert_fails(MachineEvent), pytest.raises(AuditWriteFailed):
+        actions.set_machine_state(machine, MachineState.STOPPED, actor=TEST_ACTOR)
+    machine.refresh_from_db()
+    assert machine.state == MachineState.RUNNING
+    assert list(machine.events.values_list("to_state", flat=True)) == [MachineState.RUNNING]
