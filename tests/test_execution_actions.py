@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.db.models.functions import Now
 
 from executions import actions
 from executions.errors import IdentityConflict, NotFound, Refused, SlotTaken, TransitionRefused, UsageError
@@ -239,22 +240,36 @@ def test_machine_deleted_is_final():
 # --- invariants held by the database itself --------------------------------------------------
 
 
-def _violates(**updates) -> None:
+def _violates(constraint: str, **updates) -> None:
+    """A raw write of ``updates`` is refused by ``constraint`` itself, not by some other check."""
     execution = make_execution()
-    with pytest.raises(IntegrityError), transaction.atomic():
+    with pytest.raises(IntegrityError, match=constraint), transaction.atomic():
         Execution.objects.filter(pk=execution.pk).update(**updates)
 
 
-def test_database_refuses_completed_without_evidence_or_end_time():
-    from django.db.models.functions import Now
+def test_database_refuses_completed_without_evidence():
+    _violates("execution_completed_has_evidence", state=State.COMPLETED, evidence="", ended_at=Now())
 
-    _violates(state=State.COMPLETED, evidence="", ended_at=Now())
-    _violates(state=State.COMPLETED, evidence=Evidence.EXITED, exit_code=0)  # no ended_at
+
+@pytest.mark.parametrize(
+    ("state", "required"),
+    [
+        (State.COMPLETED, {"evidence": Evidence.EXITED, "exit_code": 0}),
+        (State.CANCELLED, {"evidence": Evidence.CANCELLED}),
+        (State.UNKNOWN, {"evidence": Evidence.CONTROLLER_LOST}),
+        (State.RESOLVED, {"evidence": Evidence.OPERATOR_RESOLVED, "resolved_at": Now(), "resolution_note": "gone"}),
+    ],
+)
+def test_database_refuses_an_ended_state_without_an_end_time(state, required):
+    _violates("execution_ended_has_end_time", state=state, **required)
+    # The same write with an end time is accepted: the end time was all that was missing.
+    execution = Execution.objects.get()
+    assert Execution.objects.filter(pk=execution.pk).update(state=state, ended_at=Now(), **required) == 1
 
 
 def test_database_refuses_exit_code_without_exited_evidence():
-    _violates(exit_code=3, evidence=Evidence.KILLED)
-    _violates(evidence=Evidence.EXITED)  # exited needs its code
+    _violates("execution_exit_code_only_when_exited", exit_code=3, evidence=Evidence.KILLED)
+    _violates("execution_exited_has_exit_code", evidence=Evidence.EXITED)
 
 
 def test_database_refuses_two_machines_sharing_one_active_execution():
