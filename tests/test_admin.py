@@ -207,6 +207,20 @@ def test_execution_list_searches_by_scope(client, admin_user):
     assert "payments/nightly" in page.text and "reindex" not in page.text
 
 
+def test_an_execution_whose_aliases_both_match_a_search_is_listed_once(client, admin_user):
+    client.force_login(admin_user)
+    execution = make_execution(execution_id="build-7")
+    actions.add_alias(execution, "team-a", "ci-run-1")
+    actions.add_alias(execution, "team-a", "ci-run-1-retry")
+    make_execution(execution_id="unrelated")
+    # "ci-run-1" matches neither scope nor id, only both aliases: a join that yields the row twice.
+    page = client.get(reverse("admin:executions_execution_changelist"), {"q": "ci-run-1"})
+    assert page.status_code == 200
+    assert [row.pk for row in page.context["cl"].result_list] == [execution.pk]
+    assert page.context["cl"].result_count == 1
+    assert page.text.count('name="_selected_action"') == 1  # one row on the page, too
+
+
 def test_admin_start_action_starts_stopped_machines_through_actions(client, admin_user):
     client.force_login(admin_user)
     machine = actions.set_machine_state(make_machine("sleepy"), "stopped", actor=TEST_ACTOR)

@@ -218,6 +218,14 @@ def test_aliases_resolve_to_the_same_logical_execution():
         actions.add_alias(other, "team-a", "lifecycle-1")
 
 
+def test_an_execution_can_name_its_parent():
+    parent = make_execution(make_machine(), execution_id="pipeline")
+    child = make_execution(make_machine(), execution_id="pipeline-step-1", parent=parent)
+    assert Execution.objects.get(pk=child.pk).parent_id == parent.pk
+    assert list(parent.children.values_list("execution_id", flat=True)) == ["pipeline-step-1"]
+    assert Execution.objects.get(pk=parent.pk).parent_id is None
+
+
 def test_machine_names_and_backends_are_checked():
     with pytest.raises(UsageError):
         actions.add_machine(name="bad name", backend="local", actor=TEST_ACTOR)
