@@ -13,7 +13,10 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from terminals.daphne_close import send_close_reasons  # noqa: E402
 from terminals.routing import websocket_urlpatterns  # noqa: E402
+
+send_close_reasons()
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app
 

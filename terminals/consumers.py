@@ -467,7 +467,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.attached = False
         text = "Superseded by another window"
         await self.send_json({"type": "superseded", "text": text})
-        # Daphne 4 sends the close frame without a reason text; the message above carries it.
+        # The close frame carries the reason too (terminals/daphne_close.py: daphne 4 would drop it).
         await self.close(CloseCode.SUPERSEDED, reason=text)
 
     async def terminal_exit(self, event: dict) -> None:

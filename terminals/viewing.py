@@ -101,8 +101,9 @@ class ViewerHandlers:
             except Exception as error:  # the database is away: the message below still tells the old one
                 log.info("could not record the new viewer: %r", error)
             else:
-                if not held:  # our lease moved on: the heartbeat lets go; the viewer looks for the new owner
+                if not held:  # our lease moved on: let go now; the viewer looks for the new owner
                     await self._refuse(message, "attach_refused", "this worker no longer holds that session")
+                    await self._let_go(live, "lease lost")
                     return
         if old and old.viewer_id != message["viewer"]:
             await self._send(old.channel, {"type": "terminal.superseded", "epoch": live.token})
@@ -204,8 +205,8 @@ class ViewerHandlers:
         live = self._held(message)
         if live and live.viewer and live.viewer.viewer_id == message["viewer"]:
             live.viewer_left()
-            if live.session_id:
-                await db(actions.note_viewer)(live.session_id, self.worker, live.token)
+            if live.session_id and not await db(actions.note_viewer)(live.session_id, self.worker, live.token):
+                await self._let_go(live, "lease lost")
 
     async def on_reset(self, message: dict) -> None:
         live = self._held(message)

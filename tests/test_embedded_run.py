@@ -137,3 +137,46 @@ def test_make_run_serves_admin_with_the_printed_login_and_a_terminal(tmp_path, t
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
         subprocess.run(["tmux", "-L", environ["TETHER_TMUX_SOCKET"], "kill-server"], capture_output=True)
+
+
+SERVE_CAPTURED = """
+import os
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+django.setup()
+import daphne.server
+
+
+class Server:  # what tether_serve hands to daphne, printed instead of serving
+    def __init__(self, **options):
+        self.options = options
+
+    def run(self):
+        print("websocket_timeout", self.options["websocket_timeout"])
+
+
+daphne.server.Server = Server
+from django.core.management import call_command
+
+call_command("tether_serve", "--port", "0", "--no-worker")
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_terminals_are_never_cut_off_by_daphnes_websocket_timeout():
+    """daphne closes every WebSocket after 24 hours unless told otherwise; a terminal must stay open."""
+    from tests.bridge.harness import database_url
+
+    served = subprocess.run(
+        [sys.executable, "-c", SERVE_CAPTURED],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert served.returncode == 0, served.stderr
+    assert "websocket_timeout -1" in served.stdout  # daphne: negative means no limit
+    # The production command in the runbook says the same.
+    assert "daphne --websocket_timeout -1 " in (ROOT / "docs" / "operations.md").read_text()

@@ -372,3 +372,33 @@ def test_a_reset_hands_the_slot_straight_to_the_fresh_shell(operator):
             scope="team-a", execution_id="sneak", machine_name=machine.name, spec=make_spec("true"), actor=TEST_ACTOR
         )
     assert session.execution.execution_id in str(refused.value)
+
+
+def test_a_command_whose_exit_can_no_longer_be_read_is_recorded_unknown(place):
+    """The tmux pane's shim records the program's exit; killed first, nobody can say how the program ended."""
+    machine = place("tmux")
+    execution, _ = exec_actions.submit_execution(
+        scope="team-a",
+        execution_id="unseen",
+        machine_name=machine.name,
+        spec=make_spec("sleep", "20"),
+        actor=TEST_ACTOR,
+    )
+    stack = Stack()
+    try:
+        stack.start_worker("tmux")
+        _wait_until_running(execution.pk)
+        panes = subprocess.run(
+            ["tmux", "-L", machine.ref, "list-panes", "-a", "-F", "#{pane_pid}"], capture_output=True, text=True
+        )
+        os.kill(int(panes.stdout.split()[0]), signal.SIGKILL)  # the shim, the pane's own process
+        deadline = time.monotonic() + 30
+        while (done := Execution.objects.get(pk=execution.pk)).state == State.RUNNING:
+            assert time.monotonic() < deadline, "the worker never noticed the pane had died"
+            time.sleep(0.1)
+    finally:
+        stack.stop()
+    # The stream ended with no exit anyone saw: unknown, never failed, and the slot stays held.
+    assert (done.state, done.evidence, done.exit_code) == (State.UNKNOWN, Evidence.CONTROLLER_LOST, None)
+    machine.refresh_from_db()
+    assert machine.active_execution_id == execution.pk

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import connection
 from django.test import Client
 from websockets.asyncio.client import ClientConnection, connect
@@ -122,7 +123,11 @@ class Stack:
             "DATABASE_URL": database_url(),
             "REDIS_URL": self.redis_url,
             "TETHER_CHANNEL_PREFIX": self.prefix,
+            # Production settings, as deployed: secret and hosts required, secure cookies, no embedded worker.
+            "TETHER_MODE": "production",
+            "SECRET_KEY": settings.SECRET_KEY,  # the tests sign login sessions with it
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "TETHER_SERVE_STATIC": "1",  # the browser tests load the page from daphne itself
             "TETHER_HEARTBEAT_SECONDS": "1",
             "TETHER_LEASE_TTL_SECONDS": "4",
             "TETHER_DB_IDLE_TRANSACTION_SECONDS": "8",

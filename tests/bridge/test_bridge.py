@@ -63,6 +63,7 @@ async def test_second_viewer_supersedes_the_first_with_4001(stack, terminal, ope
     superseded = await first.wait_for("superseded")
     assert superseded["text"] == "Superseded by another window"
     assert await first.wait_closed() == CloseCode.SUPERSEDED
+    assert first.ws.close_reason == "Superseded by another window"  # in the close frame too
     # The new viewer owns input and sees the same shell's history.
     await second.type("echo two-$((2+2))\r")
     output = await second.read_until(b"two-4")
@@ -131,7 +132,7 @@ async def test_foreign_user_and_bad_origin_are_refused(stack, terminal, alice, b
 
 
 async def test_malformed_frames_get_errors_and_the_session_survives(stack, terminal, operator):
-    viewer, _session, _cookie = await open_viewer(stack, terminal, operator)
+    viewer, session, cookie = await open_viewer(stack, terminal, operator)
     bad = [
         "{not json",
         "[1,2]",
@@ -150,6 +151,15 @@ async def test_malformed_frames_get_errors_and_the_session_survives(stack, termi
     assert "over the" in (await viewer.wait_for("error"))["message"]
     await viewer.type("echo alive-$((3*3))\r")
     await viewer.read_until(b"alive-9")
+    # Over daphne's 1 MiB message limit the connection itself is dropped before Tether sees the frame
+    # (autobahn fails it as "message too big"); the session is untouched and the page reconnects to
+    # the same shell.
+    await viewer.ws.send(b"x" * (2 * 1024 * 1024))
+    assert await viewer.wait_closed() in (1006, 1009)
+    again = await Viewer.open(stack.ports[0], session.id, cookie)
+    await again.attach()
+    await again.type("echo still-$((4*4))\r")
+    assert b"alive-9" in await again.read_until(b"still-16")
 
 
 async def test_worker_that_lost_its_lease_stops_writing_for_that_session(stack, terminal, operator):
@@ -175,7 +185,7 @@ async def test_worker_that_lost_its_lease_stops_writing_for_that_session(stack, 
     await asyncio.sleep(3.5)  # three heartbeats (1 s each in the stack)
     after = await sync_to_async(written)()
     # The old owner wrote nothing more: no exit, no unknown, no event, and its heartbeat no longer
-    # extends a lease it does not hold, so the lease runs out for recovery to act on.
+    # extends a lease it does not hold (whoever bumped the token owns the session now).
     assert after == before
     assert after[0] == State.RUNNING and after[1] is None
 

@@ -4,14 +4,15 @@ from django.core.management.base import CommandError
 
 from executions.actions import get_execution
 from executions.management.base import ExecutionCommand
-from executions.models import State
-
-# States after which waiting longer changes nothing without an operator.
-SETTLED = {State.COMPLETED, State.CANCELLED, State.RESOLVED, State.UNKNOWN}
+from executions.models import FINAL_STATES, State
 
 
 class Command(ExecutionCommand):
-    help = "Wait until an execution is settled (completed, cancelled, unknown or resolved) and show it."
+    help = (
+        "Wait until an execution reaches a final state (completed, cancelled or resolved) and show it. "
+        "An unknown outcome is not final: it waits for an operator's resolution, and on timeout (exit 6) "
+        "says that is what it waits for."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("scope")
@@ -22,12 +23,15 @@ class Command(ExecutionCommand):
     def run(self, *args, **options):
         deadline = time.monotonic() + options["timeout"]
         execution = get_execution(options["scope"], options["execution_id"])
-        while execution.state not in SETTLED:
+        while execution.state not in FINAL_STATES:
             if time.monotonic() > deadline:
                 self.print_execution(execution, options["json"])
-                raise CommandError(
-                    f"timed out after {options['timeout']}s; {execution} is still {execution.state}", returncode=6
+                waiting = (
+                    "its outcome is unknown until an operator resolves it (exec_resolve)"
+                    if execution.state == State.UNKNOWN
+                    else f"it is still {execution.state}"
                 )
+                raise CommandError(f"timed out after {options['timeout']}s: {execution}: {waiting}", returncode=6)
             time.sleep(0.1)
             execution.refresh_from_db()
         self.print_execution(execution, options["json"])
