@@ -29,6 +29,7 @@ from executions.models import (
     MachineEvent,
     MachineState,
     State,
+    engine_problem,
 )
 from executions.spec import ExecutionSpec, SpecError
 
@@ -356,6 +357,9 @@ def add_machine(
     _check_identity(scope, "scope")
     if backend == Backend.DOCKER and not ref:
         raise UsageError("a docker machine needs --ref: the container id or name")
+    problem = engine_problem(backend, engine)
+    if problem:
+        raise UsageError(f"--engine: {problem}")
     try:
         with transaction.atomic():
             machine = Machine.objects.create(name=name, backend=backend, ref=ref, scope=scope, engine=engine)

@@ -7,7 +7,10 @@ writing a record that lies.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
@@ -80,6 +83,39 @@ _ENDED_LABELS = {
 }
 
 
+# The docker SDK's engine URL schemes (DOCKER_HOST style); http(s) are tcp without and with TLS.
+ENGINE_SCHEMES = ("unix", "tcp", "ssh", "http", "https")
+
+
+def engine_problem(backend: str, engine: str) -> str | None:
+    """Why ``engine`` cannot be this machine's engine URL, or None when it can (empty: the local socket).
+
+    Checked when a machine is added, so a typo is refused at once instead of at its first spawn.
+    """
+    if not engine:
+        return None
+    if backend != Backend.DOCKER:
+        return f"an engine URL is only for docker machines, not {backend}"
+    shape = "unix:///PATH, tcp://HOST:PORT, ssh://[USER@]HOST, http://HOST:PORT or https://HOST:PORT"
+    parts = urlsplit(engine)
+    try:
+        port = parts.port
+    except ValueError:
+        return f"engine {engine!r} has a port that is not a number; use {shape}"
+    if parts.scheme not in ENGINE_SCHEMES:
+        return f"engine {engine!r} is not a docker engine URL; use {shape}"
+    if parts.scheme == "unix":
+        wrong = not (parts.path or parts.netloc)
+    else:
+        # the SDK refuses a tcp(-like) URL without a port, and an ssh URL with a path
+        wrong = (
+            not parts.hostname
+            or (parts.scheme != "ssh" and port is None)
+            or (parts.scheme == "ssh" and bool(parts.path))
+        )
+    return f"engine {engine!r} is not a docker engine URL; use {shape}" if wrong else None
+
+
 class Machine(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     backend = models.CharField(max_length=16, choices=Backend.choices)
@@ -121,6 +157,14 @@ class Machine(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        # The admin's add form: the checks add_machine makes, shown beside the field instead of a 500.
+        if self.backend == Backend.DOCKER and not self.ref:
+            raise ValidationError({"ref": "a docker machine needs the container id or name"})
+        problem = engine_problem(self.backend, self.engine)
+        if problem:
+            raise ValidationError({"engine": problem})
 
 
 class Execution(models.Model):

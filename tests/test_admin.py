@@ -221,6 +221,26 @@ def test_an_execution_whose_aliases_both_match_a_search_is_listed_once(client, a
     assert page.text.count('name="_selected_action"') == 1  # one row on the page, too
 
 
+def test_adding_a_machine_in_admin_shows_a_bad_engine_or_missing_ref_on_the_form(client, admin_user):
+    client.force_login(admin_user)
+    form = {
+        "name": "web-2",
+        "backend": "local",
+        "ref": "",
+        "engine": "tcp://docker.example:2376",
+        "scope": "team-a",
+        "events-TOTAL_FORMS": "0",
+        "events-INITIAL_FORMS": "0",
+    }
+    response = client.post(reverse("admin:executions_machine_add"), form)
+    assert response.status_code == 200  # the form again, with the error beside the field
+    assert "an engine URL is only for docker machines, not local" in response.text
+    response = client.post(reverse("admin:executions_machine_add"), {**form, "backend": "docker", "ref": ""})
+    assert response.status_code == 200
+    assert "a docker machine needs the container id or name" in response.text
+    assert not Machine.objects.exists()
+
+
 def test_admin_start_action_starts_stopped_machines_through_actions(client, admin_user):
     client.force_login(admin_user)
     machine = actions.set_machine_state(make_machine("sleepy"), "stopped", actor=TEST_ACTOR)

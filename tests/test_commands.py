@@ -120,30 +120,6 @@ def test_exec_resolve_frees_the_slot_of_an_unknown_execution():
     assert machine.active_execution is None
 
 
-def test_exec_await_returns_at_a_final_state_and_waits_out_an_unknown_one():
-    machine = make_machine("box-await", scope="team-a")
-    submitted, _ = actions.submit_execution(
-        scope="team-a", execution_id="never", machine_name=machine.name, spec=make_spec("true"), actor=TEST_ACTOR
-    )
-    actions.cancel_execution(submitted, actor=TEST_ACTOR, reason="not needed")
-    cancelled = manage("exec_await", "team-a", "never", "--timeout", "5", "--json")
-    assert cancelled.returncode == 0, cancelled.stderr
-    assert json.loads(cancelled.stdout)["state"] == "cancelled"
-
-    lost, _ = actions.submit_execution(
-        scope="team-a", execution_id="lost", machine_name=machine.name, spec=make_spec("true"), actor=TEST_ACTOR
-    )
-    lost = actions.transition(
-        lost, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR, ran_on_ref="", ran_on_incarnation=1
-    )
-    actions.transition(lost, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
-    # Unknown is not an outcome: a script waiting on it must not read success.
-    waited = manage("exec_await", "team-a", "lost", "--timeout", "1", "--json")
-    assert waited.returncode == 6
-    assert json.loads(waited.stdout)["state"] == "unknown"
-    assert "unknown until an operator resolves it" in one_line(waited)
-
-
 def one_line(result: subprocess.CompletedProcess) -> str:
     """The error, asserted to be exactly one line on stderr (no traceback)."""
     lines = result.stderr.strip().splitlines()
@@ -254,3 +230,24 @@ def test_refused_resolve_lists_each_check_once_then_one_error_line():
         "[ok] process",
         "[ok] note",
     ]
+
+
+def test_machine_add_refuses_an_engine_off_docker_or_one_that_is_not_a_url():
+    def refused(*args: str) -> str:
+        result = manage("machine_add", *args)
+        assert result.returncode == 2, result.stderr
+        return one_line(result)
+
+    assert refused("box9", "--backend", "tmux", "--engine", "unix:///var/run/docker.sock") == (
+        "CommandError: --engine: an engine URL is only for docker machines, not tmux"
+    )
+    assert refused("box9", "--backend", "local", "--engine", "tcp://docker.example:2376") == (
+        "CommandError: --engine: an engine URL is only for docker machines, not local"
+    )
+    assert refused("box9", "--backend", "docker", "--ref", "web", "--engine", "docker.example:2375").startswith(
+        "CommandError: --engine: engine 'docker.example:2375' is not a docker engine URL; use unix:///PATH, tcp://"
+    )
+    assert not Machine.objects.exists()
+    added = manage("machine_add", "box9", "--backend", "docker", "--ref", "web", "--engine", "ssh://deploy@builder")
+    assert added.returncode == 0, added.stderr
+    assert Machine.objects.get(name="box9").engine == "ssh://deploy@builder"

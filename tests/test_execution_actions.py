@@ -238,6 +238,32 @@ def test_machine_names_and_backends_are_checked():
         make_machine("dup")
 
 
+@pytest.mark.parametrize(
+    "engine", ["unix:///var/run/docker.sock", "tcp://10.0.0.5:2376", "ssh://deploy@builder", "https://dk.example:2376"]
+)
+def test_a_docker_machine_takes_an_engine_url(engine):
+    machine = actions.add_machine(name="remote", backend="docker", ref="web", engine=engine, actor=TEST_ACTOR)
+    assert Machine.objects.get(pk=machine.pk).engine == engine
+
+
+@pytest.mark.parametrize(
+    ("backend", "engine", "problem"),
+    [
+        ("local", "unix:///var/run/docker.sock", "only for docker machines, not local"),
+        ("tmux", "tcp://10.0.0.5:2376", "only for docker machines, not tmux"),
+        ("docker", "docker.example:2375", "is not a docker engine URL"),
+        ("docker", "ftp://docker.example:21", "is not a docker engine URL"),
+        ("docker", "tcp://docker.example", "is not a docker engine URL"),  # the SDK needs the port
+        ("docker", "tcp://docker.example:port", "port that is not a number"),
+        ("docker", "unix://", "is not a docker engine URL"),
+    ],
+)
+def test_an_engine_url_is_refused_off_docker_or_when_it_is_not_one(backend, engine, problem):
+    with pytest.raises(UsageError, match=f"--engine: .*{problem}"):
+        actions.add_machine(name="remote", backend=backend, ref="web", engine=engine, actor=TEST_ACTOR)
+    assert not Machine.objects.exists()
+
+
 def test_machine_deleted_is_final():
     machine = actions.set_machine_state(make_machine(), MachineState.DELETED, actor=TEST_ACTOR)
     with pytest.raises(TransitionRefused):

@@ -11,7 +11,12 @@ class Command(ExecutionCommand):
         parser.add_argument("--backend", required=True, choices=Backend.values)
         parser.add_argument("--ref", default="", help="container id/name (docker) or tmux socket name")
         parser.add_argument("--scope", default="default", help="owner scope")
-        parser.add_argument("--engine", default="", help="docker engine URL (default: the local socket)")
+        parser.add_argument(
+            "--engine",
+            default="",
+            help="docker only: the engine URL, unix:///PATH, tcp://HOST:PORT, ssh://[USER@]HOST or http(s)://HOST:PORT "
+            "(default: the local socket)",
+        )
 
     def run(self, *args, **options):
         for field, option in (("name", "NAME"), ("ref", "--ref"), ("engine", "--engine"), ("scope", "--scope")):
