@@ -120,6 +120,30 @@ def test_exec_resolve_frees_the_slot_of_an_unknown_execution():
     assert machine.active_execution is None
 
 
+def test_exec_await_returns_at_a_final_state_and_waits_out_an_unknown_one():
+    machine = make_machine("box-await", scope="team-a")
+    submitted, _ = actions.submit_execution(
+        scope="team-a", execution_id="never", machine_name=machine.name, spec=make_spec("true"), actor=TEST_ACTOR
+    )
+    actions.cancel_execution(submitted, actor=TEST_ACTOR, reason="not needed")
+    cancelled = manage("exec_await", "team-a", "never", "--timeout", "5", "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["state"] == "cancelled"
+
+    lost, _ = actions.submit_execution(
+        scope="team-a", execution_id="lost", machine_name=machine.name, spec=make_spec("true"), actor=TEST_ACTOR
+    )
+    lost = actions.transition(
+        lost, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR, ran_on_ref="", ran_on_incarnation=1
+    )
+    actions.transition(lost, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
+    # Unknown is not an outcome: a script waiting on it must not read success.
+    waited = manage("exec_await", "team-a", "lost", "--timeout", "1", "--json")
+    assert waited.returncode == 6
+    assert json.loads(waited.stdout)["state"] == "unknown"
+    assert "unknown until an operator resolves it" in one_line(waited)
+
+
 def one_line(result: subprocess.CompletedProcess) -> str:
     """The error, asserted to be exactly one line on stderr (no traceback)."""
     lines = result.stderr.strip().splitlines()
