@@ -12,6 +12,7 @@ we spawn inherits in its environment.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import time
@@ -77,13 +78,25 @@ class ProcessIdentity:
         return self.is_alive() and fields is not None and fields[0] in {"T", "t"}
 
     def signal(self, signum: int) -> bool:
-        """Send ``signum`` only if the pid still names this process. Returns whether it was sent."""
-        if not self.is_alive():
-            return False
+        """Send ``signum`` only if the pid still names this process. Returns whether it was sent.
+
+        The process is pinned with a pidfd before its identity is checked: a pidfd names one process, not
+        a number, so the pid cannot be reused by another between the check and the signal.
+        """
         try:
-            os.kill(self.pid, signum)
+            pidfd = os.pidfd_open(self.pid)
+        except OSError as error:
+            if error.errno in (errno.ESRCH, errno.EINVAL):  # gone, or a thread id: not a process we recorded
+                return False
+            raise
+        try:
+            if not self.is_alive():
+                return False
+            signal.pidfd_send_signal(pidfd, signum)
         except ProcessLookupError:
             return False
+        finally:
+            os.close(pidfd)
         return True
 
 

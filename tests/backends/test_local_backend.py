@@ -139,3 +139,15 @@ async def test_worker_secrets_do_not_leak_into_the_shell(monkeypatch):
 async def test_spawn_errors_are_clear(spec, message):
     with pytest.raises(SpawnError, match=message):
         await LocalBackend().spawn(spec, make_tags())
+
+
+def test_a_signal_reaches_the_recorded_process_and_never_an_exited_or_reaped_one():
+    """signal() pins the process with a pidfd, checks its identity, then signals through the pidfd."""
+    child = subprocess.Popen(["sleep", "1000"])
+    identity = ProcessIdentity.of(child.pid)
+    assert identity.signal(0) and identity.is_alive()
+    assert identity.signal(signal.SIGTERM)
+    wait_until(lambda: not identity.is_alive())  # a zombie now: exited, its pid still held
+    assert identity.is_present() and not identity.signal(signal.SIGKILL)
+    assert child.wait() == -signal.SIGTERM
+    assert not identity.is_present() and not identity.signal(signal.SIGKILL)  # reaped: the pid is free
