@@ -83,6 +83,11 @@ async def _our_process(pid: int, marker: str) -> procfs.ProcessIdentity | None:
     return None
 
 
+def _loop_can_drive(raw: Any) -> bool:
+    """Whether the loop's socket calls can drive the stream; TLS and ssh streams take a thread per call."""
+    return isinstance(raw, socket.socket) and not isinstance(raw, ssl.SSLSocket)
+
+
 class DockerProcess(Process):
     adoptable = False  # docker cannot attach a new client to a running exec
 
@@ -93,8 +98,7 @@ class DockerProcess(Process):
         self._conn = conn
         raw = conn._sock if isinstance(conn, socket.SocketIO) else conn
         self._sock = raw
-        # TLS and ssh streams cannot be driven by the loop's socket calls; they fall back to a thread per call.
-        self._on_loop = isinstance(raw, socket.socket) and not isinstance(raw, ssl.SSLSocket)
+        self._on_loop = _loop_can_drive(raw)
         self._pending = bytearray()
         if self._on_loop:
             raw.setblocking(False)
@@ -105,6 +109,11 @@ class DockerProcess(Process):
                 with contextlib.suppress(OSError, ValueError):
                     self._pending += reader.peek(READ_CHUNK) or b""
                     reader.read(len(self._pending))
+        else:
+            # The client's request timeout is still set on the socket: a thread's recv would end an idle
+            # terminal's output after it (a timeout reads as EOF), and a long blocked write would fail.
+            with contextlib.suppress(OSError, AttributeError):
+                raw.settimeout(None)
         self._eof = asyncio.Event()
         self._reading = asyncio.Lock()
         self._users = 0  # reads and writes in progress on the socket

@@ -14,6 +14,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from terminals.backends import docker as docker_backend
 from terminals.backends.base import BackendError, Exit, SpawnError, SpawnSpec, Status
 from terminals.backends.docker import DockerBackend
 from terminals.backends.procfs import find_tree
@@ -294,3 +295,21 @@ async def test_detach_wakes_a_pending_read_and_later_writes_fail(container):
         await process.write(b"echo hello\n")
     await DockerBackend(container=container).remove(process.handle, grace=0.3)
     assert await settled_exec_processes(container) == []
+
+
+async def test_an_idle_stream_read_on_a_thread_outlasts_the_clients_timeout(container, monkeypatch):
+    """TLS and ssh engine streams are read and written on threads, on a socket that still had the client's
+    request timeout: an idle terminal's output ended after it, as if the program had closed it."""
+    monkeypatch.setattr(docker_backend, "_loop_can_drive", lambda raw: False)
+    process = await DockerBackend(container=container, timeout=1.0).spawn(shell(), make_tags())
+    assert not process._on_loop
+    try:
+        await process.write(b"echo before-idle\n")
+        await read_until(process, b"before-idle\r\n")
+        reading = asyncio.ensure_future(read_until(process, b"after-idle-42"))
+        await asyncio.sleep(2.5)  # idle for longer than the timeout, with a read pending
+        assert not reading.done(), reading
+        await process.write(b"echo after-idle-$((6*7))\n")
+        await reading
+    finally:
+        await process.terminate(grace=0.3)
