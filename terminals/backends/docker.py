@@ -7,7 +7,7 @@ thousand open terminals need no thread each.
 Docker has no API to signal an exec. When dockerd runs on this host its exec
 processes are visible in /proc, so the tree is ended from here (pid + start time,
 session, marker variable); otherwise a small sh script run by a separate exec
-ends it from inside the container.
+ends it from inside the container (``docker_tree``).
 
 What docker 20.10 does when the client's socket goes away (tested): the exec keeps
 running with its terminal and its output is discarded, unless dockerd was blocked
@@ -44,23 +44,11 @@ from terminals.backends.base import (
     Tags,
     child_env,
 )
+from terminals.backends.docker_tree import run_tree_script
 
 SOURCE = "docker exec inspect"
 LAST_OUTPUT_LIMIT = 8 * 1024 * 1024  # what the terminal and dockerd still buffer once the tree is gone
 ENGINE_ERRORS = (DockerException, requests.RequestException)
-# Signals every process in the container whose environment carries the marker ($2) with each
-# signal in $1 (`kill -0` only checks) and exits with how many it found, so no output has to be
-# read back. The marker comes as an argument, so this script's own environment never matches.
-KILL_SCRIPT = f"""
-n=0
-for d in /proc/[0-9]*; do
-  if tr '\\0' '\\n' < "$d/environ" 2>/dev/null | grep -qxF "{procfs.MARKER_VARIABLE}=$2"; then
-    for s in $1; do kill -$s "${{d#/proc/}}" 2>/dev/null; done && n=$((n+1))
-  fi
-done
-[ $n -gt 100 ] && n=100
-exit $n
-"""
 
 
 def _host_identity(handle: dict) -> procfs.ProcessIdentity | None:
@@ -384,50 +372,12 @@ class DockerBackend(Backend):
         await self._settled(api, handle["exec_id"])
 
     async def _end_tree(self, api: docker.APIClient, handle: dict, grace: float) -> None:
-        """End the exec's process and every process carrying its marker; return once none is left."""
+        """End the exec's process and every process of its tree; return once none is left."""
         identity = _host_identity(handle)
         if identity is not None:
             # Our /proc shows the container's processes: the exec leads its own session there.
             await procfs.terminate_tree(marker=handle["marker"], leader=identity, grace=grace)
             return
-        container, marker = handle["container"], handle["marker"]
-        left = await self._kill_in_container(api, container, marker, "HUP TERM")
-        deadline = time.monotonic() + grace
-        while left and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-            left = await self._kill_in_container(api, container, marker, "0")
-        give_up = time.monotonic() + 10
-        while left:
-            if time.monotonic() > give_up:
-                raise BackendError(f"{left} process(es) still alive in {container!r} after SIGKILL")
-            await self._kill_in_container(api, container, marker, "KILL")
-            await asyncio.sleep(0.05)
-            left = await self._kill_in_container(api, container, marker, "0")
-
-    async def _kill_in_container(self, api: docker.APIClient, container: str, marker: str, signals: str) -> int:
-        """Run KILL_SCRIPT in a separate exec; how many processes it found. No container, no processes."""
-
-        def run() -> dict:
-            created = api.exec_create(container, ["sh", "-c", KILL_SCRIPT, "sh", signals, marker], user="0")
-            # Detached: an attached exec_start waits for output without any timeout.
-            api.exec_start(created["Id"], detach=True)
-            deadline = time.monotonic() + 10
-            while (info := api.exec_inspect(created["Id"]))["Running"] or info["ExitCode"] is None:
-                if time.monotonic() > deadline:
-                    raise BackendError(f"the process scan in {container!r} did not finish within 10s")
-                time.sleep(0.02)
-            return info
-
-        try:
-            info = await asyncio.to_thread(run)
-        except NotFound:
-            return 0
-        except APIError as error:
-            if error.status_code == 409:  # the container is not running, so nothing in it is
-                return 0
-            raise BackendError(f"cannot end processes in {container!r}: {error.explanation}") from None
-        except ENGINE_ERRORS as error:
-            raise BackendError(f"cannot end processes in {container!r}: {error}") from None
-        if info["ExitCode"] > 100:
-            raise BackendError(f"cannot end processes in {container!r} (needs sh, tr, grep, kill): {info['ExitCode']}")
-        return info["ExitCode"]
+        container = handle["container"]
+        if left := await run_tree_script(api, container, handle["marker"], "HUP TERM", grace):
+            raise BackendError(f"{left} process(es) still alive in {container!r} after SIGKILL")

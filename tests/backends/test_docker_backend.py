@@ -18,7 +18,7 @@ from terminals.backends import docker as docker_backend
 from terminals.backends.base import BackendError, Exit, SpawnError, SpawnSpec, Status
 from terminals.backends.docker import DockerBackend
 from terminals.backends.procfs import find_tree
-from tests.backends.conftest import exec_processes, make_tags, settled_exec_processes
+from tests.backends.conftest import exec_processes, make_tags, settled_exec_processes, wait_until
 from tests.backends.test_contract import read_until, shell
 
 REPO = Path(__file__).resolve().parents[2]
@@ -295,6 +295,36 @@ async def test_detach_wakes_a_pending_read_and_later_writes_fail(container):
         await process.write(b"echo hello\n")
     await DockerBackend(container=container).remove(process.handle, grace=0.3)
     assert await settled_exec_processes(container) == []
+
+
+# Children that drop the marker but stay in the shell's session: one plain, one ignoring HUP and TERM, so it
+# must still be killed after the shell (its session's leader) has died and docker has reaped it.
+UNMARKED = (
+    "env -u TETHER_PROCESS_MARKER sleep 1000 &"
+    " env -u TETHER_PROCESS_MARKER sh -c \"trap '' HUP TERM; exec sleep 1001\" & echo ready",
+    "sleep 1000",
+)
+
+
+@pytest.mark.parametrize("how", ["terminate", "remove"])
+async def test_ending_from_inside_the_container_takes_session_members_without_the_marker(container, how):
+    """No host pid in the handle: the in-container scan finds the marked processes and every process in the
+    sessions they lead, as the local backend does; another terminal's program in the same container is left
+    alone."""
+    backend = DockerBackend(container=container)
+    other = await backend.spawn(SpawnSpec(argv=("sleep", "1002")), make_tags())
+    (stranger,) = wait_until(lambda: exec_processes(container))
+    process = await backend.spawn(shell(*UNMARKED), make_tags())
+    await read_until(process, b"ready")
+    del process.handle["process"]
+    wait_until(lambda: len(exec_processes(container)) >= 4)  # and our three sleeps (ash execs the last command)
+    if how == "terminate":
+        await asyncio.wait_for(process.terminate(grace=0.3), 30)
+    else:
+        await process.detach()
+        await asyncio.wait_for(DockerBackend(container=container).remove(process.handle, grace=0.3), 30)
+    assert wait_until(lambda: exec_processes(container) == [stranger] and [stranger])
+    await other.terminate(grace=0.3)
 
 
 async def test_an_idle_stream_read_on_a_thread_outlasts_the_clients_timeout(container, monkeypatch):
