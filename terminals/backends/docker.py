@@ -13,7 +13,8 @@ What docker 20.10 does when the client's socket goes away (tested): the exec kee
 running with its terminal and its output is discarded, unless dockerd was blocked
 writing to the client at that moment; then the exec is recorded as ended with code
 126 and its terminal is hung up (SIGHUP) while processes ignoring SIGHUP go on,
-unseen by ``exec inspect``. A dropped exec cannot be attached again, so an owner
+unseen by ``exec inspect``. So a 126 counts as an exit only once none of the
+exec's processes is left. A dropped exec cannot be attached again, so an owner
 giving one up calls ``abandon()``, and a dead owner's leftovers need ``remove()``.
 """
 
@@ -49,6 +50,7 @@ from terminals.backends.docker_tree import run_tree_script
 SOURCE = "docker exec inspect"
 LAST_OUTPUT_LIMIT = 8 * 1024 * 1024  # what the terminal and dockerd still buffer once the tree is gone
 ENGINE_ERRORS = (DockerException, requests.RequestException)
+DROPPED_CODE = 126  # a program's exit code, and what docker records when it drops an exec (see _doubt)
 
 
 def _host_identity(handle: dict) -> procfs.ProcessIdentity | None:
@@ -167,6 +169,8 @@ class DockerProcess(Process):
             if info.get("Running") is False:
                 if info.get("ExitCode") is None:
                     raise BackendError("docker says the exec is not running but records no exit code")
+                if doubt := await self._backend._doubt(self._api, self.handle, info["ExitCode"], settle=1.0):
+                    raise BackendError(doubt)
                 self._exit = Exit(code=info["ExitCode"], source=SOURCE)
                 break
             if not info:
@@ -361,8 +365,13 @@ class DockerBackend(Backend):
             )
         if info["ExitCode"] is None:
             return Inspection(Status.GONE, detail="the exec never started (or is starting right now)")
+        try:
+            if doubt := await self._doubt(api, handle, info["ExitCode"]):
+                return Inspection(Status.ALIVE, detail=doubt)
+        except BackendError as error:
+            return Inspection(Status.UNKNOWN, detail=f"docker says {info['ExitCode']}, but: {error}")
         detail = ""
-        if info["ExitCode"] == 126:
+        if info["ExitCode"] == DROPPED_CODE:
             detail = "126 is also what docker records when it drops an exec whose client went away"
         return Inspection(Status.EXITED, exit=Exit(code=info["ExitCode"], source=SOURCE), detail=detail)
 
@@ -381,3 +390,29 @@ class DockerBackend(Backend):
         container = handle["container"]
         if left := await run_tree_script(api, container, handle["marker"], "HUP TERM", grace):
             raise BackendError(f"{left} process(es) still alive in {container!r} after SIGKILL")
+
+    async def _doubt(self, api: docker.APIClient, handle: dict, code: int, settle: float = 0.0) -> str:
+        """Why docker's recorded exit code is not the program's exit, or "" when nothing says otherwise.
+
+        Docker records 126 for an exec whose client went away while docker was writing to it, and hangs
+        up its terminal; processes that ignore SIGHUP go on. So a 126 is believed only once no process
+        of the exec's tree is left, given up to ``settle`` seconds for hung-up ones to finish dying.
+        """
+        if code != DROPPED_CODE:
+            return ""
+        deadline = time.monotonic() + settle
+        while left := await self._survivors(api, handle):
+            if time.monotonic() >= deadline:
+                return (
+                    f"docker records {code} for exec {handle['exec_id'][:12]}, as it does when it drops an"
+                    f" exec whose client went away, but {left} of its processes still run"
+                )
+            await asyncio.sleep(0.2)
+        return ""
+
+    async def _survivors(self, api: docker.APIClient, handle: dict) -> int:
+        """How many processes of the exec's tree are alive, where docker says the exec has ended."""
+        identity = _host_identity(handle)
+        if identity is not None:
+            return len(await asyncio.to_thread(procfs.find_tree, marker=handle["marker"], leader=identity))
+        return await run_tree_script(api, handle["container"], handle["marker"], "0")

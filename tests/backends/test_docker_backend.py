@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -295,6 +296,32 @@ async def test_detach_wakes_a_pending_read_and_later_writes_fail(container):
         await process.write(b"echo hello\n")
     await DockerBackend(container=container).remove(process.handle, grace=0.3)
     assert await settled_exec_processes(container) == []
+
+
+async def test_a_stream_broken_while_docker_writes_is_no_exit_while_the_execs_processes_run(container):
+    """Docker records 126 for an exec whose client went away mid-write, while a HUP-proof program goes on:
+    wait() must not report that as the program's exit, nor inspect() when no host pid can be checked."""
+    backend = DockerBackend(container=container)
+    script = "trap '' HUP; while :; do echo xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; done"
+    process = await backend.spawn(shell(script), make_tags())
+    await read_until(process, b"xxxx")
+    await asyncio.sleep(1.5)  # nobody reads: the program and dockerd block in write
+    process._sock.shutdown(socket.SHUT_RDWR)
+    api = docker.APIClient()
+    said = wait_until(lambda: not (info := api.exec_inspect(process.handle["exec_id"]))["Running"] and info)
+    assert said["ExitCode"] == 126
+    with pytest.raises(BackendError, match="126"):
+        exit = await asyncio.wait_for(process.wait(), 15)
+        pytest.fail(f"wait() took docker's 126 for an exit: {exit}")
+    assert exec_processes(container)
+    remote = {key: value for key, value in process.handle.items() if key != "process"}
+    seen = await backend.inspect(remote)
+    assert seen.status == Status.ALIVE, seen
+    await process.detach()
+    await backend.remove(remote, grace=0.3)
+    assert await settled_exec_processes(container) == []
+    seen = await backend.inspect(remote)
+    assert seen.status == Status.EXITED and seen.exit.code == 126 and "126" in seen.detail
 
 
 # Children that drop the marker but stay in the shell's session: one plain, one ignoring HUP and TERM, so it
