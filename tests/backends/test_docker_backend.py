@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,10 +16,13 @@ from pathlib import Path
 import docker
 import pytest
 
+from executions.actions import Actor, add_machine
+from executions.models import Machine
 from terminals.backends import docker as docker_backend
 from terminals.backends.base import BackendError, Exit, SpawnError, SpawnSpec, Status
 from terminals.backends.docker import DockerBackend
 from terminals.backends.procfs import find_tree
+from terminals.registry import backend_for
 from tests.backends.conftest import exec_processes, make_tags, settled_exec_processes, wait_until
 from tests.backends.test_contract import read_until, shell
 
@@ -370,3 +374,17 @@ async def test_an_idle_stream_read_on_a_thread_outlasts_the_clients_timeout(cont
         await reading
     finally:
         await process.terminate(grace=0.3)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("engine", ["unix://{tmp}/no-docker.sock", "tcp://127.0.0.1:{port}"])
+def test_a_machine_on_an_unreachable_engine_fails_to_spawn_naming_that_engine(container, tmp_path, engine):
+    """The machine row's engine reaches the backend (registry.backend_for), not the local engine's default."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        engine = engine.format(tmp=tmp_path, port=unused.getsockname()[1])
+        add_machine(name="far-box", backend="docker", ref=container, engine=engine, actor=Actor.command("tests"))
+        backend = backend_for(Machine.objects.get(name="far-box"))
+        with pytest.raises(SpawnError, match=f"docker engine {re.escape(engine)} is unreachable"):
+            asyncio.run(backend.spawn(shell("echo never"), make_tags()))
+    assert exec_processes(container) == []  # nothing started on the local engine instead
