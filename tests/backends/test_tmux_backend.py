@@ -326,3 +326,42 @@ async def test_a_stalled_reader_keeps_the_tmux_server_small(backend, tmux_socket
         await read_until(process, line * 2)
     finally:
         await process.terminate(grace=0.5)
+
+
+async def test_owner_tags_are_the_user_options_named_in_the_issue(backend, tmux_socket):
+    """Read with tmux itself, not through the backend's own list of names."""
+    tags = make_tags("tether-tagged")
+    process = await backend.spawn(SpawnSpec(argv=("sleep", "1000")), tags)
+    try:
+
+        def option(name: str) -> str:
+            return tmux(tmux_socket, "show-options", "-t", f"={process.handle['session']}:", "-v", name).strip()
+
+        assert option("@tether_session") == "tether-tagged"
+        assert option("@tether_owner_pid") == str(tags.owner_pid)
+        assert option("@tether_owner_started_at") == str(tags.owner_started_at)
+        assert option("@tether_heartbeat") == "0"
+        await backend.tag(process.handle, owner_pid=4242, owner_started_at=99, heartbeat=17)
+        assert option("@tether_owner_pid") == "4242"
+        assert option("@tether_owner_started_at") == "99"
+        assert option("@tether_heartbeat") == "17"
+    finally:
+        await process.terminate(grace=0.2)
+
+
+@pytest.mark.parametrize(("ending", "dead"), [("exit 7", "1|7|"), ("kill -TERM $$", "1||15")])
+async def test_the_dead_pane_ends_as_its_program_did(backend, tmux_socket, ending, dead):
+    """Once the owner has read everything (which releases the shim), the shim ends as the program did, so
+    tmux's own pane_dead_status / pane_dead_signal are the program's."""
+    process = await backend.spawn(SpawnSpec(argv=("sh", "-c", f"echo up; {ending}")), make_tags())
+    await drain(process)
+    await asyncio.wait_for(process.wait(), 10)
+    pane = process.handle["pane"]
+
+    async def dead_pane() -> str:
+        fmt = "#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}"
+        return (await asyncio.to_thread(tmux, tmux_socket, "display", "-p", "-t", pane, fmt)).strip()
+
+    # The pane may be dead a moment before tmux has reaped the shim and read its status.
+    assert await eventually(dead_pane, lambda said: said not in ("0||", "1||")) == dead
+    await backend.remove(process.handle, grace=0.2)
