@@ -182,6 +182,41 @@ async def test_terminate_kills_a_tree_that_ignores_hup_and_term_and_returns_once
             survivor.signal(signal.SIGKILL)
 
 
+async def test_terminate_asks_first_and_a_program_that_answers_ends_by_itself(backend, read_place_file):
+    """SIGHUP/SIGTERM first: a program that traps them says goodbye and exits 3, and terminate returns that
+    exit without waiting out the grace period, so no SIGKILL was needed."""
+    said = f"/tmp/tether-bye-{uuid.uuid4().hex[:8]}"
+    script = f"trap 'echo bye-$((6*7)); echo bye > {said}; exit 3' HUP TERM; echo ready; while :; do sleep 0.1; done"
+    tags = make_tags()
+    process = await backend.spawn(shell(script), tags)
+    output = await read_until(process, b"ready")
+
+    async def pump() -> bytes:  # as an owner does; the last words are readable where the backend keeps them
+        chunks = []
+        while chunk := await process.read():
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    reading = asyncio.ensure_future(pump())
+    try:
+        started = time.monotonic()
+        exit = await asyncio.wait_for(process.terminate(grace=10), 30)
+        assert time.monotonic() - started < 10, "terminate waited out the grace period"
+        assert (exit.code, exit.signal) == (3, None)
+        assert await asyncio.to_thread(read_place_file, said) == "bye\n"
+        output += await asyncio.wait_for(reading, 10)
+        if backend.name != "tmux":  # tmux's stream ends when terminate detaches, before the signals
+            assert b"bye-42" in output
+        assert left_behind(tags.marker) == []
+    finally:
+        reading.cancel()
+        for survivor in left_behind(tags.marker):
+            survivor.signal(signal.SIGKILL)
+        if backend.name != "docker":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(said)
+
+
 async def test_fifty_megabytes_arrive_intact(backend):
     data = f"/tmp/tether-50m-{uuid.uuid4().hex[:8]}"
     # -opost: no \n -> \r\n translation, so the bytes read are exactly the file's bytes.
