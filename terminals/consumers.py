@@ -107,6 +107,14 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         try:
             await super().__call__(scope, receive, send)
         finally:
+            if getattr(self, "attached", False):
+                # Ended without a disconnect: output sent in the moment the browser closed raised
+                # ("Attempt to send on a closed protocol") and ended the consumer. The worker must still
+                # hear that the viewer left, or it keeps that viewer's flow window and stops reading.
+                try:
+                    await self._to_worker("session.detach")
+                except Exception as error:  # Redis away too: the owner check will not find this viewer
+                    log.warning("could not tell the worker viewer %s left: %r", self.viewer_id, error)
             await forget_channel(getattr(self, "channel_layer", None), getattr(self, "channel_name", None))
 
     async def connect(self) -> None:
@@ -161,6 +169,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             if task:
                 task.cancel()
         if getattr(self, "attached", False):
+            self.attached = False
             await self._to_worker("session.detach")
         if getattr(self, "user_group", None):
             await self.channel_layer.group_discard(self.user_group, self.channel_name)

@@ -220,6 +220,14 @@ def _wait_until_running(execution_pk: int, timeout: float = 15.0) -> None:
         time.sleep(0.05)
 
 
+def _once_no_longer_running(execution_pk: int, timeout: float, what: str) -> Execution:
+    deadline = time.monotonic() + timeout
+    while (execution := Execution.objects.get(pk=execution_pk)).state == State.RUNNING:
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+    return execution
+
+
 def test_sigterm_stops_the_worker_and_records_what_it_ended(operator):
     machine = make_machine("stop-box")
     session, _ = actions.open_terminal(machine, operator)
@@ -327,10 +335,7 @@ def test_sigterm_leaves_a_command_running_for_the_next_worker(place, backend):
         assert Execution.objects.get(pk=execution.pk).state == State.RUNNING
         assert ProcessLease.objects.get(execution=execution).released_at is None
         stack.start_worker(backend)
-        deadline = time.monotonic() + 20
-        while (done := Execution.objects.get(pk=execution.pk)).state == State.RUNNING:
-            assert time.monotonic() < deadline, "the next worker never recorded the exit"
-            time.sleep(0.1)
+        done = _once_no_longer_running(execution.pk, 20, "the next worker never recorded the exit")
     finally:
         stack.stop()
     # Its own exit code: it ran to the end under the next worker's watch; it was not killed.
@@ -392,10 +397,7 @@ def test_a_command_whose_exit_can_no_longer_be_read_is_recorded_unknown(place):
             ["tmux", "-L", machine.ref, "list-panes", "-a", "-F", "#{pane_pid}"], capture_output=True, text=True
         )
         os.kill(int(panes.stdout.split()[0]), signal.SIGKILL)  # the shim, the pane's own process
-        deadline = time.monotonic() + 30
-        while (done := Execution.objects.get(pk=execution.pk)).state == State.RUNNING:
-            assert time.monotonic() < deadline, "the worker never noticed the pane had died"
-            time.sleep(0.1)
+        done = _once_no_longer_running(execution.pk, 30, "the worker never noticed the pane had died")
     finally:
         stack.stop()
     # The stream ended with no exit anyone saw: unknown, never failed, and the slot stays held.

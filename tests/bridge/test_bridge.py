@@ -338,3 +338,31 @@ async def test_viewers_that_leave_while_output_streams_leave_no_redis_subscripti
     assert left == [], f"{len(left)} viewer channels still subscribed after every viewer left"
     # What daphne keeps is its one standing channel, so its reader keeps reading for the next viewer.
     assert len(await asyncio.to_thread(_subscriptions, stack, "tether.standing.")) == 1
+
+
+async def test_a_viewer_gone_while_output_streams_is_let_go_by_the_worker(terminal, operator):
+    """With no reconnect grace a departed viewer's session runs free. The worker must hear the viewer
+    left even when the socket closed under a send of the replay, or it keeps the viewer's window
+    and stops reading the shell."""
+    stack = Stack(extra_env={"TETHER_RECONNECT_GRACE_SECONDS": "0", "TETHER_BUFFER_BYTES": "131072"})
+    try:
+        await sync_to_async(stack.start_daphne)()
+        await sync_to_async(stack.start_worker)("local")
+        session, cookie = await sync_to_async(terminal)(operator, "local")
+        viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+        first = await viewer.attach()
+        stream = {"generation": first["generation"], "epoch": first["epoch"]}
+        await viewer.type("yes tether-flood\r")
+        await viewer.read_until(b"tether-flood\r\ntether-flood")
+        since = viewer.offset
+        await viewer.ws.close()
+        for _ in range(3):
+            await asyncio.sleep(1.5)
+            viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+            attached = await viewer.attach(since=since, **stream)
+            # The shell ran on while nobody watched: far more went by than the 128 KiB buffer holds.
+            assert attached["lost"] > 1024 * 1024, attached
+            since = attached["end"]
+            await viewer.ws.close()  # in the middle of the replay
+    finally:
+        await sync_to_async(stack.stop)()
