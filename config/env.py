@@ -79,10 +79,7 @@ def database_from_url(url: str) -> dict:
         name = unquote(parts.path.lstrip("/"))
         if not name:
             raise ImproperlyConfigured(f"DATABASE_URL={url!r} names no database")
-        try:
-            port = parts.port
-        except ValueError:  # urlsplit's own message names neither the variable nor the value
-            raise ImproperlyConfigured(f"DATABASE_URL={url!r} has a port that is not a number (0-65535)") from None
+        port = _port("DATABASE_URL", url, parts)
         query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
         host = query.pop("host", parts.hostname or "")
         return {
@@ -95,6 +92,14 @@ def database_from_url(url: str) -> dict:
             "OPTIONS": query,
         }
     raise ImproperlyConfigured(f"DATABASE_URL={url!r}: scheme must be sqlite or postgres")
+
+
+def _port(name: str, raw: str, parts) -> int | None:
+    """The URL's port; urlsplit's own error for a bad one names neither the variable nor the value."""
+    try:
+        return parts.port
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} has a port that is not a number (0-65535)") from None
 
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -110,10 +115,7 @@ def redis_url(name: str = "REDIS_URL") -> str | None:
         raise ImproperlyConfigured(
             f"{name}={raw!r}: scheme must be redis://, rediss:// or unix:// (unset it for the in-memory layer)"
         )
-    try:
-        parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r} has a port that is not a number") from None
+    _port(name, raw, parts)
     if parts.scheme == "unix" and not parts.path:
         raise ImproperlyConfigured(f"{name}={raw!r} names no socket path (unix:///run/redis/redis.sock)")
     if parts.scheme != "unix" and not parts.hostname:

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class ViewerHandlers:
-    """Mixed into OwnerWorker, which provides ``layer``, ``channel``, ``live`` and ``_end``."""
+    """Mixed into OwnerWorker, which provides ``layer``, ``channel``, ``worker``, ``live``, ``_end`` and ``_let_go``."""
 
     # --- output to viewers -------------------------------------------------------------------
 
