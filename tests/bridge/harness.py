@@ -310,7 +310,7 @@ class Viewer:
             while True:
                 await self._next(timeout)
         except ConnectionClosed as closed:
-            return closed.rcvd.code if closed.rcvd else closed.code
+            return closed.rcvd.code if closed.rcvd else 1006  # no close frame came: abnormal closure
 
     async def close(self) -> None:
         await self.ws.close()
