@@ -29,7 +29,6 @@ from executions.models import (
     MachineEvent,
     MachineState,
     State,
-    engine_problem,
 )
 from executions.spec import ExecutionSpec, SpecError
 
@@ -355,14 +354,13 @@ def add_machine(
     if backend not in Backend.values:
         raise UsageError(f"backend must be one of {', '.join(Backend.values)}, not {backend!r}")
     _check_identity(scope, "scope")
-    if backend == Backend.DOCKER and not ref:
-        raise UsageError("a docker machine needs --ref: the container id or name")
-    problem = engine_problem(backend, engine)
-    if problem:
-        raise UsageError(f"--engine: {problem}")
+    machine = Machine(name=name, backend=backend, ref=ref, scope=scope, engine=engine)
+    if problems := machine.problems():
+        field, problem = next(iter(problems.items()))
+        raise UsageError(f"--{field}: {problem}")
     try:
         with transaction.atomic():
-            machine = Machine.objects.create(name=name, backend=backend, ref=ref, scope=scope, engine=engine)
+            machine.save(force_insert=True)
             MachineEvent.objects.create(
                 machine=machine, from_state="", to_state=machine.state, actor=actor.label, user=actor.user
             )

@@ -158,13 +158,20 @@ class Machine(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def clean(self) -> None:
-        # The admin's add form: the checks add_machine makes, shown beside the field instead of a 500.
+    def problems(self) -> dict[str, str]:
+        """What keeps this machine from being usable, by field: add_machine refuses it, the admin's add
+        form shows it beside the field."""
+        found = {}
         if self.backend == Backend.DOCKER and not self.ref:
-            raise ValidationError({"ref": "a docker machine needs the container id or name"})
-        problem = engine_problem(self.backend, self.engine)
-        if problem:
-            raise ValidationError({"engine": problem})
+            found["ref"] = "a docker machine needs the container id or name"
+        engine = engine_problem(self.backend, self.engine)
+        if engine:
+            found["engine"] = engine
+        return found
+
+    def clean(self) -> None:
+        if problems := self.problems():
+            raise ValidationError(problems)
 
 
 class Execution(models.Model):

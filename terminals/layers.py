@@ -23,22 +23,21 @@ def _checked(size: int, message: dict) -> None:
         raise MessageTooLarge(f"{message.get('type', 'a message')} of {size} bytes is over the {cap}-byte message cap")
 
 
-class CappedPubSubLayer(RedisPubSubChannelLayer):
+class _CappedSerialize:
+    """Both Redis layers serialise every message they send through ``serialize``: the cap is taken there."""
+
+    def serialize(self, message):
+        data = super().serialize(message)
+        _checked(len(data), message)
+        return data
+
+
+class CappedPubSubLayer(_CappedSerialize, RedisPubSubChannelLayer):
     """The pub/sub layer (the default), refusing any message over the cap."""
 
-    def serialize(self, message):
-        data = super().serialize(message)
-        _checked(len(data), message)
-        return data
 
-
-class CappedRedisLayer(RedisChannelLayer):
+class CappedRedisLayer(_CappedSerialize, RedisChannelLayer):
     """The core (list-based) Redis layer, refusing any message over the cap."""
-
-    def serialize(self, message):
-        data = super().serialize(message)
-        _checked(len(data), message)
-        return data
 
 
 class CappedInMemoryLayer(InMemoryChannelLayer):
