@@ -14,6 +14,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
+from executions.outcomes import wait_status_label
+
 
 class Backend(models.TextChoices):
     LOCAL = "local", "Local PTY"
@@ -46,6 +48,9 @@ class Evidence(models.TextChoices):
     CLAIMED = "claimed"
     OBSERVED = "observed"
     EXITED = "exited"
+    # A wait status its source cannot split: docker reports death by signal N as 128+N, the same number as
+    # a program's own exit 128+N, so 137 is SIGKILL or exit 137.
+    EXIT_STATUS = "exit_status"
     SIGNALED = "signaled"
     SPAWN_FAILED = "spawn_failed"
     RESET = "reset"
@@ -81,6 +86,10 @@ _ENDED_LABELS = {
     Evidence.DEADLINE: "Closed: session deadline reached",
     Evidence.OUTPUT_LIMIT: "Closed: output limit reached",
 }
+
+
+# Evidence that carries an exit code (a program's own exit, or a wait status that may be one).
+CODED_EVIDENCE = (Evidence.EXITED, Evidence.EXIT_STATUS)
 
 
 # The docker SDK's engine URL schemes (DOCKER_HOST style); http(s) are tcp without and with TLS.
@@ -223,11 +232,11 @@ class Execution(models.Model):
                 name="execution_completed_has_evidence",
             ),
             models.CheckConstraint(
-                condition=Q(exit_code__isnull=True) | Q(evidence=Evidence.EXITED),
+                condition=Q(exit_code__isnull=True) | Q(evidence__in=CODED_EVIDENCE),
                 name="execution_exit_code_only_when_exited",
             ),
             models.CheckConstraint(
-                condition=~Q(evidence=Evidence.EXITED) | Q(exit_code__isnull=False),
+                condition=~Q(evidence__in=CODED_EVIDENCE) | Q(exit_code__isnull=False),
                 name="execution_exited_has_exit_code",
             ),
             models.CheckConstraint(
@@ -261,6 +270,8 @@ class Execution(models.Model):
         if self.state == State.COMPLETED:
             if self.evidence == Evidence.EXITED:
                 return f"Exited with code {self.exit_code}"
+            if self.evidence == Evidence.EXIT_STATUS:
+                return wait_status_label(self.exit_code)
             if self.evidence == Evidence.SIGNALED and self.exit_signal is not None:
                 return f"Ended by signal {self.exit_signal}"
             return _ENDED_LABELS.get(self.evidence, f"Ended ({self.evidence})")

@@ -344,6 +344,13 @@ def note_viewer(session_pk, worker: Worker, token: int, viewer_id: str | None = 
     )
 
 
+def exit_record(exit) -> tuple[str, dict]:
+    """The evidence and fields that record an observed exit (a ``backends.base.Exit``)."""
+    if exit.code is None:
+        return Evidence.SIGNALED, {"exit_signal": exit.signal}
+    return (Evidence.EXIT_STATUS if exit.ambiguous else Evidence.EXITED), {"exit_code": exit.code}
+
+
 def settle_execution(
     execution: Execution,
     *,

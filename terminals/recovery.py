@@ -284,13 +284,13 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
             snapshot = None
     if finding.action == EXITED:
         exit = finding.exit
-        fields = {"exit_code": exit.code} if exit.code is not None else {"exit_signal": exit.signal}
+        evidence, fields = actions.exit_record(exit)
         await db(actions.settle_execution)(
             execution,
             worker=worker,
             token=token,
             to_state=State.COMPLETED,
-            evidence=Evidence.EXITED if exit.code is not None else Evidence.SIGNALED,
+            evidence=evidence,
             reason=f"{exit.describe()}: read back from {exit.source} by recovery",
             close_reason=CloseReason.EXITED,
             snapshot=snapshot,

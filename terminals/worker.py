@@ -515,12 +515,10 @@ class OwnerWorker(ViewerHandlers):
         elif live.closing and reason in _ENDED_BY_US:
             state, evidence, note = State.COMPLETED, _ENDED_BY_US[reason], exit.describe()
             fields["exit_signal"] = exit.signal
-        elif exit.code is not None:
-            state, evidence, note = State.COMPLETED, Evidence.EXITED, exit.describe()
-            fields["exit_code"] = exit.code
         else:
-            state, evidence, note = State.COMPLETED, Evidence.SIGNALED, exit.describe()
-            fields["exit_signal"] = exit.signal
+            evidence, exit_fields = actions.exit_record(exit)
+            state, note = State.COMPLETED, exit.describe()
+            fields |= exit_fields
         execution = await db(actions.settle_execution)(
             execution,
             worker=self.worker,

@@ -20,6 +20,8 @@ import secrets
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from executions.outcomes import wait_status_label
+
 READ_CHUNK = 64 * 1024
 BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -67,8 +69,12 @@ class Exit:
     code: int | None = None
     signal: int | None = None
     source: str = ""
+    # ``code`` is a wait status the source cannot split: 128+N may be the program's exit or signal N (docker).
+    ambiguous: bool = False
 
     def describe(self) -> str:
+        if self.ambiguous:
+            return wait_status_label(self.code)
         if self.code is not None:
             return f"Exited with code {self.code}"
         return f"Ended by signal {self.signal}"

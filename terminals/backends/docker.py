@@ -13,8 +13,13 @@ What docker 20.10 does when the client's socket goes away (tested): the exec kee
 running with its terminal and its output is discarded, unless dockerd was blocked
 writing to the client at that moment; then the exec is recorded as ended with code
 126 and its terminal is hung up (SIGHUP) while processes ignoring SIGHUP go on,
-unseen by ``exec inspect``. So a 126 counts as an exit only once none of the
-exec's processes is left. A dropped exec cannot be attached again, so an owner
+unseen by ``exec inspect``. Docker writes that 126 whenever the attach ends in an
+error, even over a program that had already exited, and most dropped trees die of
+the hang-up. So a 126 is the program's exit only for the owner that read the
+stream to its end itself (and once none of the exec's processes is left); read
+back by anyone else it is an unknown outcome. Docker also reports a death by
+signal N as 128+N, which a program can exit with too: such codes are recorded as
+an ambiguous exit status. A dropped exec cannot be attached again, so an owner
 giving one up calls ``abandon()``, and a dead owner's leftovers need ``remove()``.
 """
 
@@ -31,6 +36,7 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, NotFound
 
+from executions.outcomes import AMBIGUOUS_STATUSES
 from terminals.backends import procfs
 from terminals.backends.base import (
     READ_CHUNK,
@@ -50,7 +56,12 @@ from terminals.backends.docker_tree import run_tree_script
 SOURCE = "docker exec inspect"
 LAST_OUTPUT_LIMIT = 8 * 1024 * 1024  # what the terminal and dockerd still buffer once the tree is gone
 ENGINE_ERRORS = (DockerException, requests.RequestException)
-DROPPED_CODE = 126  # a program's exit code, and what docker records when it drops an exec (see _doubt)
+DROPPED_CODE = 126  # a program's exit code, and what docker records when it drops an exec (see the module doc)
+
+
+def _exit_of(code: int) -> Exit:
+    """Docker's exit code as an Exit: 128+N may be the program's exit or its death by signal N."""
+    return Exit(code=code, source=SOURCE, ambiguous=code in AMBIGUOUS_STATUSES)
 
 
 def _host_identity(handle: dict) -> procfs.ProcessIdentity | None:
@@ -108,6 +119,7 @@ class DockerProcess(Process):
         self._reading = asyncio.Lock()
         self._users = 0  # reads and writes in progress on the socket
         self._closing = False
+        self._broken = False  # the stream ended in an error, not at its end
         self._exit: Exit | None = None
 
     @property
@@ -134,7 +146,9 @@ class DockerProcess(Process):
             else:
                 chunk = await asyncio.to_thread(self._sock.recv, READ_CHUNK)
         except OSError:
-            chunk = b""  # a reset stream has ended just the same; wait() says how the program ended
+            # A broken stream has ended just the same, but docker may have dropped the exec (recording 126).
+            self._broken = True
+            chunk = b""
         finally:
             self._done_with_socket()
         if not chunk:
@@ -169,9 +183,14 @@ class DockerProcess(Process):
             if info.get("Running") is False:
                 if info.get("ExitCode") is None:
                     raise BackendError("docker says the exec is not running but records no exit code")
+                if info["ExitCode"] == DROPPED_CODE and self._broken:
+                    raise BackendError(
+                        f"docker records {DROPPED_CODE} for exec {self.exec_id[:12]} after its stream broke: "
+                        "it writes that itself when it drops an exec, so the program's own exit is unknown"
+                    )
                 if doubt := await self._backend._doubt(self._api, self.handle, info["ExitCode"], settle=1.0):
                     raise BackendError(doubt)
-                self._exit = Exit(code=info["ExitCode"], source=SOURCE)
+                self._exit = _exit_of(info["ExitCode"])
                 break
             if not info:
                 raise BackendError("docker no longer knows the exec (container removed or daemon restarted)")
@@ -200,7 +219,7 @@ class DockerProcess(Process):
         finally:
             self._close()
         if info and info.get("ExitCode") is not None:
-            self._exit = self._exit or Exit(code=info["ExitCode"], source=SOURCE)
+            self._exit = self._exit or _exit_of(info["ExitCode"])
         return self._exit
 
     async def detach(self) -> None:
@@ -370,10 +389,15 @@ class DockerBackend(Backend):
                 return Inspection(Status.ALIVE, detail=doubt)
         except BackendError as error:
             return Inspection(Status.UNKNOWN, detail=f"docker says {info['ExitCode']}, but: {error}")
-        detail = ""
         if info["ExitCode"] == DROPPED_CODE:
-            detail = "126 is also what docker records when it drops an exec whose client went away"
-        return Inspection(Status.EXITED, exit=Exit(code=info["ExitCode"], source=SOURCE), detail=detail)
+            # Looked at from outside, nobody saw the stream end: "nothing of it left running" is exactly what
+            # a dropped exec looks like once its hung-up terminal has ended the tree.
+            return Inspection(
+                Status.GONE,
+                detail=f"docker records {DROPPED_CODE}, which it writes itself when it drops an exec whose client "
+                "went away: the program's own exit is unknown",
+            )
+        return Inspection(Status.EXITED, exit=_exit_of(info["ExitCode"]))
 
     async def remove(self, handle: dict, grace: float = 2.0) -> None:
         api = await self._client(handle["engine"])
