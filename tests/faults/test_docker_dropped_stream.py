@@ -51,8 +51,8 @@ def test_killing_the_owner_mid_stream_never_records_an_exit_the_program_did_not_
             )
             executions.append(execution)
             wait_for(
-                lambda pk=execution.pk: ProcessLease.objects.filter(
-                    execution_id=pk, worker__pid=owner.pid, handle__has_key="exec_id"
+                lambda pk=execution.pk, pid=owner.pid: ProcessLease.objects.filter(
+                    execution_id=pk, worker__pid=pid, handle__has_key="exec_id"
                 ).exists(),
                 what="the owner to hold the exec",
             )
