@@ -1,5 +1,6 @@
 """Tether settings. Every knob comes from the environment; see README "Configuration"."""
 
+import socket
 from pathlib import Path
 
 from config.env import (
@@ -205,6 +206,11 @@ TETHER_RECONNECT_GRACE_SECONDS = env_int("TETHER_RECONNECT_GRACE_SECONDS", 60, m
 TETHER_STRIKE_LIMIT = env_int("TETHER_STRIKE_LIMIT", 50, minimum=1)
 # Host shells (local, tmux) are for staff unless this allows everyone.
 TETHER_HOST_SHELLS_FOR_ALL = env_bool("TETHER_HOST_SHELLS_FOR_ALL", False)
+# The host this process runs on, as workers report it and local/tmux machines name it: a worker runs, adopts and
+# inspects only its own host's local and tmux processes (same name, same process table).
+TETHER_HOST = env_str("TETHER_HOST", "") or socket.gethostname()
+# Test-only: named points where a worker kills itself (SIGKILL), to put a crash exactly there (terminals.faults).
+TETHER_FAULT_POINTS = env_list("TETHER_FAULT_POINTS", [])
 # Every worker looks for processes whose owner died at start and then this often (adopt, read back, or unknown).
 TETHER_RECOVERY_SECONDS = env_int("TETHER_RECOVERY_SECONDS", 30, minimum=1)
 # A connected viewer checks this often that its session's owner is the one it attached to (or re-attaches).

@@ -11,8 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.db.models.functions import Now
 
 from executions.errors import IdentityConflict, NotFound, SlotTaken, TransitionRefused, UsageError
@@ -347,14 +349,24 @@ def resolve_execution(execution: Execution, *, actor: Actor, note: str, detail: 
 
 
 def add_machine(
-    *, name: str, backend: str, actor: Actor, ref: str = "", scope: str = "default", engine: str = ""
+    *,
+    name: str,
+    backend: str,
+    actor: Actor,
+    ref: str = "",
+    scope: str = "default",
+    engine: str = "",
+    host: str | None = None,
 ) -> Machine:
+    """Register a machine. A local or tmux machine lives on ``host``, by default the one it is added on."""
     if not re.match(r"^[-a-zA-Z0-9_]{1,100}$", name or ""):
         raise UsageError(f"machine name {name!r} must be 1-100 letters, digits, '-' or '_'")
     if backend not in Backend.values:
         raise UsageError(f"backend must be one of {', '.join(Backend.values)}, not {backend!r}")
     _check_identity(scope, "scope")
-    machine = Machine(name=name, backend=backend, ref=ref, scope=scope, engine=engine)
+    if host is None:
+        host = "" if backend == Backend.DOCKER else settings.TETHER_HOST
+    machine = Machine(name=name, backend=backend, ref=ref, scope=scope, engine=engine, host=host)
     if problems := machine.problems():
         field, problem = next(iter(problems.items()))
         raise UsageError(f"--{field}: {problem}")
@@ -367,6 +379,37 @@ def add_machine(
     except IntegrityError:
         raise IdentityConflict(f"a machine named {name!r} already exists") from None
     return machine
+
+
+def record_placement(execution: Execution, *, instance: str, actor: Actor) -> Execution:
+    """Write down which backend object ``execution`` is about to run in: the container's id, the tmux
+    server (pid@start time) or the host's boot. When the machine's name now stands for another object than
+    the one last seen there, the machine gets a new incarnation (with its event); resolution later compares
+    what it ran in with what is there. ``instance`` "" (nothing there: the spawn will say why) changes nothing.
+    """
+    with transaction.atomic():
+        machine = Machine.objects.select_for_update().get(pk=execution.machine_id)
+        if instance and machine.instance != instance:
+            replaced = bool(machine.instance)  # the first sighting replaces nothing
+            Machine.objects.filter(pk=machine.pk).update(
+                instance=instance, incarnation=F("incarnation") + int(replaced), updated_at=Now()
+            )
+            MachineEvent.objects.create(
+                machine=machine,
+                from_state=machine.state,
+                to_state=machine.state,
+                actor=actor.label,
+                user=actor.user,
+                reason=f"{machine.backend} now {instance}"
+                + (f", replacing {machine.instance}: a new incarnation" if replaced else " (first seen)"),
+            )
+            machine.refresh_from_db()
+        if instance:
+            Execution.objects.filter(pk=execution.pk).update(
+                ran_on_instance=instance, ran_on_incarnation=machine.incarnation
+            )
+    execution.refresh_from_db()
+    return execution
 
 
 def set_machine_state(machine: Machine, to_state: str, *, actor: Actor, reason: str = "") -> Machine:

@@ -81,11 +81,11 @@ def apply_each(modeladmin, request, queryset, operation, done: str) -> None:
 
 @admin.register(Machine)
 class MachineAdmin(NothingEditableOnChange, admin.ModelAdmin):
-    list_display = ["name", "backend", "ref", "scope", "state", "slot_holder", "updated_at"]
-    list_filter = ["backend", "state", "scope"]
-    search_fields = ["name", "ref", "scope"]
+    list_display = ["name", "backend", "ref", "host", "scope", "state", "slot_holder", "updated_at"]
+    list_filter = ["backend", "state", "scope", "host"]
+    search_fields = ["name", "ref", "scope", "host"]
     list_select_related = ["active_execution"]
-    readonly_fields = ["state", "incarnation", "active_execution", "created_at", "updated_at"]
+    readonly_fields = ["state", "instance", "incarnation", "active_execution", "created_at", "updated_at"]
     inlines = [MachineEventInline]
     actions = ["stop_machines", "start_machines"]
 
@@ -98,7 +98,7 @@ class MachineAdmin(NothingEditableOnChange, admin.ModelAdmin):
         if obj is None:
             return self.readonly_fields
         # Identity of an existing machine is fixed: a new container is a new machine.
-        return [*self.readonly_fields, "name", "backend", "ref", "engine", "scope"]
+        return [*self.readonly_fields, "name", "backend", "ref", "engine", "host", "scope"]
 
     def has_delete_permission(self, request, obj=None):
         return False  # machines are marked deleted through actions, never removed
@@ -112,6 +112,7 @@ class MachineAdmin(NothingEditableOnChange, admin.ModelAdmin):
             ref=obj.ref,
             scope=obj.scope,
             engine=obj.engine,
+            host=obj.host,
             actor=actions.Actor.for_user(request.user),
         )
         obj.pk = created.pk

@@ -53,6 +53,8 @@ class Evidence(models.TextChoices):
     EXIT_STATUS = "exit_status"
     SIGNALED = "signaled"
     SPAWN_FAILED = "spawn_failed"
+    # Its owner died before the program could start, and the backend proves it did not.
+    NEVER_STARTED = "never_started"
     RESET = "reset"
     KILLED = "killed"
     IDLE_REAPED = "idle_reaped"
@@ -80,6 +82,7 @@ SLOT_STATES = frozenset({State.PENDING, State.DISPATCHED, State.RUNNING, State.U
 # How a completed execution that did not simply exit is described to people.
 _ENDED_LABELS = {
     Evidence.SPAWN_FAILED: "Did not start",
+    Evidence.NEVER_STARTED: "Never started: its worker stopped before starting it",
     Evidence.RESET: "Ended by reset",
     Evidence.KILLED: "Killed",
     Evidence.IDLE_REAPED: "Closed: idle",
@@ -138,9 +141,17 @@ class Machine(models.Model):
         max_length=255, blank=True, help_text="Docker engine URL (DOCKER_HOST style); empty means the local socket."
     )
     scope = models.CharField("owner scope", max_length=200, default="default")
+    host = models.CharField(
+        max_length=255,
+        blank=True,
+        help_text="Where a local or tmux machine's processes live: only a worker on this host runs, adopts or "
+        "inspects them. Empty for docker (any worker that reaches the engine).",
+    )
     state = models.CharField(max_length=16, choices=MachineState.choices, default=MachineState.RUNNING)
-    # Bumped whenever the backend object behind the name is replaced, so resolution
-    # can tell "the same container" from "a new container with the same name".
+    # The backend object behind the name as last seen at a dispatch: the container's id, the tmux server
+    # (pid@start time) or the host's boot id. When another one is seen the incarnation is bumped, so
+    # resolution can tell "the same container" from "a new container with the same name".
+    instance = models.CharField(max_length=255, blank=True)
     incarnation = models.PositiveIntegerField(default=1)
     active_execution = models.OneToOneField(
         "Execution",
@@ -173,12 +184,18 @@ class Machine(models.Model):
         found = {}
         if self.backend == Backend.DOCKER and not self.ref:
             found["ref"] = "a docker machine needs the container id or name"
+        if self.backend == Backend.DOCKER and self.host:
+            found["host"] = "a docker machine has no host: any worker that reaches its engine serves it"
+        if self.backend != Backend.DOCKER and not self.host:
+            found["host"] = f"a {self.backend} machine needs the host its processes live on"
         engine = engine_problem(self.backend, self.engine)
         if engine:
             found["engine"] = engine
         return found
 
     def clean(self) -> None:
+        if self.backend in (Backend.LOCAL, Backend.TMUX) and not self.host:
+            self.host = settings.TETHER_HOST  # where it is added, as add_machine does
         if problems := self.problems():
             raise ValidationError(problems)
 
@@ -213,6 +230,7 @@ class Execution(models.Model):
     # Where it was dispatched: resolution checks the machine is still that one (same reference and incarnation).
     ran_on_ref = models.CharField(max_length=255, blank=True)
     ran_on_incarnation = models.PositiveIntegerField(null=True, blank=True)
+    ran_on_instance = models.CharField(max_length=255, blank=True)
     # Bounded capture of a command's output (the tail is kept when it overflows).
     output = models.BinaryField(default=b"", blank=True)
     output_truncated = models.BigIntegerField(default=0, help_text="Bytes dropped from the head of the output.")

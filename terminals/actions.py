@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, Value
+from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
 from django.db.models.functions import Now
 
 from executions import actions as exec_actions
@@ -21,6 +21,7 @@ from executions.actions import Actor
 from executions.errors import Refused, TransitionRefused
 from executions.models import Backend, Evidence, Execution, Kind, Machine, State
 from executions.spec import ExecutionSpec
+from terminals.backends.base import Launch
 from terminals.models import (
     CloseReason,
     ProcessLease,
@@ -138,11 +139,13 @@ def claim_next_execution(worker: Worker, backends: set[str]) -> tuple[Execution,
     leaves a record that says the command may have run.
     """
     actor = Actor.worker(worker.worker_id)
+    # A local or tmux machine's processes live on its host: only a worker there may start them.
+    here = Q(machine__backend=Backend.DOCKER) | Q(machine__host=worker.host)
     with transaction.atomic():
         execution = (
             Execution.objects.select_for_update(skip_locked=True, of=("self",))
             .select_related("machine")
-            .filter(state=State.PENDING, machine__backend__in=sorted(backends))
+            .filter(here, state=State.PENDING, machine__backend__in=sorted(backends))
             .order_by("created_at", "id")
             .first()
         )
@@ -162,6 +165,7 @@ def claim_next_execution(worker: Worker, backends: set[str]) -> tuple[Execution,
             execution=execution,
             worker=worker,
             token=1,
+            handle={"launch": Launch.CLAIMED},  # a crash from here to begin_spawn provably started nothing
             heartbeat_at=Now(),
             expires_at=_in(settings.TETHER_LEASE_TTL_SECONDS),
         )
@@ -191,6 +195,15 @@ def fenced_transition(execution: Execution, to_state: str, *, worker: Worker, to
 def save_handle(execution_pk: int, worker: Worker, token: int, handle: dict) -> None:
     with fenced(execution_pk, worker, token):
         ProcessLease.objects.filter(execution_id=execution_pk).update(handle=handle)
+
+
+def begin_spawn(execution: Execution, worker: Worker, token: int, intent: dict, instance: str) -> Execution:
+    """Before the backend is asked to start anything: the intent (``launch``: spawning, with the tags'
+    marker) and where it will run, in one fenced transaction. Recovery reads the intent if we die next."""
+    with fenced(execution.pk, worker, token):
+        execution = exec_actions.record_placement(execution, instance=instance, actor=Actor.worker(worker.worker_id))
+        ProcessLease.objects.filter(execution_id=execution.pk).update(handle=intent)
+    return execution
 
 
 # --- terminal sessions ---------------------------------------------------------------------

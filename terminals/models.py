@@ -115,6 +115,7 @@ class CloseReason(models.TextChoices):
     COMPLETED = "completed"
     CONTROLLER_LOST = "controller_lost"
     SPAWN_FAILED = "spawn_failed"
+    NEVER_STARTED = "never_started"
 
 
 class TerminalSession(models.Model):

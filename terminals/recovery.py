@@ -25,20 +25,19 @@ dead are removed. Untagged sessions, and those of a live owner, are never touche
 from __future__ import annotations
 
 import logging
-import socket
 from dataclasses import dataclass
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Max
+from django.db.models import F, Max, Q
 from django.db.models.functions import Now
 
 from executions.actions import Actor
 from executions.models import Backend as BackendKind
 from executions.models import Evidence, Kind, Machine, MachineState, State
 from terminals import actions
-from terminals.backends.base import Exit, Status
+from terminals.backends.base import Exit, Launch, Status
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.backends.tmux import TmuxBackend
 from terminals.models import CloseReason, ProcessLease, Worker, WorkerState
@@ -46,10 +45,11 @@ from terminals.registry import backend_for
 
 log = logging.getLogger(__name__)
 
-ADOPT, WATCH, EXITED, UNKNOWN, RELEASE, WAIT, REMOVE = (
+ADOPT, WATCH, EXITED, NEVER_STARTED, UNKNOWN, RELEASE, WAIT, REMOVE = (
     "adopt",
     "watch",
     "exited",
+    "never_started",
     "unknown",
     "release",
     "wait",
@@ -91,7 +91,7 @@ def owner_dead(worker: Worker | None) -> str | None:
         return "no owner recorded"
     if worker.state == WorkerState.STOPPED:
         return f"worker {worker.worker_id[:12]} stopped"
-    if worker.host != socket.gethostname() or worker.boot_id != boot_id():
+    if worker.host != settings.TETHER_HOST or worker.boot_id != boot_id():
         return f"worker {worker.worker_id[:12]} on {worker.host} missed its heartbeat (its pid is not visible here)"
     why = owner_is_gone(worker.pid, worker.process_started_at)
     return f"worker {worker.worker_id[:12]}: {why}" if why else None
@@ -101,7 +101,7 @@ def sibling_workers(me: Worker) -> list[tuple[int, int, int]]:
     """``(pk, pid, start time)`` of the other workers on this host (same boot) that have not stopped:
     the ones whose end a worker here can see the moment it happens."""
     return list(
-        Worker.objects.filter(host=socket.gethostname(), boot_id=boot_id())
+        Worker.objects.filter(host=settings.TETHER_HOST, boot_id=boot_id())
         .exclude(pk=me.pk)
         .exclude(state=WorkerState.STOPPED)
         .values_list("pk", "pid", "process_started_at")
@@ -120,9 +120,12 @@ def seconds_until_leases_expire(worker_pk: int) -> float | None:
 
 
 def orphaned_leases() -> list[tuple[ProcessLease, str]]:
+    """Expired leases whose owner is dead, that this host may look at: any docker one, and the local and tmux
+    ones of machines on this host (another host's processes are not in our process table)."""
+    here = Q(execution__machine__backend=BackendKind.DOCKER) | Q(execution__machine__host=settings.TETHER_HOST)
     expired = (
         ProcessLease.objects.select_related("worker", "execution", "execution__machine")
-        .filter(released_at__isnull=True, expires_at__lt=Now())
+        .filter(here, released_at__isnull=True, expires_at__lt=Now())
         .order_by("id")
     )
     return [(lease, why) for lease in expired if (why := owner_dead(lease.worker))]
@@ -141,31 +144,35 @@ async def judge_lease(lease: ProcessLease, why: str, *, can_adopt: bool, can_wat
 
     if execution.state not in (State.DISPATCHED, State.RUNNING):
         return finding(RELEASE, f"already {execution.state}")
-    if not lease.handle:
+    handle = lease.handle
+    if not handle:  # a lease from before launches were written down step by step
         return finding(UNKNOWN, "dispatched but no process handle was saved: it may have started")
+    if handle.get("launch") == Launch.CLAIMED:
+        return finding(NEVER_STARTED, "its owner died before it asked the backend to start anything")
     backend = backend_for(machine)
-    seen = await backend.inspect(lease.handle)
+    if handle.get("launch"):
+        seen = await backend.inspect_launch(handle)
+        handle = seen.handle or handle
+    else:
+        seen = await backend.inspect(handle)
+    if seen.status == Status.NEVER_STARTED:
+        return finding(NEVER_STARTED, seen.detail)
     if seen.status == Status.ALIVE:
         if backend.can_adopt:
-            return finding(
-                ADOPT if can_adopt else WAIT, f"{seen.detail or 'still running'}: adoptable", handle=lease.handle
-            )
+            return finding(ADOPT if can_adopt else WAIT, f"{seen.detail or 'still running'}: adoptable", handle=handle)
         if machine.backend == BackendKind.DOCKER and execution.kind == Kind.COMMAND:
             return finding(
-                WATCH if can_watch else WAIT,
-                f"{seen.detail or 'still running'}: watching for its exit",
-                handle=lease.handle,
+                WATCH if can_watch else WAIT, f"{seen.detail or 'still running'}: watching for its exit", handle=handle
             )
         return finding(
-            UNKNOWN,
-            f"{seen.detail}, but no other worker can observe it: ending it",
-            handle=lease.handle,
-            still_running=True,
+            UNKNOWN, f"{seen.detail}, but no other worker can observe it: ending it", handle=handle, still_running=True
         )
     if seen.status == Status.EXITED:
-        return finding(EXITED, f"{seen.exit.describe()}, read back from {seen.exit.source}", exit=seen.exit)
+        return finding(
+            EXITED, f"{seen.exit.describe()}, read back from {seen.exit.source}", exit=seen.exit, handle=handle
+        )
     if seen.status == Status.GONE:
-        return finding(UNKNOWN, f"{seen.detail}; its exit cannot be read back", handle=lease.handle)
+        return finding(UNKNOWN, f"{seen.detail}; its exit cannot be read back", handle=handle)
     return finding(WAIT, f"cannot look at it now ({seen.detail})")
 
 
@@ -175,7 +182,9 @@ def _claimed_markers() -> set[str]:
 
 
 def _tmux_sockets() -> list[str]:
-    machines = Machine.objects.filter(backend=BackendKind.TMUX).exclude(state=MachineState.DELETED)
+    machines = Machine.objects.filter(backend=BackendKind.TMUX, host=settings.TETHER_HOST).exclude(
+        state=MachineState.DELETED
+    )
     return sorted(set(machines.values_list("ref", flat=True)))
 
 
@@ -282,6 +291,17 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
             snapshot = (await backend.snapshot(finding.handle)).render()
         except Exception:  # no screen left to keep; the session keeps its last one
             snapshot = None
+    if finding.action == NEVER_STARTED:
+        await db(actions.settle_execution)(
+            execution,
+            worker=worker,
+            token=token,
+            to_state=State.COMPLETED,
+            evidence=Evidence.NEVER_STARTED,
+            reason=f"recovery: {finding.detail}",
+            close_reason=CloseReason.NEVER_STARTED,
+        )
+        return "completed: never started"
     if finding.action == EXITED:
         exit = finding.exit
         evidence, fields = actions.exit_record(exit)
@@ -296,9 +316,10 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
             snapshot=snapshot,
             **fields,
         )
-        if finding.handle or lease.handle:
+        if finding.handle:
             try:
-                await backend.remove(finding.handle or lease.handle, grace=0.5)  # the dead pane held only the status
+                # The dead pane held only the status; and nothing of the tree may outlive the record.
+                await backend.remove(finding.handle, grace=0.5)
             except Exception as error:
                 log.warning("could not remove %s after reading its exit: %r", finding.label, error)
         return f"completed: {exit.describe()}"

@@ -3,8 +3,9 @@ that nothing of it can still run. An operator's word is one of four checks, neve
 
 1. owner: the worker that held it is drained (stopped) or proven dead;
 2. machine: the machine is the one it ran on (same backend reference and incarnation);
-3. process: the process is proven gone (tmux session absent or its pane dead, docker exec ended and no
-   host pid left, no pid with a matching start time alive, nothing carrying its session tag);
+3. process: the process is proven gone (what it ran in is gone or stopped: a removed, replaced or stopped
+   container, no tmux server; else its tmux session absent or its pane dead, its docker exec ended, no pid
+   with a matching start time alive; and no process of its tree left), looked at from the machine's host;
 4. note: the operator says what they saw.
 
 Any failed check refuses the resolve and names it. Two operators racing get one winner (the
@@ -13,7 +14,6 @@ transition is a compare-and-set). There is no force flag.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
@@ -27,9 +27,8 @@ from executions.errors import Refused, TransitionRefused
 from executions.models import Backend as BackendKind
 from executions.models import Evidence, Execution, ExecutionEvent, State
 from terminals.backends import procfs
-from terminals.backends.base import Status
+from terminals.backends.base import Launch, Status
 from terminals.backends.procfs import boot_id
-from terminals.backends.tmux import TmuxBackend
 from terminals.models import ProcessLease, Worker, WorkerState
 from terminals.recovery import owner_is_gone
 from terminals.registry import backend_for
@@ -61,7 +60,7 @@ def _alive_owner(worker: Worker) -> str | None:
     """Why ``worker`` cannot be trusted to have let go (None when it is stopped or proven dead)."""
     if worker.state == WorkerState.STOPPED:
         return None
-    if worker.host == socket.gethostname() and worker.boot_id == boot_id():
+    if worker.host == settings.TETHER_HOST and worker.boot_id == boot_id():
         if owner_is_gone(worker.pid, worker.process_started_at):  # pid and start time: proof on this host
             return None
         state = f"{worker.state} (pid {worker.pid} runs)"
@@ -108,58 +107,114 @@ def check_owner(execution: Execution, lease: ProcessLease | None) -> Check:
 
 
 def check_machine(execution: Execution) -> Check:
+    """The machine is the one it ran on: the same reference and, where it was recorded, the same object (a
+    container's id, a tmux server). The object being gone is no failure: whatever ran in it ended with it,
+    and the process check takes that as its proof."""
     machine = execution.machine
     if execution.ran_on_incarnation is None:
         return Check("machine", False, "where it ran was never recorded (it was not dispatched by a worker)")
-    now = (machine.ref, machine.incarnation)
-    then = (execution.ran_on_ref, execution.ran_on_incarnation)
-    if now != then:
+    if machine.ref != execution.ran_on_ref:
         return Check(
             "machine",
             False,
-            f"machine {machine.name} is now {now[0] or 'this host'} incarnation {now[1]}; "
-            f"it ran on {then[0] or 'this host'} incarnation {then[1]}",
+            f"machine {machine.name} now names {machine.ref or 'this host'}; "
+            f"it ran on {execution.ran_on_ref or 'this host'}",
         )
-    return Check(
-        "machine", True, f"{machine.name} ({machine.backend} {machine.ref or 'this host'}) incarnation {now[1]}"
-    )
+    if not execution.ran_on_instance:  # its owner died before it looked, or an older record: numbers only
+        if machine.incarnation != execution.ran_on_incarnation:
+            return Check(
+                "machine",
+                False,
+                f"machine {machine.name} is now incarnation {machine.incarnation}; "
+                f"it ran on incarnation {execution.ran_on_incarnation}",
+            )
+        return Check("machine", True, f"{machine.name} incarnation {machine.incarnation}")
+    try:
+        now = async_to_sync(backend_for(machine).instance)()
+    except Exception as error:  # an unreachable engine proves nothing
+        return Check("machine", False, f"cannot look at {machine.name}: {error}")
+    then = execution.ran_on_instance
+    if now == then:
+        return Check("machine", True, f"{machine.name} is still {_short(then)} (incarnation {machine.incarnation})")
+    replaced = f"replaced by {_short(now)}" if now else "gone"
+    return Check("machine", True, f"{machine.name} ran it in {_short(then)}, which is {replaced}")
+
+
+def _short(instance: str) -> str:
+    """A container id as docker prints it; other instances as they are."""
+    return instance[:12] if len(instance) == 64 else instance
+
+
+async def _instance_proof(backend, execution: Execution) -> str | None:
+    """Why nothing of the execution can run any more because of what became of its machine, or None."""
+    if execution.ran_on_instance:
+        now = await backend.instance()
+        if now != execution.ran_on_instance:
+            return f"{_short(execution.ran_on_instance)}, where it ran, is gone: nothing of it can run"
+    return await backend.emptied()
 
 
 async def _inspect(backend, handle: dict) -> Check:
-    seen = await backend.inspect(handle)
-    if seen.status in (Status.GONE, Status.EXITED):
+    if handle.get("launch") == Launch.CLAIMED:
+        return Check("process", True, "its owner never asked the backend to start it")
+    seen = await (backend.inspect_launch(handle) if handle.get("launch") else backend.inspect(handle))
+    handle = seen.handle or handle
+    if seen.status in (Status.GONE, Status.EXITED, Status.NEVER_STARTED):
+        if "marker" in handle and (left := await backend.survivors(handle)):
+            return Check(
+                "process",
+                False,
+                f"{left} of its processes still run (children that outlived it): end them "
+                "(recover_terminals ends a dead owner's leftovers) or stop the machine",
+            )
         return Check("process", True, seen.detail or (seen.exit.describe() if seen.exit else str(seen.status)))
     if seen.status == Status.ALIVE:
         return Check("process", False, f"still running: {seen.detail}")
     return Check("process", False, f"cannot look at it: {seen.detail}")
 
 
-async def _search(machine, label: str) -> Check:
-    """No handle was saved (the owner died mid-launch): look for anything tagged with its session."""
+async def _search(backend, machine, label: str) -> Check:
+    """No handle was saved (an older record): look for anything tagged with its session."""
     if machine.backend == BackendKind.TMUX:
-        tagged = [
-            t
-            for t in await TmuxBackend(machine.ref or settings.TETHER_TMUX_SOCKET).list_tagged()
-            if t.tags["session"] == label
-        ]
+        tagged = [t for t in await backend.list_tagged() if t.tags["session"] == label]
         if tagged:
             return Check("process", False, f"tmux session {tagged[0].handle['session']} is tagged with it")
-        return Check(
-            "process", True, f"no tmux session on socket {machine.ref or settings.TETHER_TMUX_SOCKET} is tagged with it"
-        )
+        return Check("process", True, f"no tmux session on socket {backend.socket} is tagged with it")
     if machine.backend == BackendKind.LOCAL:
         left = procfs.find_tree_by_session_label(label)
         if left:
             return Check("process", False, f"pid {left[0].pid} carries TETHER_SESSION={label}")
         return Check("process", True, f"no process on this host carries TETHER_SESSION={label}")
-    return Check("process", False, "no handle was saved and docker cannot be searched by tag: stop the container")
+    return Check(
+        "process",
+        False,
+        f"no handle was saved, so Tether cannot tell which processes in container {machine.ref!r} are its own: "
+        f"stop the container (docker stop {machine.ref}), remove it, or replace it, then resolve again",
+    )
+
+
+async def _process_check(execution: Execution, handle: dict, label: str) -> Check:
+    machine = execution.machine
+    backend = backend_for(machine)
+    if proof := await _instance_proof(backend, execution):
+        return Check("process", True, proof)
+    if handle:
+        return await _inspect(backend, handle)
+    return await _search(backend, machine, label)
 
 
 def check_process(execution: Execution, lease: ProcessLease | None) -> Check:
+    machine = execution.machine
+    if machine.backend != BackendKind.DOCKER and machine.host != settings.TETHER_HOST:
+        return Check(
+            "process",
+            False,
+            f"{machine.name}'s processes live on host {machine.host}: only there can Tether see them "
+            f"(run exec_resolve on {machine.host})",
+        )
     try:
-        if lease is not None and lease.handle:
-            return async_to_sync(_inspect)(backend_for(execution.machine), lease.handle)
-        return async_to_sync(_search)(execution.machine, _session_label(execution))
+        handle = lease.handle if lease is not None else {}
+        return async_to_sync(_process_check)(execution, handle, _session_label(execution))
     except Exception as error:  # an unreachable engine proves nothing
         return Check("process", False, f"cannot look at it: {error!r}")
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import time
 import uuid
 
@@ -24,8 +23,8 @@ from executions.actions import WAKE_CHANNEL
 from executions.models import Backend as BackendKind
 from executions.models import Evidence, Execution, Kind, State
 from executions.spec import ExecutionSpec
-from terminals import actions, recovery
-from terminals.backends.base import SpawnError, SpawnSpec, Status, Tags
+from terminals import actions, faults, recovery
+from terminals.backends.base import BackendError, Launch, SpawnError, SpawnSpec, Status, Tags
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.lifetimes import CHECK_SECONDS, Limits, judge
 from terminals.live import FlowBudget, LiveProcess
@@ -104,7 +103,7 @@ class OwnerWorker(ViewerHandlers):
         self.channel = await self.layer.new_channel("tether.worker.")
         self.worker = await db(actions.register_worker)(
             worker_id=uuid.uuid4().hex,
-            host=socket.gethostname(),
+            host=settings.TETHER_HOST,
             pid=self.me.pid,
             started_at=self.me.start_time,
             boot_id=boot_id(),
@@ -208,7 +207,7 @@ class OwnerWorker(ViewerHandlers):
         """
         self.draining = True
         for live in list(self.live.values()):
-            if self._later_owner_can_take(live):
+            if self._later_owner_can_take(live.handle_backend, live.kind):
                 await self._let_go(live, "left running for a later owner")
             else:
                 await self._end(live, "server_restart")
@@ -216,14 +215,23 @@ class OwnerWorker(ViewerHandlers):
             await db(actions.stop_worker)(self.worker, "drained" if self.drain_requested else "shut down")
 
     @staticmethod
-    def _later_owner_can_take(live: LiveProcess) -> bool:
-        if live.handle_backend == BackendKind.TMUX:
-            return True
-        return live.handle_backend == BackendKind.DOCKER and live.kind == Kind.COMMAND
+    def _later_owner_can_take(backend: str, kind: str) -> bool:
+        """tmux sessions are adopted; docker commands are watched until docker reports their exit."""
+        return backend == BackendKind.TMUX or (backend == BackendKind.DOCKER and kind == Kind.COMMAND)
 
     # --- launching ---------------------------------------------------------------------------
 
     async def launch(self, execution: Execution, token: int) -> None:
+        """Start a claimed execution's program and hold it. Each step is written before the next can
+        happen, so a crash anywhere leaves recovery a lease that says how far it got:
+
+        1. claimed (the lease's handle says so): nothing was asked of the backend;
+        2. the backend object it will run in (container id, tmux server) and the intent (the tags' marker)
+           are saved: the backend may now start it;
+        3. docker: the created exec's handle is saved before the exec is started;
+        4. the process's own handle is saved, then ``running``.
+        """
+        faults.reached("launch.claimed")
         execution = await db(_load_execution)(execution.pk)
         machine = execution.machine
         session = await db(_session_for)(execution.pk)
@@ -235,8 +243,22 @@ class OwnerWorker(ViewerHandlers):
             owner_started_at=self.me.start_time,
             heartbeat=int(time.time()),
         )
+        backend = backend_for(machine)
+
+        async def before_start(handle: dict) -> None:
+            await db(actions.save_handle)(execution.pk, self.worker, token, {**handle, "launch": Launch.STARTING})
+            faults.reached("launch.starting")
+
         try:
-            process = await backend_for(machine).spawn(spec, tags)
+            try:
+                instance = await backend.instance(ensure=True)
+            except BackendError as error:  # nothing was asked to start: as plain a refusal as a failed spawn
+                raise SpawnError(str(error)) from None
+            intent = {"launch": Launch.SPAWNING, "backend": machine.backend, "instance": instance}
+            intent |= {"marker": tags.marker, "session": tags.session}
+            execution = await db(actions.begin_spawn)(execution, self.worker, token, intent, instance)
+            faults.reached("launch.spawning")
+            process = await backend.spawn(spec, tags, before_start=before_start)
         except SpawnError as error:
             # Proven: nothing started. A known outcome, said plainly.
             await db(actions.settle_execution)(
@@ -253,10 +275,15 @@ class OwnerWorker(ViewerHandlers):
         try:
             await db(actions.save_handle)(execution.pk, self.worker, token, process.handle)
         except actions.LeaseLost as error:
-            # We stalled before saying where the process is: recovery has recorded it as possibly started.
-            # Nobody else can find it, so it is ours to end.
-            log.warning("%s before its handle was saved; ending the process", error)
-            await process.terminate(grace=0.5)
+            # We stalled before saying where the process is, and recovery took the lease from its intent.
+            # What a later owner can take (a tmux session found by its marker, a docker command it watches)
+            # is left to it; anything else nobody can observe, so it is ours to end.
+            if self._later_owner_can_take(machine.backend, execution.kind):
+                log.warning("%s before its handle was saved; leaving it to the new owner", error)
+                await process.detach()
+            else:
+                log.warning("%s before its handle was saved; ending the process", error)
+                await process.terminate(grace=0.5)
             return
         try:
             execution = await db(actions.fenced_transition)(
@@ -417,9 +444,11 @@ class OwnerWorker(ViewerHandlers):
         execution = await db(_load_execution)(lease.execution_id)
         backend = backend_for(execution.machine)
         try:
-            process = await backend.attach(lease.handle)
+            if finding.handle != lease.handle:  # found from its owner's intent: keep where it is now
+                await db(actions.save_handle)(lease.execution_id, self.worker, token, finding.handle)
+            process = await backend.attach(finding.handle)
             await backend.tag(
-                lease.handle, owner_pid=self.me.pid, owner_started_at=self.me.start_time, heartbeat=int(time.time())
+                finding.handle, owner_pid=self.me.pid, owner_started_at=self.me.start_time, heartbeat=int(time.time())
             )
             screen = (await process.snapshot()).render()
         except Exception as error:

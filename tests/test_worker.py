@@ -126,7 +126,12 @@ def test_a_stale_worker_cannot_write_after_losing_its_lease(operator):
     machine = make_machine("fence-box")
     session, _ = actions.open_terminal(machine, operator)
     me = Worker.objects.create(
-        worker_id="w1", host="h", pid=1, process_started_at=1, boot_id="b", heartbeat_at="2026-01-01T00:00Z"
+        worker_id="w1",
+        host=settings.TETHER_HOST,
+        pid=1,
+        process_started_at=1,
+        boot_id="b",
+        heartbeat_at="2026-01-01T00:00Z",
     )
     execution, lease = actions.claim_next_execution(me, {"local"})
     assert actions.note_viewer(session.pk, me, lease.token, "window-1")
@@ -188,7 +193,7 @@ def test_two_workers_racing_for_one_execution_launch_it_once():
     )
     workers = [
         actions.register_worker(
-            worker_id=f"w-race-{n}", host="h", pid=n, started_at=n, boot_id="b", channel_name=f"c{n}"
+            worker_id=f"w-race-{n}", host=settings.TETHER_HOST, pid=n, started_at=n, boot_id="b", channel_name=f"c{n}"
         )
         for n in range(8)
     ]
@@ -350,7 +355,12 @@ def test_a_reset_hands_the_slot_straight_to_the_fresh_shell(operator):
     machine = make_machine("reset-box")
     session, _ = actions.open_terminal(machine, operator)
     worker = actions.register_worker(
-        worker_id="w-reset", host="here", pid=1, started_at=1, boot_id="b", channel_name="tether.worker.w-reset"
+        worker_id="w-reset",
+        host=settings.TETHER_HOST,
+        pid=1,
+        started_at=1,
+        boot_id="b",
+        channel_name="tether.worker.w-reset",
     )
     execution, lease = actions.claim_next_execution(worker, {"local"})
     execution = actions.fenced_transition(

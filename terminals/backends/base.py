@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -37,6 +38,9 @@ class BackendError(Exception):
 
 class SpawnError(BackendError):
     """Nothing was started (bad program, missing container, unreachable engine)."""
+
+
+BeforeStart = Callable[[dict], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,16 @@ class Status(StrEnum):
     EXITED = "exited"
     GONE = "gone"
     UNKNOWN = "unknown"
+    NEVER_STARTED = "never_started"  # proven: the program never ran, and nothing can start it now
+
+
+class Launch(StrEnum):
+    """How far an owner got with starting a program, as the ``launch`` key of its lease's handle says.
+    A handle without the key is the process's own: the program was started."""
+
+    CLAIMED = "claimed"  # nothing begun: the program cannot have started
+    SPAWNING = "spawning"  # the backend was asked to start it; the handle is the worker's intent
+    STARTING = "starting"  # created, not started (a docker exec between create and start)
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,7 @@ class Inspection:
     status: Status
     exit: Exit | None = None
     detail: str = ""
+    handle: dict | None = None  # found from an intent (a tmux session by its marker): the process's own handle
 
 
 @dataclass(frozen=True)
@@ -139,11 +154,33 @@ class Backend(abc.ABC):
     can_adopt = False  # whether ``attach`` can take over a live process from a dead owner
 
     @abc.abstractmethod
-    async def spawn(self, spec: SpawnSpec, tags: Tags) -> Process: ...
+    async def spawn(self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None) -> Process:
+        """Start ``spec``. A backend that creates before it starts (docker) awaits ``before_start(handle)``
+        in between, so the handle is kept before anything can run; if it raises, nothing is started."""
 
     @abc.abstractmethod
     async def inspect(self, handle: dict) -> Inspection:
         """Look at a process from any OS process, e.g. after its spawner died."""
+
+    async def inspect_launch(self, intent: dict) -> Inspection:
+        """Look for what an owner that died mid-launch may have started. ``intent`` is the handle it saved
+        before spawning (``launch``: spawning or starting, with the tags' marker and session and the
+        instance it was placed in). NEVER_STARTED only with proof; GONE when it may have run and ended."""
+        return Inspection(Status.GONE, detail="no handle was saved: it may have run")
+
+    async def instance(self, *, ensure: bool = False) -> str:
+        """The identity of the object behind the machine now (a container's id, the tmux server), "" when
+        there is none; ``ensure`` starts what a spawn would start anyway (the tmux server)."""
+        return ""
+
+    async def emptied(self) -> str | None:
+        """Why no process can be running on the machine now (its container is stopped or gone, no tmux
+        server runs), or None when processes may run there."""
+        return None
+
+    async def survivors(self, handle: dict) -> int:
+        """How many processes of the handle's tree are still alive (descendants that outlived the program)."""
+        return 0
 
     async def attach(self, handle: dict) -> Process:
         """Take over observation of a live process (adoption). Backends that cannot, refuse."""

@@ -42,6 +42,7 @@ from terminals.backends.base import (
     READ_CHUNK,
     Backend,
     BackendError,
+    BeforeStart,
     Exit,
     Inspection,
     Process,
@@ -292,7 +293,19 @@ class DockerBackend(Backend):
             await asyncio.sleep(0.05)
         return info
 
-    async def spawn(self, spec: SpawnSpec, tags: Tags) -> DockerProcess:
+    @contextlib.contextmanager
+    def _spawn_errors(self, program: str):
+        """Docker's refusals as SpawnError: nothing was started."""
+        try:
+            yield
+        except NotFound as error:
+            raise SpawnError(f"container {self.container!r} not found on {self._where(self.engine)}") from error
+        except APIError as error:
+            raise SpawnError(f"docker could not start {program!r} in {self.container!r}: {error.explanation}") from None
+        except ENGINE_ERRORS as error:
+            raise SpawnError(f"{self._where(self.engine)} failed to start an exec: {error}") from None
+
+    async def spawn(self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None) -> DockerProcess:
         try:
             api = await self._client(self.engine)
         except BackendError as error:
@@ -301,21 +314,19 @@ class DockerBackend(Backend):
         if "PATH" not in spec.env:
             env.pop("PATH")  # the image's own PATH is the one its programs expect
         program = spec.argv[0]
-        try:
+        with self._spawn_errors(program):
             created = await asyncio.to_thread(
                 api.exec_create, self.container, list(spec.argv), stdin=True, tty=True,
                 environment=env, workdir=spec.cwd or None,
             )  # fmt: skip
-            conn = await asyncio.to_thread(api.exec_start, created["Id"], tty=True, socket=True)
-        except NotFound as error:
-            raise SpawnError(f"container {self.container!r} not found on {self._where(self.engine)}") from error
-        except APIError as error:
-            raise SpawnError(f"docker could not start {program!r} in {self.container!r}: {error.explanation}") from None
-        except ENGINE_ERRORS as error:
-            raise SpawnError(f"{self._where(self.engine)} failed to start an exec: {error}") from None
         handle = {"backend": "docker", "engine": self.engine, "container": self.container, "exec_id": created["Id"]}
         handle |= {"marker": tags.marker, "session": tags.session}
         handle |= {"owner_pid": tags.owner_pid, "owner_started_at": tags.owner_started_at}
+        if before_start is not None:
+            # Kept before it can run: an exec that is created but never started is proof nothing ran.
+            await before_start(dict(handle))
+        with self._spawn_errors(program):
+            conn = await asyncio.to_thread(api.exec_start, created["Id"], tty=True, socket=True)
         process = DockerProcess(self, api, handle, conn)
         try:
             info = await self._started(api, created["Id"])
@@ -382,8 +393,13 @@ class DockerBackend(Backend):
             return Inspection(
                 Status.ALIVE, detail=f"docker says ended ({info['ExitCode']}) but pid {identity.pid} runs"
             )
+        if info["ExitCode"] is None and not info.get("Pid"):
+            # Created, never started, and only its owner (dead, for whoever looks from outside) starts it.
+            return Inspection(
+                Status.NEVER_STARTED, detail=f"exec {handle['exec_id'][:12]} was created but never started"
+            )
         if info["ExitCode"] is None:
-            return Inspection(Status.GONE, detail="the exec never started (or is starting right now)")
+            return Inspection(Status.UNKNOWN, detail="docker says the exec is not running but records no exit code")
         try:
             if doubt := await self._doubt(api, handle, info["ExitCode"]):
                 return Inspection(Status.ALIVE, detail=doubt)
@@ -398,6 +414,38 @@ class DockerBackend(Backend):
                 "went away: the program's own exit is unknown",
             )
         return Inspection(Status.EXITED, exit=_exit_of(info["ExitCode"]))
+
+    async def inspect_launch(self, intent: dict) -> Inspection:
+        if "exec_id" not in intent:
+            # The exec is started only once its id is kept: without one, nothing was started.
+            return Inspection(Status.NEVER_STARTED, detail="its owner died before it started the exec")
+        return await self.inspect(intent)
+
+    async def _container(self) -> dict | None:
+        """The machine's container as docker inspects it, None when there is none by that name."""
+        api = await self._client(self.engine)
+        try:
+            return await asyncio.to_thread(api.inspect_container, self.container)
+        except NotFound:
+            return None
+        except ENGINE_ERRORS as error:
+            raise BackendError(f"cannot inspect container {self.container!r}: {error}") from None
+
+    async def instance(self, *, ensure: bool = False) -> str:
+        found = await self._container()
+        return found["Id"] if found else ""
+
+    async def emptied(self) -> str | None:
+        found = await self._container()
+        if found is None:
+            return f"container {self.container!r} no longer exists: every process of it ended"
+        if not found["State"]["Running"]:
+            return f"container {self.container!r} is stopped ({found['State']['Status']}): none of its processes runs"
+        return None
+
+    async def survivors(self, handle: dict) -> int:
+        api = await self._client(handle["engine"])
+        return await self._survivors(api, handle)
 
     async def remove(self, handle: dict, grace: float = 2.0) -> None:
         api = await self._client(handle["engine"])

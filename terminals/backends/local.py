@@ -22,6 +22,7 @@ from terminals.backends.base import (
     READ_CHUNK,
     Backend,
     BackendError,
+    BeforeStart,
     Exit,
     Inspection,
     Process,
@@ -31,7 +32,7 @@ from terminals.backends.base import (
     Tags,
     child_env,
 )
-from terminals.backends.procfs import ProcessIdentity, find_tree, terminate_tree
+from terminals.backends.procfs import ProcessIdentity, boot_id, find_tree, terminate_tree
 
 
 def _set_size(fd: int, cols: int, rows: int) -> None:
@@ -145,7 +146,8 @@ class LocalProcess(Process):
 class LocalBackend(Backend):
     name = "local"
 
-    async def spawn(self, spec: SpawnSpec, tags: Tags) -> LocalProcess:
+    async def spawn(self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None) -> LocalProcess:
+        # One step creates and starts the child: there is no moment in between to keep a handle from.
         account = pwd.getpwuid(os.getuid())
         env = child_env(spec, tags, {"HOME": account.pw_dir, "USER": account.pw_name, "SHELL": account.pw_shell})
         program = spec.argv[0]
@@ -181,11 +183,28 @@ class LocalBackend(Backend):
         identity = ProcessIdentity.from_json(handle["process"])
         if identity.is_alive():
             return Inspection(Status.ALIVE, detail=f"pid {identity.pid} with matching start time")
-        left = find_tree(marker=handle["marker"])
-        detail = f"pid {identity.pid} is gone" + (f"; {len(left)} descendant(s) remain" if left else "")
+        if left := await self.survivors(handle):
+            # The program is gone but part of its tree runs on (a child that ignores SIGHUP): not over yet.
+            return Inspection(Status.ALIVE, detail=f"pid {identity.pid} is gone, but {left} of its processes still run")
         # Only the owner could reap the exit status; another process cannot read it back.
-        return Inspection(Status.GONE, detail=detail)
+        return Inspection(Status.GONE, detail=f"pid {identity.pid} is gone and nothing carries its marker")
+
+    async def inspect_launch(self, intent: dict) -> Inspection:
+        if left := await self.survivors(intent):
+            return Inspection(
+                Status.ALIVE,
+                detail=f"{left} process(es) carry its marker, though no handle was saved",
+                handle={"backend": "local", "marker": intent["marker"]},
+            )
+        # Started and ended, or never started: a child this owner forked leaves nothing to tell which.
+        return Inspection(Status.GONE, detail="no process carries its marker; it may have run and ended")
+
+    async def instance(self, *, ensure: bool = False) -> str:
+        return f"boot {boot_id()}"  # a reboot ends every process the host had
+
+    async def survivors(self, handle: dict) -> int:
+        return len(await asyncio.to_thread(find_tree, marker=handle["marker"]))
 
     async def remove(self, handle: dict, grace: float = 2.0) -> None:
-        identity = ProcessIdentity.from_json(handle["process"])
-        await terminate_tree(marker=handle["marker"], leader=identity, grace=grace)
+        leader = ProcessIdentity.from_json(handle["process"]) if "process" in handle else None
+        await terminate_tree(marker=handle["marker"], leader=leader, grace=grace)

@@ -207,3 +207,21 @@ def find_tree_by_session_label(label: str) -> list[ProcessIdentity]:
             if identity is not None and identity.is_alive():
                 found.append(identity)
     return found
+
+
+def find_by_cmdline(text: str) -> list[ProcessIdentity]:
+    """Every live process with ``text`` in one of its arguments (a tmux client still carrying out a command)."""
+    needle = text.encode()
+    found = []
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in argv:
+            identity = ProcessIdentity.of(int(entry.name))
+            if identity is not None and identity.is_alive():
+                found.append(identity)
+    return found

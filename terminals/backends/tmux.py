@@ -37,6 +37,7 @@ from terminals.backends.base import (
     READ_CHUNK,
     Backend,
     BackendError,
+    BeforeStart,
     Exit,
     Inspection,
     Process,
@@ -412,7 +413,9 @@ class TmuxBackend(Backend):
         pid_if_alive = int(pid) if dead == "0" else 0
         return PaneState(verdict, True, exit, pid_if_alive, tty, program_ended=bool(recorded), detail=detail)
 
-    async def spawn(self, spec: SpawnSpec, tags: Tags) -> TmuxProcess:
+    async def spawn(self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None) -> TmuxProcess:
+        # No handle is needed before the program starts: a session is found again by its marker, and its
+        # shim starts the program only at the owner's go (see tmux_shim).
         account = pwd.getpwuid(os.getuid())
         env = child_env(spec, tags, {"HOME": account.pw_dir, "USER": account.pw_name, "SHELL": account.pw_shell})
         program, cwd = spec.argv[0], spec.cwd or account.pw_dir
@@ -487,6 +490,45 @@ class TmuxBackend(Backend):
     async def inspect(self, handle: dict) -> Inspection:
         state = await self._state(handle)
         return Inspection(state.status, state.exit, state.detail)
+
+    async def inspect_launch(self, intent: dict) -> Inspection:
+        """A session tagged with the intent's marker is the one its owner made: look at that. None, on the
+        same server as then, and no tmux client of the dead owner's still making one: it never started."""
+        for tagged in await self.list_tagged():
+            if tagged.tags["marker"] == intent["marker"]:
+                seen = await self.inspect(tagged.handle)
+                return Inspection(seen.status, seen.exit, seen.detail, handle=tagged.handle)
+        now = await self.instance()
+        server = int(now.partition("@")[0]) if now else 0  # a server started by a client keeps its argv
+        clients = [c for c in await asyncio.to_thread(procfs.find_by_cmdline, intent["marker"]) if c.pid != server]
+        if clients:
+            return Inspection(Status.UNKNOWN, detail=f"tmux client pid {clients[0].pid} may still be creating it")
+        if now and now == intent.get("instance"):
+            return Inspection(
+                Status.NEVER_STARTED, detail=f"no session carries its marker on tmux server {now}, where it was to run"
+            )
+        then = intent.get("instance") or "not recorded"
+        return Inspection(
+            Status.GONE, detail=f"no session carries its marker, but the tmux server is {now or 'gone'} (was {then})"
+        )
+
+    async def instance(self, *, ensure: bool = False) -> str:
+        """The server as ``pid@start time`` (a restarted server is another one: its sessions are gone)."""
+        setup = ["start-server", ";", "set-option", "-s", "exit-empty", "off", ";"] if ensure else []
+        code, out, err = await self._run(*setup, "display-message", "-p", "#{pid}@#{start_time}")
+        if code == 0:
+            return out.strip()
+        if not ensure and any(text in err for text in GONE_ERRORS):
+            return ""
+        raise BackendError(f"cannot reach the tmux server on socket {self.socket}: {err.strip() or code}")
+
+    async def emptied(self) -> str | None:
+        if await self.instance():
+            return None
+        return f"no tmux server runs on socket {self.socket}: every session it held is gone"
+
+    async def survivors(self, handle: dict) -> int:
+        return len(await asyncio.to_thread(procfs.find_tree, marker=handle["marker"]))
 
     async def list_tagged(self) -> list[TaggedSession]:
         fmt = "|".join(["#{session_name}", "#{pane_id}", *(f"#{{@tether_{key}}}" for key in TAGS)])

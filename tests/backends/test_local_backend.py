@@ -47,7 +47,9 @@ async def test_inspect_after_the_spawner_was_killed_says_gone_and_never_invents_
 async def test_a_reused_pid_is_never_taken_for_the_original_process():
     backend = LocalBackend()
     process = await backend.spawn(SpawnSpec(argv=("sleep", "100")), make_tags())
-    forged = dict(process.handle, process={**process.handle["process"], "start_time": 1})
+    # The recorded process (pid, another start time) and its tree (another marker) are gone; the pid now
+    # names a stranger to that handle.
+    forged = dict(process.handle, process={**process.handle["process"], "start_time": 1}, marker="0" * 24)
     assert (await backend.inspect(forged)).status == Status.GONE
     assert not ProcessIdentity.from_json(forged["process"]).signal(signal.SIGKILL)
     assert (await backend.inspect(process.handle)).status == Status.ALIVE

@@ -52,9 +52,9 @@ def test_killing_the_owner_mid_stream_never_records_an_exit_the_program_did_not_
             executions.append(execution)
             wait_for(
                 lambda pk=execution.pk, pid=owner.pid: ProcessLease.objects.filter(
-                    execution_id=pk, worker__pid=pid, handle__has_key="exec_id"
+                    execution_id=pk, worker__pid=pid, execution__state=State.RUNNING
                 ).exists(),
-                what="the owner to hold the exec",
+                what="the owner to hold the running exec",
             )
             subprocess.run(["sleep", f"{random.uniform(0.05, 0.6):.2f}"])
             owner.send_signal(signal.SIGKILL)

@@ -182,7 +182,7 @@ def test_sigstop_past_the_ttl_another_worker_adopts_and_the_old_one_is_fenced(te
         first = stack.start_worker("tmux")
         session, _ = terminal(operator, "tmux")
         lease = wait_for(
-            lambda: ProcessLease.objects.filter(execution=session.execution, handle__has_key="marker").first()
+            lambda: ProcessLease.objects.filter(execution=session.execution, handle__has_key="pane").first()
         )
         first.send_signal(signal.SIGSTOP)
         second = stack.start_worker("tmux")

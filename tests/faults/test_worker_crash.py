@@ -136,7 +136,7 @@ def test_a_worker_on_the_same_host_adopts_a_killed_siblings_shell_when_its_lease
         session, _ = terminal(operator, "tmux")
         held = wait_for(
             lambda: ProcessLease.objects.filter(
-                execution_id=session.execution_id, released_at__isnull=True, handle__has_key="marker"
+                execution_id=session.execution_id, released_at__isnull=True, handle__has_key="pane"
             ).first(),
             what="the first worker to hold the shell",
         )

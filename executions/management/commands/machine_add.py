@@ -18,15 +18,25 @@ class Command(ExecutionCommand):
             "(default: the local socket)",
         )
 
+        parser.add_argument(
+            "--host",
+            default=None,
+            help="local and tmux only: the host its processes live on (default: this host, TETHER_HOST)",
+        )
+
     def run(self, *args, **options):
-        for field, option in (("name", "NAME"), ("ref", "--ref"), ("engine", "--engine"), ("scope", "--scope")):
-            require_fits(Machine, field, options[field], option)
+        fields = (("name", "NAME"), ("ref", "--ref"), ("engine", "--engine"), ("scope", "--scope"), ("host", "--host"))
+        for field, option in fields:
+            if options[field] is not None:
+                require_fits(Machine, field, options[field], option)
         machine = add_machine(
             name=options["name"],
             backend=options["backend"],
             ref=options["ref"],
             scope=options["scope"],
             engine=options["engine"],
+            host=options["host"],
             actor=Actor.command("machine_add"),
         )
-        self.stdout.write(f"machine {machine.name} ({machine.backend}) added in scope {machine.scope}")
+        where = f" on host {machine.host}" if machine.host else ""
+        self.stdout.write(f"machine {machine.name} ({machine.backend}) added in scope {machine.scope}{where}")

@@ -1,0 +1,75 @@
+"""Host affinity: a local or tmux machine's processes live on its host, and only a worker there runs, adopts or
+inspects them. Two workers here report different hosts (TETHER_HOST), as on two machines."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from executions import actions as exec_actions
+from executions.models import Evidence, Execution, State
+from terminals.models import ProcessLease, Worker
+from terminals.resolution import ResolveRefused, resolve
+from tests.bridge.harness import Stack, wait_for
+from tests.factories import TEST_ACTOR, make_spec
+
+pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
+
+
+def start_worker_on(stack: Stack, host: str, backends: str = "local"):
+    stack.extra_env["TETHER_HOST"] = host
+    return stack.start_worker(backends)
+
+
+def test_only_a_worker_on_the_machines_host_runs_recovers_and_resolves_its_processes(settings):
+    machine = exec_actions.add_machine(name="b-box", backend="local", host="host-b", actor=TEST_ACTOR)
+    assert machine.host == "host-b"
+    stack = Stack()
+    stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
+    try:
+        start_worker_on(stack, "host-a")
+        execution, _ = exec_actions.submit_execution(
+            scope="default",
+            execution_id="on-b",
+            machine_name=machine.name,
+            spec=make_spec("sleep", "60"),
+            actor=TEST_ACTOR,
+        )
+        time.sleep(2)  # host-a's worker polls every 0.1 s: had it claimed it, it would have by now
+        assert Execution.objects.get(pk=execution.pk).state == State.PENDING
+
+        on_b = start_worker_on(stack, "host-b")
+        wait_for(lambda: Execution.objects.filter(pk=execution.pk, state=State.RUNNING).exists(), what="running on b")
+        lease = ProcessLease.objects.get(execution=execution)
+        assert lease.worker.host == "host-b" and lease.worker.pid == on_b.pid
+        assert set(Worker.objects.values_list("host", flat=True)) == {"host-a", "host-b"}
+
+        on_b.send_signal(signal.SIGKILL)
+        on_b.wait()
+        # host-a's worker sees the lease expire (and counts its owner dead once the heartbeat is old), but
+        # another host's PTY is nothing it can look at: the lease is left to host-b.
+        ttl = int(stack.env()["TETHER_LEASE_TTL_SECONDS"])
+        time.sleep(ttl + 3)
+        assert Execution.objects.get(pk=execution.pk).state == State.RUNNING
+        assert ProcessLease.objects.get(execution=execution).released_at is None
+
+        start_worker_on(stack, "host-b")
+        settled = wait_for(
+            lambda: Execution.objects.filter(pk=execution.pk, state=State.UNKNOWN).first(), what="settled on b"
+        )
+        assert settled.evidence == Evidence.CONTROLLER_LOST
+
+        # Resolving from another host cannot see its processes: refused, naming the host. (Its dead owner
+        # counts as dead there once silent past the stack's lease TTL.)
+        settings.TETHER_LEASE_TTL_SECONDS = ttl
+        with pytest.raises(ResolveRefused) as refused:
+            resolve(settled, actor=TEST_ACTOR, note="looked from a")
+        assert [check.name for check in refused.value.checks if not check.ok] == ["process"], str(refused.value)
+        assert "live on host host-b" in str(refused.value)
+        settings.TETHER_HOST = "host-b"
+        resolved, _ = resolve(settled, actor=TEST_ACTOR, note="looked on b: the PTY died with its worker")
+        assert resolved.state == State.RESOLVED
+    finally:
+        stack.stop()
