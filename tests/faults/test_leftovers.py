@@ -1,0 +1,79 @@
+"""After an unknown outcome is resolved, nothing of the execution may still run: not even a child that ignores
+SIGHUP and outlived its program when the owner died."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from executions import actions as exec_actions
+from executions.models import Evidence, Execution, State
+from terminals import actions
+from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity
+from terminals.resolution import ResolveRefused, resolve
+from tests.bridge.harness import Stack, wait_for
+from tests.factories import TEST_ACTOR, make_spec
+from tests.faults.test_resolution import dead_worker  # noqa: F401 (a fixture)
+
+pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
+
+
+def test_a_dead_owners_hup_proof_child_is_ended_before_the_outcome_is_recorded(place, tmp_path):
+    machine = place("local", "leftovers")
+    witness = tmp_path / "ran"
+    script = f"(trap '' HUP; sleep 12; echo ran >> {witness}) & echo started; sleep 60"
+    execution, _ = exec_actions.submit_execution(
+        scope="team-a", execution_id="leftovers", machine_name=machine.name, spec=make_spec("sh", "-c", script),
+        actor=TEST_ACTOR,
+    )  # fmt: skip
+    stack = Stack()
+    stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
+    try:
+        owner = stack.start_worker("local")
+        wait_for(lambda: Execution.objects.filter(pk=execution.pk, state=State.RUNNING).exists(), what="running")
+        time.sleep(0.5)  # the child is started
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        killed = time.monotonic()
+        stack.start_worker("local")
+        settled = wait_for(lambda: Execution.objects.filter(pk=execution.pk, state=State.UNKNOWN).first(), 30)
+        reason = settled.events.get(to_state=State.UNKNOWN).reason
+        assert "still run" in reason and "was ended" in reason, reason
+        resolved, _checks = resolve(settled, actor=TEST_ACTOR, note="owner killed; recovery ended what was left")
+        assert resolved.state == State.RESOLVED
+        time.sleep(max(0.0, killed + 13 - time.monotonic()))  # had the child survived, it would have written by now
+        assert not witness.exists(), "a child of a resolved execution ran on"
+    finally:
+        stack.stop()
+
+
+def test_resolve_refuses_while_any_process_of_the_tree_lives(place, dead_worker):  # noqa: F811
+    marker = "leftover-marker-0123456789"
+    child = subprocess.Popen(["sleep", "100"], env={**os.environ, MARKER_VARIABLE: marker}, start_new_session=True)
+    try:
+        gone = subprocess.Popen(["true"])
+        leader = ProcessIdentity.of(gone.pid)
+        gone.wait()
+        machine = place("local", "tree")
+        execution, _ = exec_actions.submit_execution(
+            scope="team-a", execution_id="tree", machine_name=machine.name, spec=make_spec("true"), actor=TEST_ACTOR
+        )
+        execution, lease = actions.claim_next_execution(dead_worker, {"local"})
+        actions.save_handle(execution.pk, dead_worker, lease.token, {"process": leader.to_json(), "marker": marker})
+        execution = actions.fenced_transition(
+            execution, State.UNKNOWN, worker=dead_worker, token=lease.token, evidence=Evidence.CONTROLLER_LOST
+        )
+        with pytest.raises(ResolveRefused) as refused:
+            resolve(execution, actor=TEST_ACTOR, note="its pid is gone")
+        process = next(check for check in refused.value.checks if check.name == "process")
+        assert not process.ok and "1 of its processes still run" in process.detail, process
+        child.kill()
+        child.wait()
+        resolved, _ = resolve(execution, actor=TEST_ACTOR, note="its pid and its child are gone")
+        assert resolved.state == State.RESOLVED
+    finally:
+        child.kill()
