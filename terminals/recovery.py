@@ -45,11 +45,12 @@ from terminals.registry import backend_for
 
 log = logging.getLogger(__name__)
 
-ADOPT, WATCH, EXITED, NEVER_STARTED, UNKNOWN, RELEASE, WAIT, REMOVE = (
+ADOPT, WATCH, EXITED, NEVER_STARTED, ENDED, UNKNOWN, RELEASE, WAIT, REMOVE = (
     "adopt",
     "watch",
     "exited",
     "never_started",
+    "ended",  # a watched command ended on request (cancel, kill, fail), its tree proven gone
     "unknown",
     "release",
     "wait",
@@ -291,17 +292,18 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
             snapshot = (await backend.snapshot(finding.handle)).render()
         except Exception:  # no screen left to keep; the session keeps its last one
             snapshot = None
-    if finding.action == NEVER_STARTED:
+    if finding.action in (NEVER_STARTED, ENDED):
+        never = finding.action == NEVER_STARTED
         await db(actions.settle_execution)(
             execution,
             worker=worker,
             token=token,
             to_state=State.COMPLETED,
-            evidence=Evidence.NEVER_STARTED,
+            evidence=Evidence.NEVER_STARTED if never else Evidence.KILLED,
             reason=f"recovery: {finding.detail}",
-            close_reason=CloseReason.NEVER_STARTED,
+            close_reason=CloseReason.NEVER_STARTED if never else CloseReason.KILLED,
         )
-        return "completed: never started"
+        return "completed: never started" if never else "completed: killed"
     if finding.action == EXITED:
         exit = finding.exit
         evidence, fields = actions.exit_record(exit)

@@ -90,6 +90,7 @@ class OwnerWorker(ViewerHandlers):
         self.recovering = asyncio.Lock()  # one recovery pass at a time in this worker
         self.ending = asyncio.Semaphore(4)  # process trees being ended at once
         self.siblings: dict[int, int | None] = {}  # other workers here: pk -> pidfd watched (None: ended)
+        self.watched: dict[int, str] = {}  # docker commands watched for a dead owner: pk -> request ("" none)
 
     def _background(self, work) -> None:
         """Run ``work`` beside the loop, keeping a reference so it is not collected mid-flight."""
@@ -462,21 +463,47 @@ class OwnerWorker(ViewerHandlers):
         return f"adopted under token {token}"
 
     async def _watch_exit(self, finding: recovery.Finding, token: int) -> None:
-        """A docker command whose owner died: wait for docker to report its exit, then record it."""
-        execution = await db(_load_execution)(finding.lease.execution_id)
+        """A docker command whose owner died: wait for docker to report its exit, then record it. A cancel
+        (or kill, fail) requested meanwhile, which the heartbeat hands over, ends its tree instead."""
+        pk = finding.lease.execution_id
+        execution = await db(_load_execution)(pk)
         backend = backend_for(execution.machine)
-        while True:
-            try:
-                seen = await backend.inspect(finding.handle)
-            except Exception as error:
-                log.warning("watching %s: %r", finding.label, error)
-                seen = None
-            if seen is not None and seen.status != Status.ALIVE and seen.status != Status.UNKNOWN:
-                break
-            await asyncio.sleep(0.5)
+        self.watched[pk] = ""
+        try:
+            while True:
+                if self.tokens.get(pk) != token:
+                    log.warning("%s: lease lost while watching it; letting go", finding.label)
+                    return
+                if request := self.watched.get(pk):
+                    await self._end_watched(finding, token, backend, request)
+                    return
+                try:
+                    seen = await backend.inspect(finding.handle)
+                except Exception as error:
+                    log.warning("watching %s: %r", finding.label, error)
+                    seen = None
+                if seen is not None and seen.status != Status.ALIVE and seen.status != Status.UNKNOWN:
+                    break
+                await asyncio.sleep(0.5)
+        finally:
+            self.watched.pop(pk, None)
         finding.action = recovery.EXITED if seen.status == Status.EXITED else recovery.UNKNOWN
         finding.exit = seen.exit
         finding.detail = f"{finding.detail}; {seen.detail or seen.status}"
+        await self._settle_watched(finding, token)
+
+    async def _end_watched(self, finding: recovery.Finding, token: int, backend, request: str) -> None:
+        """End a watched command's tree on request; killed once it is proven gone, else unknown."""
+        log.info("%s: %s requested; ending the command it watches", finding.label, request)
+        try:
+            async with self.ending:
+                await backend.remove(finding.handle, grace=1.0)
+        except Exception as error:
+            finding.action, finding.still_running = recovery.UNKNOWN, False
+            finding.detail = f"{request} requested, but ending it failed ({error!r}): it may still run"
+        else:
+            finding.action = recovery.ENDED
+            finding.detail = f"{request} requested: its watcher ended it, and none of its processes is left"
         await self._settle_watched(finding, token)
 
     async def _settle_watched(self, finding: recovery.Finding, token: int) -> None:
@@ -653,6 +680,9 @@ class OwnerWorker(ViewerHandlers):
             self.drain_requested = self.draining = True
             if self.stop is not None:
                 self.stop.set()
+        for pk in self.watched:
+            if request := held.get(pk, (None, ""))[1]:
+                self.watched[pk] = request
         for live in list(self.live.values()):
             token, request = held.get(live.execution_pk, (None, ""))
             if token != live.token:

@@ -1,5 +1,7 @@
 import time
 
+from django.core.management.base import CommandError
+
 from executions.actions import Actor, cancel_execution, get_execution
 from executions.errors import TransitionRefused
 from executions.management.base import ExecutionCommand
@@ -36,6 +38,14 @@ class Command(ExecutionCommand):
             while execution.state not in SETTLED and time.monotonic() < deadline:
                 time.sleep(0.1)
                 execution.refresh_from_db()
+            if execution.state not in SETTLED:
+                # Never exit 0 having ended nothing: the request stands, and whoever holds it acts on it.
+                self.print_execution(execution, options["json"])
+                raise CommandError(
+                    f"timed out after {options['wait']}s: {execution} is still {execution.state}; "
+                    "the cancel request stands and its owner ends it when it can",
+                    returncode=6,
+                )
         elif execution.state not in SETTLED:
             raise TransitionRefused(str(execution), execution.state, "cancelled")
         self.print_execution(execution, options["json"])
