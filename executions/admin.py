@@ -224,7 +224,7 @@ class ExecutionAdmin(NothingEditableOnChange, admin.ModelAdmin):
         note = request.POST.get("note", "") if request.method == "POST" else ""
         if request.method == "POST":
             try:
-                resolve(execution, actor=actions.Actor.for_user(request.user), note=note)
+                resolve(execution, actor=actions.Actor.for_user(request.user), note=note, via="admin")
             except ResolveRefused as refused:
                 failed = ", ".join(c.name for c in refused.checks if not c.ok)
                 self.message_user(request, f"Refused: check failed: {failed}", messages.ERROR)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from executions.models import Execution
+from executions.models import Execution, Machine
 
 
 def _iso(value) -> str | None:
@@ -29,6 +29,7 @@ def execution_json(execution: Execution) -> dict:
         "ended_at": _iso(execution.ended_at),
         "resolved_at": _iso(execution.resolved_at),
         "resolution_note": execution.resolution_note,
+        "resolved_by": execution.resolved_by.get_username() if execution.resolved_by else None,
         # A command's captured terminal output (its last TETHER_COMMAND_OUTPUT_BYTES), as text.
         "output": bytes(execution.output or b"").decode("utf-8", "replace"),
         "output_truncated": execution.output_truncated,
@@ -43,9 +44,26 @@ def execution_text(execution: Execution) -> str:
             lines.append(f"  {key}: {data[key]}")
     lines.append(f"  argv: {' '.join(data['spec']['argv'])}")
     if data["resolution_note"]:
-        lines.append(f"  resolution: {data['resolution_note']} (at {data['resolved_at']})")
+        by = f" by {data['resolved_by']}" if data["resolved_by"] else ""
+        lines.append(f"  resolution: {data['resolution_note']} (at {data['resolved_at']}{by})")
     if data["output"]:
         dropped = f"; {data['output_truncated']} earlier bytes not kept" if data["output_truncated"] else ""
         lines.append(f"  output ({len(execution.output)} bytes{dropped}):")
         lines.append(data["output"].rstrip("\r\n"))
     return "\n".join(lines)
+
+
+def machine_json(machine: Machine) -> dict:
+    holder = machine.active_execution
+    return {
+        "name": machine.name,
+        "backend": machine.backend,
+        "ref": machine.ref,
+        "engine": machine.engine,
+        "host": machine.host,
+        "scope": machine.scope,
+        "state": machine.state,
+        "incarnation": machine.incarnation,
+        "slot": f"{holder.scope}/{holder.execution_id}" if holder else None,
+        "slot_state": holder.state if holder else None,
+    }

@@ -231,16 +231,16 @@ def run_checks(execution: Execution, note: str) -> list[Check]:
     return [check_owner(execution, lease), check_machine(execution), check_process(execution, lease), check_note(note)]
 
 
-def resolve(execution: Execution, *, actor: Actor, note: str) -> tuple[Execution, list[Check]]:
+def resolve(execution: Execution, *, actor: Actor, note: str, via: str = "") -> tuple[Execution, list[Check]]:
     """Check everything, then unknown -> resolved (compare-and-set, the slot freed, the event naming the
-    operator and the evidence). Raises ResolveRefused naming the failed checks."""
+    operator, the evidence and ``via`` what they did it: the admin, a command). Raises ResolveRefused naming
+    the failed checks."""
     execution = Execution.objects.select_related("machine").get(pk=execution.pk)
     if execution.state != State.UNKNOWN:
         raise TransitionRefused(str(execution), execution.state, State.RESOLVED)
     checks = run_checks(execution, note)
     if not all(check.ok for check in checks):
         raise ResolveRefused(execution, checks)
-    resolved = exec_actions.resolve_execution(
-        execution, actor=actor, note=note, detail={"checks": [asdict(check) for check in checks]}
-    )
+    detail = {"checks": [asdict(check) for check in checks], **({"via": via} if via else {})}
+    resolved = exec_actions.resolve_execution(execution, actor=actor, note=note, detail=detail)
     return resolved, checks

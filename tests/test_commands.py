@@ -59,16 +59,19 @@ def test_machine_add_then_submit_show_and_resubmit():
     }
     assert data["spec"]["argv"] == ["echo", "-n", "hi"]
 
+    assert data["created"] is True
+
     again = manage(*submit)
     assert again.returncode == 0
-    assert json.loads(again.stdout)["created_at"] == data["created_at"]
+    resubmitted = json.loads(again.stdout)
+    assert resubmitted["created_at"] == data["created_at"] and resubmitted["created"] is False
 
     shown = manage("exec_show", "team-a", "job-1")
     assert shown.returncode == 0
     assert "team-a/job-1 on box1: Pending" in shown.stdout
 
 
-def test_exit_statuses_and_one_line_errors():
+def test_exit_statuses_and_one_line_errors(operator):
     make_machine("box2", scope="team-a")
     submit = ["exec_submit", "--scope", "team-a", "--id", "job", "--machine", "box2", "--"]
     assert manage(*submit, "true").returncode == 0
@@ -81,7 +84,7 @@ def test_exit_statuses_and_one_line_errors():
     assert busy.returncode == 4
     assert "held by team-a/job (pending)" in busy.stderr
 
-    refused = manage("exec_resolve", "team-a", "job", "--note", "gone")
+    refused = manage("exec_resolve", "team-a", "job", "--note", "gone", "--by", "operator")
     assert refused.returncode == 4
     assert "is pending; cannot move it to resolved" in refused.stderr
 
@@ -94,7 +97,7 @@ def test_exit_statuses_and_one_line_errors():
     assert manage("exec_show").returncode == 2  # argparse usage error
 
 
-def test_exec_resolve_frees_the_slot_of_an_unknown_execution():
+def test_exec_resolve_frees_the_slot_of_an_unknown_execution(operator, alice):
     machine = make_machine("box3", scope="team-a")
     execution, _ = actions.submit_execution(
         scope="team-a",
@@ -112,10 +115,20 @@ def test_exec_resolve_frees_the_slot_of_an_unknown_execution():
     assert no_note.returncode == 2  # usage: the note is part of the request
     assert one_line(no_note) == "CommandError: --note is required: say what evidence shows the process is gone"
 
-    resolved = manage("exec_resolve", "team-a", "lost", "--note", "container removed", "--json")
+    # Who resolves is named: the login this runs as is no Tether user here, and alice lacks the permission.
+    anonymous = manage("exec_resolve", "team-a", "lost", "--note", "container removed")
+    assert anonymous.returncode == 2
+    assert "say who resolves it: --by USERNAME" in one_line(anonymous)
+    unpermitted = manage("exec_resolve", "team-a", "lost", "--note", "container removed", "--by", "alice")
+    assert unpermitted.returncode == 2 and "alice may not resolve executions" in one_line(unpermitted)
+
+    resolved = manage("exec_resolve", "team-a", "lost", "--note", "container removed", "--by", "operator", "--json")
     assert resolved.returncode == 0, resolved.stderr
     data = json.loads(resolved.stdout)
     assert (data["state"], data["evidence"], data["exit_code"]) == ("resolved", "operator_resolved", None)
+    assert data["resolved_by"] == "operator"
+    event = execution.events.get(to_state=State.RESOLVED)
+    assert (event.actor, event.user, event.detail["via"]) == ("user:operator", operator, "command:exec_resolve")
     machine.refresh_from_db()
     assert machine.active_execution is None
 
@@ -187,12 +200,12 @@ def test_identity_conflicts_exit_3():
     assert one_line(twice) == "CommandError: a machine named 'box5' already exists"
 
 
-def test_not_found_exits_5():
+def test_not_found_exits_5(operator):
     missing_machine = manage("exec_submit", "--scope", "team-a", "--id", "j", "--machine", "nope", "--", "true")
     assert missing_machine.returncode == 5
     assert one_line(missing_machine) == "CommandError: no machine named 'nope'"
 
-    missing_execution = manage("exec_resolve", "team-a", "ghost", "--note", "container removed")
+    missing_execution = manage("exec_resolve", "team-a", "ghost", "--note", "container removed", "--by", "operator")
     assert missing_execution.returncode == 5
     assert one_line(missing_execution) == "CommandError: no execution team-a/ghost"
 
@@ -234,7 +247,7 @@ def test_values_too_long_for_their_column_are_usage_errors():
     assert not Execution.objects.exists()
 
 
-def test_refused_resolve_lists_each_check_once_then_one_error_line():
+def test_refused_resolve_lists_each_check_once_then_one_error_line(operator):
     machine = make_machine("box8", scope="team-a")
     execution, _ = actions.submit_execution(
         scope="team-a", execution_id="moved", machine_name=machine.name, spec=make_spec("true"), actor=TEST_ACTOR
@@ -244,7 +257,7 @@ def test_refused_resolve_lists_each_check_once_then_one_error_line():
         execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR, ran_on_ref="", ran_on_incarnation=2
     )
     actions.transition(execution, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
-    refused = manage("exec_resolve", "team-a", "moved", "--note", "looked")
+    refused = manage("exec_resolve", "team-a", "moved", "--note", "looked", "--by", "operator")
     assert refused.returncode == 4
     lines = refused.stderr.strip().splitlines()
     assert lines[-1] == "CommandError: team-a/moved cannot be resolved: check failed: machine"
@@ -275,3 +288,37 @@ def test_machine_add_refuses_an_engine_off_docker_or_one_that_is_not_a_url():
     added = manage("machine_add", "box9", "--backend", "docker", "--ref", "web", "--engine", "ssh://deploy@builder")
     assert added.returncode == 0, added.stderr
     assert Machine.objects.get(name="box9").engine == "ssh://deploy@builder"
+
+
+def test_machines_are_listed_stopped_started_and_deleted_but_never_under_a_held_slot(operator):
+    assert manage("machine_add", "web", "--backend", "local", "--scope", "team-a").returncode == 0
+    placed = manage("machine_add", "far", "--backend", "tmux", "--ref", "s", "--host", "host-b")
+    assert placed.returncode == 0 and "on host host-b" in placed.stdout
+    holder, _ = actions.submit_execution(
+        scope="team-a", execution_id="busy", machine_name="web", spec=make_spec("true"), actor=TEST_ACTOR
+    )
+    listed = manage("machine_list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert (rows["web"]["slot"], rows["web"]["slot_state"], rows["far"]["host"]) == ("team-a/busy", "pending", "host-b")
+    assert "slot: team-a/busy (pending)" in manage("machine_list").stdout
+
+    for verb in ("stop", "delete"):
+        refused = manage(f"machine_{verb}", "web")
+        assert refused.returncode == 4
+        assert "command slot is held by team-a/busy (pending)" in one_line(refused)
+    assert Machine.objects.get(name="web").state == "running"
+
+    actions.cancel_execution(holder, actor=TEST_ACTOR)
+    assert manage("machine_stop", "web", "--reason", "maintenance").stdout.strip() == "machine web stopped"
+    assert manage("machine_start", "web").returncode == 0
+    assert manage("machine_delete", "web").returncode == 0
+    assert Machine.objects.get(name="web").state == "deleted"
+    events = list(Machine.objects.get(name="web").events.values_list("to_state", "actor"))
+    assert events[-3:] == [
+        ("stopped", "command:machine_stop"),
+        ("running", "command:machine_start"),
+        ("deleted", "command:machine_delete"),
+    ]
+    assert "web" not in manage("machine_list").stdout and "web" in manage("machine_list", "--all").stdout
+    assert manage("machine_stop", "nope").returncode == 5

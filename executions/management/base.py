@@ -33,8 +33,9 @@ class ExecutionCommand(BaseCommand):
     def run(self, *args, **options):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def print_execution(self, execution, as_json: bool) -> None:
+    def print_execution(self, execution, as_json: bool, **extra) -> None:
+        """The record as text or one JSON object; ``extra`` (e.g. ``created``) is added to the JSON."""
         if as_json:
-            self.stdout.write(json.dumps(execution_json(execution)))
+            self.stdout.write(json.dumps({**execution_json(execution), **extra}))
         else:
             self.stdout.write(execution_text(execution))

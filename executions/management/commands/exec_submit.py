@@ -57,4 +57,4 @@ class Command(ExecutionCommand):
         )
         if not created and not options["json"]:
             self.stderr.write("already submitted: returning the existing execution; nothing runs again")
-        self.print_execution(execution, options["json"])
+        self.print_execution(execution, options["json"], created=created)
