@@ -9,8 +9,11 @@ the slot held and then resolved through the checked procedure. Either way the
 shell was launched exactly once (a launch counter file).
 
 The viewer here speaks to the owner worker over the channel layer exactly as
-the WebSocket consumer does; with the in-memory layer (``make run``) the worker
-runs inside the demo process.
+the WebSocket consumer does (``demo_console``); with the in-memory layer
+(``make run``) the worker runs inside the demo process. Every state a phase can
+leave has a next phase that works: ``shell`` and ``recover`` adopt a shell left
+running, ``recover`` resolves an unknown one, ``delete`` ends or resolves what
+is open before it deletes.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,16 +30,18 @@ import time
 from pathlib import Path
 
 from channels.db import database_sync_to_async as db
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
 from executions import actions as exec_actions
 from executions.actions import Actor
-from executions.models import Execution, Machine, MachineState, State
+from executions.errors import Refused
+from executions.models import Evidence, Execution, ExecutionEvent, Machine, MachineState, State
 from executions.spec import ExecutionSpec
 from terminals import actions
-from terminals.models import ProcessLease, TerminalSession
+from terminals.backends.procfs import ProcessIdentity
+from terminals.demo_console import HELP, LayerViewer, ViewerLost, console
+from terminals.models import ProcessLease, TerminalSession, Worker
 from terminals.resolution import resolve
 from terminals.worker import OwnerWorker
 
@@ -97,26 +103,11 @@ def ensure_machine(backend: str) -> Machine:
     machine = Machine.objects.filter(name=data.get("machine", "")).exclude(state=MachineState.DELETED).first()
     if machine is not None:
         return machine
-    suffix = f"{int(time.time())}"
-    name = f"{PREFIX}-{suffix}"
+    name = f"{PREFIX}-{secrets.token_hex(4)}"  # this run's own: concurrent runs share no container or file
     if backend == "docker":
+        options = ["--network", "none", "--label", LABEL, "--name", name]
         started = subprocess.run(
-            [
-                "docker",
-                "run",
-                "-d",
-                "--network",
-                "none",
-                "--label",
-                "tether.demo=1",
-                "--name",
-                name,
-                IMAGE,
-                "sleep",
-                "inf",
-            ],
-            capture_output=True,
-            text=True,
+            ["docker", "run", "-d", *options, IMAGE, "sleep", "inf"], capture_output=True, text=True
         )
         if started.returncode != 0:
             raise DemoFailed(f"could not start a demo container from {IMAGE}: {started.stderr.strip()}")
@@ -151,85 +142,38 @@ def counting_shell(machine: Machine) -> list[str]:
     return ["/bin/sh", "-c", f"echo launched >> {counter}; exec {shell} -i"]
 
 
-# --- a viewer over the channel layer, as the consumer is ---------------------------------------
+# --- who holds what ------------------------------------------------------------------------------
 
 
-class LayerViewer:
-    def __init__(self, session: TerminalSession):
-        self.session = session
-        self.layer = get_channel_layer()
-        self.output = bytearray()
-        self.seq = 0
-
-    async def attach(self, timeout: float = 30.0) -> dict:
-        self.reply = await self.layer.new_channel("demo.viewer.")
-        deadline = time.monotonic() + timeout
-        attach = 0
-        while time.monotonic() < deadline:
-            lease = await db(_lease_of)(self.session.pk)
-            if lease:
-                self.worker_channel, self.execution = lease
-                attach += 1
-                await self._send("session.attach", attach=attach, since=0, generation=None, cols=None, rows=None)
-                answer = await self._receive_until({"terminal.attached", "terminal.error"}, 10)
-                if answer["type"] == "terminal.attached":
-                    return answer
-            await asyncio.sleep(0.2)
-        raise DemoFailed("no worker took the session")
-
-    async def _send(self, kind: str, **fields) -> None:
-        message = {"type": kind, "execution": self.execution, "viewer": "demo", "reply": self.reply, **fields}
-        await self.layer.send(self.worker_channel, message)
-
-    async def type(self, data: bytes | str) -> None:
-        self.seq += 1
-        await self._send("session.input", data=data.encode() if isinstance(data, str) else data, seq=self.seq)
-
-    async def resize(self, cols: int, rows: int) -> None:
-        await self._send("session.resize", cols=cols, rows=rows)
-
-    async def _take(self, message: dict) -> dict:
-        """Keep what a message carries: output is kept and acknowledged, as the page does."""
-        if message["type"] == "terminal.output":
-            self.output += message["data"]
-            await self._send("session.ack", offset=message["offset"] + len(message["data"]))
-        return message
-
-    async def _receive_until(self, kinds: set[str], timeout: float) -> dict:
-        async with asyncio.timeout(timeout):
-            while True:
-                message = await self._take(await self.layer.receive(self.reply))
-                if message["type"] in kinds:
-                    return message
-
-    async def read_until(self, needle: bytes, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while needle not in self.output:
-            remaining = deadline - time.monotonic()
-            message = await self.next_message(remaining) if remaining > 0 else None
-            if message is None:
-                raise DemoFailed(f"{needle!r} never appeared; got {bytes(self.output[-300:])!r}")
-            await self._take(message)
-
-    async def next_message(self, timeout: float) -> dict | None:
-        try:
-            return await asyncio.wait_for(self.layer.receive(self.reply), timeout)
-        except TimeoutError:
-            return None
-
-    async def detach(self) -> None:
-        await self._send("session.detach")
+def _holder(machine_pk: int) -> Execution | None:
+    """The execution holding the demo machine's command slot, if any."""
+    machine = Machine.objects.select_related("active_execution__machine").get(pk=machine_pk)
+    return machine.active_execution
 
 
-def _lease_of(session_pk) -> tuple[str, int] | None:
-    session = TerminalSession.objects.get(pk=session_pk)
-    lease = (
-        ProcessLease.objects.select_related("worker")
-        .filter(execution_id=session.execution_id, released_at__isnull=True)
-        .exclude(handle={})
+def _owner_of(execution_pk: int) -> Worker | None:
+    """The worker whose unreleased lease holds the execution's process."""
+    lease = ProcessLease.objects.select_related("worker").filter(execution_id=execution_pk, released_at__isnull=True)
+    found = lease.first()
+    return found.worker if found else None
+
+
+def _open_session(machine_pk: int) -> TerminalSession | None:
+    return (
+        TerminalSession.objects.select_related("machine", "execution")
+        .filter(machine_id=machine_pk)
+        .exclude(process_state="closed")
         .first()
     )
-    return (lease.worker.channel_name, lease.execution_id) if lease and lease.worker else None
+
+
+def _adopted(execution_pk: int) -> bool:
+    return ExecutionEvent.objects.filter(execution_id=execution_pk, evidence=Evidence.ADOPTED).exists()
+
+
+def _demo_machine() -> Machine | None:
+    name = DemoState.load().get("machine", "")
+    return Machine.objects.filter(name=name).exclude(state=MachineState.DELETED).first()
 
 
 async def wait_state(pk: int, states: set[str], timeout: float = 60.0) -> Execution:
@@ -261,28 +205,39 @@ class InProcessWorker:
 
 @contextlib.asynccontextmanager
 async def attached_shell(backend: str):
-    """The demo machine's shell, held by a worker in this process, with a viewer attached to it."""
+    """The demo machine's shell, held by a worker in this process, with a viewer attached to it. A shell
+    left by an earlier phase is adopted (tmux) by this worker first; a slot held by an unknown outcome is
+    refused with the phase that settles it."""
     machine = await db(ensure_machine)(backend)
     async with InProcessWorker(machine.backend):
-        session, _ = await db(actions.open_terminal)(machine, await db(demo_user)())
+        try:
+            session, _ = await db(actions.open_terminal)(machine, await db(demo_user)())
+        except Refused as refused:
+            raise DemoFailed(f"{refused} (terminal_demo recover settles it)") from None
         viewer = LayerViewer(session)
-        await viewer.attach()
+        try:
+            await viewer.attach()
+        except ViewerLost as lost:
+            owner = await db(_owner_of)(session.execution_id)
+            held = f"; worker pid {owner.pid} on {owner.host} holds it" if owner else ""
+            raise DemoFailed(f"{lost}{held}") from None
         yield machine, session, viewer
 
 
-# --- the phases ---------------------------------------------------------------------------------
+def demo_file(machine: Machine) -> str:
+    """Where the run phase writes: inside the demo's own container, else a path of this run's machine."""
+    return "/tmp/tether-demo-file" if machine.backend == "docker" else f"/tmp/{machine.name}-file"
 
 
 async def run(backend: str) -> None:
     say("run: a shell writes a file, is resized and exits 7; the exit is known, the slot freed, the file read back")
     async with attached_shell(backend) as (machine, session, viewer):
-        await viewer.type("echo tether-demo > /tmp/tether-demo-file; echo wrote-$((40+2))\r")
-        await viewer.read_until(b"wrote-42")
-        prove(True, "the shell ran the command (wrote-42 echoed back)")
+        where = demo_file(machine)
+        await viewer.type(f"echo tether-demo > {where}; echo wrote-$((40+2))\r")
+        prove(await viewer.read_until(b"wrote-42"), "the shell ran the command (wrote-42 echoed back)")
         await viewer.resize(100, 30)
         await viewer.type("stty size\r")
-        await viewer.read_until(b"30 100")
-        prove(True, "the terminal was resized to 100x30 (stty size says 30 100)")
+        prove(await viewer.read_until(b"30 100"), "the terminal was resized to 100x30 (stty size says 30 100)")
         await viewer.type("exit 7\r")
         execution = await wait_state(session.execution_id, {State.COMPLETED, State.UNKNOWN})
         prove(
@@ -294,9 +249,9 @@ async def run(backend: str) -> None:
         prove(machine.active_execution_id is None, "the machine's command slot is free again")
         read, _ = await db(exec_actions.submit_execution)(
             scope="demo",
-            execution_id=f"read-back-{int(time.time())}",
+            execution_id=f"read-back-{secrets.token_hex(4)}",
             machine_name=machine.name,
-            spec=await db(ExecutionSpec.build)(["cat", "/tmp/tether-demo-file"]),
+            spec=await db(ExecutionSpec.build)(["cat", where]),
             actor=ACTOR,
         )
         read = await wait_state(read.pk, {State.COMPLETED, State.UNKNOWN})
@@ -306,20 +261,23 @@ async def run(backend: str) -> None:
             "a separate command read the file back",
             repr(output),
         )
-    await db(delete)()
+        if machine.backend != "docker":
+            Path(where).unlink(missing_ok=True)
+    await delete(backend)
 
 
-def delete() -> None:
-    """Delete the demo machine (its slot must be free) and prove it is gone."""
-    data = DemoState.load()
-    machine = Machine.objects.filter(name=data.get("machine", "")).first()
+async def delete(backend: str) -> None:
+    """Delete the demo machine: an open session is ended first (or, if its outcome is unknown, resolved
+    through the checks), then the machine is marked deleted and its container or tmux server removed."""
+    machine = await db(_demo_machine)()
     if machine is None:
         say("delete: no demo machine")
         return
     say(f"delete: machine {machine.name}")
-    for session in TerminalSession.objects.filter(machine=machine).exclude(process_state="closed"):
-        raise DemoFailed(f"session {session.id} is still open: close it (or run recover) first")
-    machine = exec_actions.set_machine_state(machine, MachineState.DELETED, actor=ACTOR, reason="demo done")
+    if await db(_open_session)(machine.pk) or await db(_holder)(machine.pk):
+        async with InProcessWorker(machine.backend) as worker:
+            await _settle_everything(machine, worker)
+    machine = await db(exec_actions.set_machine_state)(machine, MachineState.DELETED, actor=ACTOR, reason="demo done")
     prove(machine.state == MachineState.DELETED, "the machine is marked deleted, with its event")
     if machine.backend == "docker":
         subprocess.run(["docker", "rm", "-f", machine.ref], capture_output=True)
@@ -327,45 +285,51 @@ def delete() -> None:
         prove(gone, f"container {machine.ref} no longer exists")
     else:
         subprocess.run(["tmux", "-L", machine.ref, "kill-server"], capture_output=True)
+        alive = subprocess.run(["tmux", "-L", machine.ref, "ls"], capture_output=True).returncode == 0
+        prove(not alive, f"tmux server {machine.ref} no longer runs")
+        Path(DemoState.load().get("counter", "")).unlink(missing_ok=True)
     DemoState.path.unlink(missing_ok=True)
 
 
+async def _settle_everything(machine: Machine, worker: OwnerWorker) -> None:
+    """End what holds the demo machine's slot: a shell this worker holds (after adopting it) is killed; an
+    unknown outcome is resolved through Tether's checks."""
+    deadline = time.monotonic() + settings.TETHER_LEASE_TTL_SECONDS + 30
+    while (holder := await db(_holder)(machine.pk)) is not None:
+        if time.monotonic() > deadline:
+            owner = await db(_owner_of)(holder.pk)
+            where = f" by worker pid {owner.pid} on {owner.host}" if owner else ""
+            raise DemoFailed(f"{holder} is still {holder.state}{where}: stop that worker, then delete again")
+        if holder.state == State.UNKNOWN:
+            await _resolve(holder, "terminal_demo delete: the demo's shell was lost; ending the demo machine")
+            continue
+        owner = await db(_owner_of)(holder.pk)
+        if owner is not None and owner.pk == worker.worker.pk and holder.state == State.RUNNING:
+            session = await db(_open_session)(machine.pk)
+            if session is not None and not await db(_kill_requested)(holder.pk):
+                await db(actions.operator_session_action)(session, "kill", actor=ACTOR, reason="demo delete")
+        else:
+            for line in await worker.recover_once():
+                say(f"  recovery: {line}")
+        await asyncio.sleep(0.5)
+    prove(await db(_holder)(machine.pk) is None, "nothing holds the machine's slot any more")
+
+
+def _kill_requested(execution_pk: int) -> bool:
+    return ProcessLease.objects.filter(execution_id=execution_pk, requested_action="kill").exists()
+
+
+async def _resolve(execution: Execution, note: str) -> None:
+    resolved, checks = await db(resolve)(execution, actor=ACTOR, note=note, via="command:terminal_demo")
+    for check in checks:
+        say(f"    {check}")
+    prove(resolved.state == State.RESOLVED, "resolved after Tether's own checks", resolved.outcome_label)
+
+
 async def shell(backend: str) -> None:
-    say("shell: type lines; :resize COLS ROWS, :interrupt (Ctrl-C), :eof (Ctrl-D), :close (detach; the shell stays)")
-    async with attached_shell(backend) as (_machine, _session, viewer):
-        printed = 0
-        lines = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        loop.add_reader(sys.stdin.fileno(), lambda: lines.put_nowait(sys.stdin.readline()))
-        try:
-            while True:
-                message = await viewer.next_message(0.05)
-                if message:
-                    await viewer._take(message)
-                if message and message["type"] in ("terminal.exit", "terminal.closed"):
-                    say(f"\n[{message.get('outcome') or message.get('text') or message['type']}]")
-                    return
-                if len(viewer.output) > printed:
-                    sys.stdout.buffer.write(bytes(viewer.output[printed:]))
-                    sys.stdout.flush()
-                    printed = len(viewer.output)
-                while not lines.empty():
-                    line = lines.get_nowait()
-                    if line == "" or line.strip() == ":close":
-                        await viewer.detach()
-                        say("\n[detached; this demo's worker stops: a tmux shell stays for the next worker to adopt]")
-                        return
-                    command, *args = line.split()
-                    if command == ":resize" and len(args) == 2:
-                        await viewer.resize(int(args[0]), int(args[1]))
-                    elif command == ":interrupt":
-                        await viewer.type(b"\x03")
-                    elif command == ":eof":
-                        await viewer.type(b"\x04")
-                    else:
-                        await viewer.type(line.rstrip("\n") + "\r")
-        finally:
-            loop.remove_reader(sys.stdin.fileno())
+    say(f"shell: type as in any terminal; a line starting with ':' is the demo's: {HELP}")
+    async with attached_shell(backend) as (machine, _session, viewer):
+        await console(viewer, say, queries_answered=machine.backend == "tmux")
 
 
 def _worker_env() -> dict[str, str]:
@@ -375,6 +339,8 @@ def _worker_env() -> dict[str, str]:
 async def interrupt(backend: str) -> None:
     say("interrupt: a worker holds a shell; it is killed (SIGKILL) mid-session")
     machine = await db(ensure_machine)(backend)
+    if holder := await db(_holder)(machine.pk):
+        raise DemoFailed(f"{holder} ({holder.state}) holds the demo machine: terminal_demo recover or delete first")
     log = open(Path(settings.DATA_DIR) / "terminal-demo-worker.log", "ab")
     worker = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "terminal_worker", "--backends", machine.backend, "--poll", "0.2"],
@@ -383,70 +349,86 @@ async def interrupt(backend: str) -> None:
         env=_worker_env(),
         start_new_session=True,
     )
-    session, _ = await db(actions.open_terminal)(
-        machine, await db(demo_user)(), shell=await db(counting_shell)(machine)
-    )
-    execution = await wait_state(session.execution_id, {State.RUNNING, State.COMPLETED, State.UNKNOWN})
-    prove(execution.state == State.RUNNING, f"worker pid {worker.pid} runs the shell", execution.outcome_label)
-    deadline = time.monotonic() + 15
-    while await db(launches)(machine) < 1 and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-    prove(await db(launches)(machine) == 1, "the shell was launched once")
-    os.kill(worker.pid, signal.SIGKILL)
-    worker.wait()
+    try:
+        session, _ = await db(actions.open_terminal)(
+            machine, await db(demo_user)(), shell=await db(counting_shell)(machine)
+        )
+        execution = await wait_state(session.execution_id, {State.RUNNING, State.COMPLETED, State.UNKNOWN})
+        owner = await db(_owner_of)(execution.pk)
+        held_by = f"held by worker pid {owner.pid} on {owner.host}" if owner else "held by no worker"
+        prove(
+            execution.state == State.RUNNING and owner is not None and owner.pid == worker.pid,
+            f"worker pid {worker.pid} runs the shell",
+            f"{execution.outcome_label}, {held_by}",
+        )
+        deadline = time.monotonic() + 15
+        while await db(launches)(machine) < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        prove(await db(launches)(machine) == 1, "the shell was launched once")
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+    finally:
+        if worker.poll() is None:  # a proof failed before the kill: leave no worker of ours behind
+            worker.terminate()
+            worker.wait()
     DemoState.save(session=str(session.id), execution=session.execution_id, worker_pid=worker.pid)
-    prove(True, f"worker pid {worker.pid} was killed with SIGKILL: the session has no owner now")
+    prove(worker.returncode == -signal.SIGKILL, f"worker pid {worker.pid} was killed with SIGKILL")
+    owner = await db(_owner_of)(execution.pk)
+    prove(
+        owner is not None and owner.pid == worker.pid and not ProcessIdentity.of(worker.pid),
+        "the session has no live owner now: its lease still names the dead worker",
+    )
     say("next: manage.py terminal_demo recover")
 
 
 async def recover(backend: str) -> None:
-    data = DemoState.load()
-    if not data.get("execution"):
-        raise DemoFailed("nothing to recover: run terminal_demo interrupt first")
-    say("recover: a new worker starts, finds the dead owner's lease once it expires, and settles it")
-    machine = await db(Machine.objects.get)(name=data["machine"])
+    """Settle whatever holds the demo machine: a new worker adopts a shell that lived on (tmux) and a viewer
+    types into it, or records the outcome unknown, which is then resolved through Tether's checks."""
+    machine = await db(_demo_machine)()
+    holder = await db(_holder)(machine.pk) if machine else None
+    if holder is None:
+        say("recover: nothing holds the demo machine: nothing to recover (next: run, shell, interrupt or delete)")
+        return
+    say(f"recover: a worker starts, finds {holder}'s dead owner once its lease expires, and settles it")
+    counted = DemoState.load().get("execution") == holder.pk
     async with InProcessWorker(machine.backend) as worker:
         deadline = time.monotonic() + settings.TETHER_LEASE_TTL_SECONDS + 30
-        while time.monotonic() < deadline:
+        while True:
             for line in await worker.recover_once():
                 say(f"  recovery: {line}")
-            execution = await db(Execution.objects.get)(pk=data["execution"])
-            adopted = await db(_adopted)(execution.pk)
-            if adopted or execution.state != State.RUNNING:
+            execution = await db(Execution.objects.select_related("machine").get)(pk=holder.pk)
+            owner = await db(_owner_of)(execution.pk)
+            ours = owner is not None and owner.pk == worker.worker.pk
+            if execution.state != State.RUNNING or ours:
                 break
+            if time.monotonic() > deadline:
+                where = f"worker pid {owner.pid} on {owner.host}" if owner else "no worker"
+                raise DemoFailed(f"{execution} is still running, held by {where}: drain or stop it first")
             await asyncio.sleep(1)
-        execution = await db(Execution.objects.select_related("machine").get)(pk=data["execution"])
-        if await db(_adopted)(execution.pk):
+        if ours and await db(_adopted)(execution.pk):
             prove(execution.state == State.RUNNING, "the shell was adopted: still running, with an adopted event")
-            session = await db(TerminalSession.objects.get)(pk=data["session"])
+            session = await db(TerminalSession.objects.get)(execution=execution)
             viewer = LayerViewer(session)
             await viewer.attach()
             await viewer.type("echo still-here-$((6*7))\r")
-            await viewer.read_until(b"still-here-42")
-            prove(True, "a viewer reattached to the same shell and typed into it")
+            prove(await viewer.read_until(b"still-here-42"), "a viewer reattached to the same shell and typed into it")
             await viewer.type("exit 0\r")
             execution = await wait_state(execution.pk, {State.COMPLETED, State.UNKNOWN})
             prove(execution.exit_code == 0, "its exit was observed by the new owner", execution.outcome_label)
-        else:
+        elif execution.state == State.UNKNOWN:
             prove(
-                execution.state == State.UNKNOWN, "nothing could observe it: the outcome is unknown", execution.evidence
+                execution.evidence == Evidence.CONTROLLER_LOST,
+                "nothing could observe it: the outcome is unknown",
+                execution.evidence,
             )
             machine = await db(Machine.objects.get)(pk=machine.pk)
             prove(machine.active_execution_id == execution.pk, "the slot stays held until an operator resolves it")
-            resolved, checks = await db(resolve)(
-                execution, actor=ACTOR, note="demo: worker killed; recovery ended the unobservable shell"
-            )
-            for check in checks:
-                say(f"    {check}")
-            prove(resolved.state == State.RESOLVED, "resolved after Tether's own checks", resolved.outcome_label)
+            await _resolve(execution, "demo: worker killed; recovery ended the unobservable shell")
             machine = await db(Machine.objects.get)(pk=machine.pk)
             prove(machine.active_execution_id is None, "the slot is free again")
-    count = await db(launches)(machine)
-    prove(count == 1, "the shell was launched exactly once", f"launch counter: {count}")
+        else:
+            say(f"  {execution}: {execution.outcome_label}")
+    if counted:
+        count = await db(launches)(machine)
+        prove(count == 1, "the shell was launched exactly once", f"launch counter: {count}")
     DemoState.save(execution=None, session=None)
-
-
-def _adopted(execution_pk: int) -> bool:
-    from executions.models import Evidence, ExecutionEvent
-
-    return ExecutionEvent.objects.filter(execution_id=execution_pk, evidence=Evidence.ADOPTED).exists()

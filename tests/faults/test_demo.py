@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from executions.models import Machine, MachineState
-from tests.bridge.harness import database_url
+from tests.bridge.harness import Stack, database_url
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
@@ -28,22 +31,25 @@ def demo_env(data_dir: Path) -> dict[str, str]:
         # Names and labels scripts/clean-test-leftovers.sh removes if a run is interrupted.
         "TETHER_DEMO_PREFIX": "tether-test-demo",
         "TETHER_DEMO_LABEL": "tether.test=1",
+        "TETHER_SHELL": "/bin/bash,--noprofile,--norc",  # as the tests' own shells (see conftest)
     }
 
 
-def demo(phase: str, data_dir: Path, *extra: str) -> str:
+def demo(phase: str, data_dir: Path, *extra: str, stdin: str | None = None, status: int = 0) -> str:
     env = demo_env(data_dir)
     done = subprocess.run(
         [sys.executable, "manage.py", "terminal_demo", phase, *extra],
         cwd=ROOT,
         env=env,
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=180,
     )
-    assert done.returncode == 0, f"{phase} failed:\n{done.stdout}\n{done.stderr[-3000:]}"
-    assert "NOT PROVEN" not in done.stdout
-    return done.stdout
+    assert done.returncode == status, f"{phase} exited {done.returncode}:\n{done.stdout}\n{done.stderr[-3000:]}"
+    if status == 0:
+        assert "NOT PROVEN" not in done.stdout
+    return done.stdout + done.stderr
 
 
 def test_demo_on_tmux_run_then_interrupt_and_recover_by_adoption(tmp_path):
@@ -71,19 +77,13 @@ def test_demo_on_docker_interrupt_then_unknown_is_resolved(tmp_path):
     assert "no longer exists" in out
 
 
-def test_demo_shell_is_a_line_console_with_resize_interrupt_and_close(tmp_path):
-    import time
-
+def shell_session(data_dir: Path, *lines: str) -> str:
+    """The shell phase fed ``lines`` as a slow typist would (the first once the shell is up)."""
     shell = subprocess.Popen(
         [sys.executable, "manage.py", "terminal_demo", "shell", "--backend", "tmux"],
-        cwd=ROOT,
-        env=demo_env(tmp_path),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        cwd=ROOT, env=demo_env(data_dir), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True,
-    )
-    lines = ["echo hi-$((1+1))", ":resize 90 20", "stty size", ":interrupt", ":close"]
+    )  # fmt: skip
     try:
         time.sleep(4)  # Django, the in-process worker and the shell come up
         for line in lines:
@@ -94,6 +94,128 @@ def test_demo_shell_is_a_line_console_with_resize_interrupt_and_close(tmp_path):
     finally:
         shell.kill()
     assert shell.returncode == 0, out
+    return out
+
+
+def test_every_state_the_shell_phase_leaves_has_a_next_phase_that_works(tmp_path):
+    """After :close the tmux shell lives on with no owner: shell again adopts that same shell, recover adopts
+    it and sees it exit, and delete ends whatever is still open before deleting the machine."""
+    first = shell_session(tmp_path, "echo pid-$$-shell", ":close")
+    pid = re.search(r"pid-(\d+)-shell", first).group(1)
+    again = shell_session(tmp_path, "echo pid-$$-again", ":close")
+    assert f"pid-{pid}-again" in again  # the same shell, adopted by the new worker
+    recovered = demo("recover", tmp_path)
+    assert "proven: the shell was adopted" in recovered
+    assert "proven: its exit was observed by the new owner" in recovered
+    assert "nothing to recover" in demo("recover", tmp_path)
+
+    shell_session(tmp_path, ":close")
+    deleted = demo("delete", tmp_path)
+    assert "proven: nothing holds the machine's slot any more" in deleted
+    assert "proven: the machine is marked deleted" in deleted and "no longer runs" in deleted
+
+
+def test_interrupt_proves_which_worker_it_killed_and_refuses_when_another_holds_the_shell(tmp_path):
+    stack = Stack()
+    stack.extra_env.update(demo_env(tmp_path) | {"TETHER_LEASE_TTL_SECONDS": "4"})
+    try:
+        other = stack.start_worker("tmux")  # ready and polling: it claims the demo's shell first
+        out = demo("interrupt", tmp_path, "--backend", "tmux", status=1)
+        assert "NOT PROVEN: worker pid" in out and f"held by worker pid {other.pid}" in out, out
+        assert "was killed with SIGKILL" not in out
+    finally:
+        stack.stop()
+        socket = json.loads((tmp_path / "terminal-demo.json").read_text())["machine"]
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+
+
+class Terminal:
+    """The far end of a PTY, as a person's terminal emulator: it sees what the program prints, types keys."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        self.master, slave = os.openpty()
+        self.process = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave)
+        os.close(slave)
+        self.screen = b""
+
+    def read_until(self, needle: bytes | re.Pattern, timeout: float = 30.0) -> bytes:
+        deadline = time.monotonic() + timeout
+        while not (needle.search(self.screen) if isinstance(needle, re.Pattern) else needle in self.screen):
+            ready, _, _ = select.select([self.master], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise AssertionError(f"{needle!r} never appeared: {self.screen[-600:]!r}")
+            try:
+                self.screen += os.read(self.master, 65536)
+            except OSError:  # the program ended and its side of the PTY closed
+                raise AssertionError(f"{needle!r} never appeared: {self.screen[-600:]!r}") from None
+        return self.screen
+
+    def type(self, keys: bytes) -> None:
+        os.write(self.master, keys)
+
+
+def real_terminal_shell(data_dir: Path, backend: str) -> Terminal:
+    terminal = Terminal(
+        [sys.executable, "manage.py", "terminal_demo", "shell", "--backend", backend], demo_env(data_dir)
+    )
+    terminal.read_until(b"shell: type as in any terminal")
+    return terminal
+
+
+def close_real_terminal_shell(terminal: Terminal, data_dir: Path) -> None:
+    terminal.type(b":close\r")
+    terminal.read_until(b"[detached;")
+    assert terminal.process.wait(timeout=30) == 0
+
+
+def test_demo_shell_on_docker_echoes_once_and_hands_the_terminals_answer_to_the_shell_that_asked(tmp_path):
+    terminal = real_terminal_shell(tmp_path, "docker")
+    try:
+        # busybox ash asks where the cursor is after each prompt; the terminal answers, and here the answer
+        # comes glued to the next line typed, as a fast typist (or a paste) makes it. The answer is the
+        # shell's, whole; the demo's own command after it is still recognised as one.
+        terminal.read_until(b"# \x1b[6n")
+        terminal.type(b"\x1b[1;3R:resize 100 30\r")
+        # A person's next line comes later (busybox ash itself drops input that arrives with its cursor
+        # report and a resize at once, under plain `docker exec -it` too).
+        time.sleep(0.5)
+        terminal.type(b"stty size\r")
+        terminal.read_until(b"30 100")
+        terminal.type(b"echo once-$((2*3))\r")
+        screen = terminal.read_until(b"once-6\r\n")
+        assert screen.count(b"echo once-$((2*3))") == 1  # the remote shell's echo only
+        assert b":resize" not in screen.split(b"stty size")[-1]  # never typed into the shell
+        close_real_terminal_shell(terminal, tmp_path)
+    finally:
+        terminal.process.kill()
+        os.close(terminal.master)
+        subprocess.run(["docker", "rm", "-f", json.loads((tmp_path / "terminal-demo.json").read_text())["machine"]])
+
+
+def test_demo_shell_on_tmux_echoes_once_and_leaves_queries_to_tmux_which_answered_them(tmp_path):
+    terminal = real_terminal_shell(tmp_path, "tmux")
+    try:
+        terminal.read_until(re.compile(rb"bash-[\d.]+[#$] "))  # the prompt of bash --norc
+        terminal.type(b"echo once-$((2*3))\r")
+        screen = terminal.read_until(b"once-6\r\n")
+        assert screen.count(b"echo once-$((2*3))") == 1  # the remote shell's echo only
+        # tmux is the pane's terminal and answers the program's query itself; ours must not answer again.
+        terminal.type(b"printf '\\033[6n'; read -rs -d R answer; echo answered-${#answer}\r")
+        screen = terminal.read_until(re.compile(rb"answered-[1-9]"))
+        assert b"\x1b[6n" not in screen
+        terminal.type(b":resize 100 30\r")
+        terminal.type(b"stty size\r")
+        terminal.read_until(b"30 100")
+        close_real_terminal_shell(terminal, tmp_path)
+    finally:
+        terminal.process.kill()
+        os.close(terminal.master)
+        socket = json.loads((tmp_path / "terminal-demo.json").read_text())["machine"]
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+
+
+def test_demo_shell_is_a_line_console_with_resize_interrupt_and_close(tmp_path):
+    out = shell_session(tmp_path, "echo hi-$((1+1))", ":resize 90 20", "stty size", ":interrupt", ":close")
     assert "hi-2" in out and "20 90" in out  # typed lines ran; the resize reached the terminal
     assert "^C" in out  # :interrupt sent Ctrl-C
     assert "[detached;" in out

@@ -9,9 +9,11 @@ class Command(BaseCommand):
     help = (
         "Tether's promises end to end, on a docker machine (tmux when docker or the demo image is missing). "
         "run: write a file, resize, exit 7, check the exit and the slot, read the file back, delete the machine. "
-        "shell: an interactive line console (:resize C R, :interrupt, :eof, :close). "
+        "shell: a terminal into the demo's shell (raw keys on a real terminal; lines starting with ':' are the "
+        "demo's: :resize C R, :interrupt, :eof, :close). "
         "interrupt: kill the worker mid-session. recover: restart it and show the outcome (adopted, or unknown then "
-        "resolved), checking the shell was launched once. delete: remove the demo machine."
+        "resolved), checking the shell was launched once. delete: end (or resolve) what is open, then remove the "
+        "demo machine."
     )
 
     def add_arguments(self, parser):
@@ -24,9 +26,6 @@ class Command(BaseCommand):
             backend = "docker" if demo.docker_usable() else "tmux"
         phase = options["phase"]
         try:
-            if phase == "delete":
-                demo.delete()
-            else:
-                asyncio.run(getattr(demo, phase)(backend))
+            asyncio.run(getattr(demo, phase)(backend))
         except demo.DemoFailed as failed:
             raise CommandError(str(failed), returncode=1) from None
