@@ -10,7 +10,9 @@ export const STATUS = {
 };
 
 // Closes whose reattach the server answers with a fresh shell (TETHER_AUTO_RESET).
-const AUTO_RESET_REASONS = new Set(["exited", "killed", "failed", "server_restart", "spawn_failed", "reset", "completed"]);
+const AUTO_RESET_REASONS = new Set([
+  "exited", "killed", "failed", "server_restart", "spawn_failed", "never_started", "reset", "completed",
+]);
 
 // What a close means for the page (docs/protocol.md, "Close codes"). A closed socket is never a
 // failed command: an outcome is shown only when the server said it (`exit`) or the code says so.

@@ -40,7 +40,16 @@ ACK_BATCH_BYTES = 128 * 1024  # an ack freeing this much of the flow window goes
 ACK_DELAY_SECONDS = 0.01  # a smaller one waits this long for company
 
 # Sessions closed for these reasons get a fresh shell when a viewer attaches (if TETHER_AUTO_RESET).
-AUTO_RESET_REASONS = {"exited", "killed", "failed", "server_restart", "spawn_failed", "reset", "completed"}
+AUTO_RESET_REASONS = {
+    "exited",
+    "killed",
+    "failed",
+    "server_restart",
+    "spawn_failed",
+    "never_started",
+    "reset",
+    "completed",
+}
 
 
 class ProtocolError(Exception):
