@@ -58,6 +58,26 @@ def admin_user(django_user_model):
 
 
 @pytest.fixture
+def dead_worker():
+    """A registered worker whose process has exited: its pid and start time name nothing any more."""
+    from django.conf import settings
+
+    from terminals.backends.procfs import ProcessIdentity, boot_id
+
+    child = subprocess.Popen(["true"])
+    identity = ProcessIdentity.of(child.pid)
+    child.wait()
+    return terminal_actions.register_worker(
+        worker_id=uuid.uuid4().hex,
+        host=settings.TETHER_HOST,
+        pid=identity.pid,
+        started_at=identity.start_time,
+        boot_id=boot_id(),
+        channel_name="",
+    )
+
+
+@pytest.fixture
 def tmux_socket():
     name = f"tether-test-{uuid.uuid4().hex[:8]}"
     yield name

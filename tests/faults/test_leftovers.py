@@ -17,7 +17,6 @@ from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity
 from terminals.resolution import ResolveRefused, resolve
 from tests.bridge.harness import Stack, wait_for
 from tests.factories import TEST_ACTOR, make_spec
-from tests.faults.test_resolution import dead_worker  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
@@ -51,7 +50,7 @@ def test_a_dead_owners_hup_proof_child_is_ended_before_the_outcome_is_recorded(p
         stack.stop()
 
 
-def test_resolve_refuses_while_any_process_of_the_tree_lives(place, dead_worker):  # noqa: F811
+def test_resolve_refuses_while_any_process_of_the_tree_lives(place, dead_worker):
     marker = "leftover-marker-0123456789"
     child = subprocess.Popen(["sleep", "100"], env={**os.environ, MARKER_VARIABLE: marker}, start_new_session=True)
     try:

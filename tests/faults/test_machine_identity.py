@@ -17,7 +17,6 @@ from terminals import actions
 from terminals.resolution import ResolveRefused, resolve
 from terminals.worker import OwnerWorker
 from tests.factories import TEST_ACTOR, make_spec
-from tests.faults.test_resolution import register
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
@@ -88,18 +87,9 @@ def lost_without_a_handle(machine_name: str, ref: str, dead_worker, execution_id
     )
 
 
-@pytest.fixture
-def dead_worker():
-    child = subprocess.Popen(["true"])
-    from terminals.backends.procfs import ProcessIdentity
-
-    identity = ProcessIdentity.of(child.pid)
-    child.wait()
-    return register(identity.pid, identity.start_time)
-
-
 def test_a_docker_unknown_without_a_handle_is_resolved_by_a_stopped_removed_or_replaced_container(
-    named_container, dead_worker
+    named_container,
+    dead_worker,
 ):
     name, create = named_container
     running = lost_without_a_handle("held-1", name, dead_worker, "lost-1")

@@ -56,15 +56,6 @@ def unknown_execution(place, backend: str, handle: dict, worker: Worker, name: s
     return execution
 
 
-@pytest.fixture
-def dead_worker():
-    """A worker whose process has exited: pid and start time name nothing any more."""
-    child = subprocess.Popen(["true"])
-    identity = ProcessIdentity.of(child.pid)
-    child.wait()
-    return register(identity.pid, identity.start_time)
-
-
 def test_each_failed_check_is_named_and_refuses(place, dead_worker):
     sleeper = subprocess.Popen(["sleep", "1000"], start_new_session=True)
     try:
