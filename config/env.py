@@ -7,6 +7,7 @@ silently fall back to a default.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -156,3 +157,17 @@ def secret_key(data_dir: Path, *, required: bool) -> str:
         finally:
             scratch.unlink()
     return path.read_text().strip()
+
+
+def proxy_ssl_header(raw: str) -> tuple[str, str] | None:
+    """TETHER_PROXY_SCHEME_HEADER ("X-Forwarded-Proto: https") as Django's SECURE_PROXY_SSL_HEADER."""
+    if not raw:
+        return None
+    name, sep, value = raw.partition(":")
+    name, value = name.strip(), value.strip()
+    if not sep or not value or not re.fullmatch(r"[A-Za-z0-9-]+", name):
+        raise ImproperlyConfigured(
+            f"TETHER_PROXY_SCHEME_HEADER={raw!r} must look like 'X-Forwarded-Proto: https' (a header name, a colon, "
+            "the value the proxy sets for https)"
+        )
+    return "HTTP_" + name.upper().replace("-", "_"), value

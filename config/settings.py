@@ -11,6 +11,7 @@ from config.env import (
     env_int,
     env_list,
     env_str,
+    proxy_ssl_header,
     redis_url,
     secret_key,
 )
@@ -150,9 +151,22 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = DATA_DIR / "staticfiles"
-# The embedded mode has no web server in front of daphne, so daphne serves /static/ itself.
-SERVE_STATIC = env_bool("TETHER_SERVE_STATIC", not PRODUCTION)
+STATIC_ROOT = Path(env_str("TETHER_STATIC_ROOT", "") or DATA_DIR / "staticfiles")
+# The embedded mode serves the source folders from daphne itself (nothing to collect). In production WhiteNoise
+# serves what `manage.py collectstatic` gathered into STATIC_ROOT, compressed, under content-hashed names that
+# browsers may cache for good.
+SERVE_STATIC = not PRODUCTION
+if PRODUCTION:
+    MIDDLEWARE.insert(1, "whitenoise.middleware.WhiteNoiseMiddleware")
+    STORAGES = {
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    }
+
+# Behind a proxy that terminates TLS: the header it sets on every request, as "Name: value" (for instance
+# "X-Forwarded-Proto: https"; the proxy must replace any such header a client sent). Requests that carry it are
+# taken as https: the login's CSRF check and the terminal socket's Origin check then expect https origins.
+SECURE_PROXY_SSL_HEADER = proxy_ssl_header(env_str("TETHER_PROXY_SCHEME_HEADER", ""))
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -112,18 +112,19 @@ def _restart(session_id, user, reason: str) -> None:
 
 
 class TerminalConsumer(AsyncWebsocketConsumer):
+    TASKS = ("waiting", "replay_check", "owner_check", "ack_timer")
+
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if getattr(self, "attached", False):
-                # Ended without a disconnect: output sent in the moment the browser closed raised
-                # ("Attempt to send on a closed protocol") and ended the consumer. The worker must still
-                # hear that the viewer left, or it keeps that viewer's flow window and stops reading.
-                try:
-                    await self._to_worker("session.detach")
-                except Exception as error:  # Redis away too: the owner check will not find this viewer
-                    log.warning("could not tell the worker viewer %s left: %r", self.viewer_id, error)
+            # However it ended (a disconnect, or an error inside a handler), nothing keeps acting for a
+            # viewer who left: its checks stop, the worker hears it left (or it keeps that viewer's flow
+            # window and stops reading the shell), and its channel leaves the user's group and Redis.
+            try:
+                await self._leave()
+            except Exception as error:  # Redis away too: the worker's grace and owner checks cover it
+                log.warning("viewer %s: could not leave cleanly: %r", getattr(self, "viewer_id", "?"), error)
             await forget_channel(getattr(self, "channel_layer", None), getattr(self, "channel_name", None))
 
     async def connect(self) -> None:
@@ -173,15 +174,24 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         await handler(message)
 
     async def disconnect(self, code) -> None:
-        for name in ("waiting", "replay_check", "owner_check", "ack_timer"):
-            task = getattr(self, name, None)
-            if task:
+        await self._leave()
+
+    async def _leave(self) -> None:
+        """Stop everything this viewer started; safe to call more than once."""
+        running = [task for name in self.TASKS if (task := getattr(self, name, None)) is not None]
+        for name in self.TASKS:
+            setattr(self, name, None)
+        current = asyncio.current_task()
+        for task in running:
+            if task is not current:
                 task.cancel()
+        await asyncio.gather(*(task for task in running if task is not current), return_exceptions=True)
         if getattr(self, "attached", False):
             self.attached = False
             await self._to_worker("session.detach")
-        if getattr(self, "user_group", None):
-            await self.channel_layer.group_discard(self.user_group, self.channel_name)
+        if group := getattr(self, "user_group", None):
+            self.user_group = None
+            await self.channel_layer.group_discard(group, self.channel_name)
 
     # --- browser -> server -------------------------------------------------------------------
 
@@ -207,7 +217,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             raise ProtocolError(f"control frame is over the {MAX_FRAME_BYTES}-byte limit")
         try:
             message = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # nesting deeper than the parser goes is malformed too
             raise ProtocolError("malformed JSON in a control frame") from None
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
             raise ProtocolError("a control frame must be a JSON object with a string 'type'")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -40,6 +42,20 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
 
 
 TEST_IMAGE = "tether/busybox:test"  # built locally by scripts/ensure-services.sh
+
+
+@functools.cache
+def collected_static() -> str:
+    """``manage.py collectstatic`` run once per test run, with production settings, into a folder of its own."""
+    root = Path(tempfile.mkdtemp(prefix="tether-static-"))
+    env = {**os.environ, "TETHER_MODE": "production", "SECRET_KEY": "x" * 50, "ALLOWED_HOSTS": "127.0.0.1"}
+    env["TETHER_STATIC_ROOT"] = str(root)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, capture_output=True
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"collectstatic failed: {done.stderr.decode()[-2000:]}")
+    return str(root)
 
 
 def start_container(prefix: str = "tether-test") -> tuple[str | None, str]:
@@ -127,7 +143,8 @@ class Stack:
             "TETHER_MODE": "production",
             "SECRET_KEY": settings.SECRET_KEY,  # the tests sign login sessions with it
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
-            "TETHER_SERVE_STATIC": "1",  # the browser tests load the page from daphne itself
+            # Production static files: WhiteNoise serves what collectstatic gathered, as in a deployment.
+            "TETHER_STATIC_ROOT": collected_static(),
             "TETHER_HEARTBEAT_SECONDS": "1",
             "TETHER_LEASE_TTL_SECONDS": "4",
             "TETHER_DB_IDLE_TRANSACTION_SECONDS": "8",
