@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
 from django.db.models.functions import Now
@@ -264,16 +265,19 @@ def open_terminal(machine: Machine, user, *, shell: list[str] | None = None) -> 
         if not may_view_session(user, existing):
             raise Refused(f"{machine.name}'s terminal is in use by another user")
         return existing, False
-    live_count = TerminalSession.objects.filter(user=user, process_state=ProcessState.LIVE).count()
-    if live_count >= settings.TETHER_SESSIONS_PER_USER:
-        raise Refused(
-            f"you already have {live_count} open sessions (the limit is {settings.TETHER_SESSIONS_PER_USER}); "
-            "reattach to one of them or close one first"
-        )
     actor = Actor.for_user(user)
     session_id = uuid.uuid4()
     try:
         with transaction.atomic():
+            # The user's row is the lock: opens by one user queue here, so the count below holds until
+            # this one commits (count-then-insert without it let six opens at once make six of five).
+            get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+            live_count = TerminalSession.objects.filter(user=user, process_state=ProcessState.LIVE).count()
+            if live_count >= settings.TETHER_SESSIONS_PER_USER:
+                raise Refused(
+                    f"you already have {live_count} open sessions (the limit is {settings.TETHER_SESSIONS_PER_USER}); "
+                    "reattach to one of them or close one first"
+                )
             execution = _submit_terminal(machine, actor, f"{session_id}-1", shell)
             session = TerminalSession.objects.create(id=session_id, machine=machine, user=user, execution=execution)
             session_event(session, "opened", actor)

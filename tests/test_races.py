@@ -148,3 +148,19 @@ def test_database_refuses_a_second_live_execution_on_one_machine():
         _raw_execution(machine, "while-unknown", State.PENDING)
     actions.resolve_execution(holder, actor=TEST_ACTOR, note="container removed")
     assert make_execution(machine, execution_id="next").state == State.PENDING
+
+
+def test_six_opens_at_once_keep_to_a_cap_of_five(alice, settings):
+    from terminals import actions as terminal_actions
+
+    settings.TETHER_SESSIONS_PER_USER = 5
+    settings.TETHER_HOST_SHELLS_FOR_ALL = True
+    machines = [make_machine(f"cap-{n}") for n in range(6)]
+    results = run_together(6, lambda n: terminal_actions.open_terminal(machines[n], alice))
+    opened = [result for result in results if isinstance(result, tuple)]
+    refused = [result for result in results if isinstance(result, ExecutionError)]
+    assert (len(opened), len(refused)) == (5, 1), results
+    assert "the limit is 5" in str(refused[0])
+    from terminals.models import TerminalSession
+
+    assert TerminalSession.objects.filter(user=alice, process_state="live").count() == 5
