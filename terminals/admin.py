@@ -12,7 +12,7 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince
 
 from executions.actions import Actor
-from executions.admin import apply_each
+from executions.admin import NothingEditableOnChange, apply_each
 from terminals import actions
 from terminals.models import ProcessLease, SessionEvent, TerminalSession, Worker
 
@@ -79,7 +79,7 @@ class SessionEventInline(admin.TabularInline):
 
 
 @admin.register(TerminalSession)
-class TerminalSessionAdmin(admin.ModelAdmin):
+class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
     list_display = [
         "id",
         "machine",
@@ -108,6 +108,7 @@ class TerminalSessionAdmin(admin.ModelAdmin):
         "snapshot_hidden",
         "close_reason",
         "output_offset",
+        "viewer_id",
         "last_viewer_at",
         "created_at",
         "closed_at",
@@ -164,6 +165,11 @@ class TerminalSessionAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
+    def save_model(self, request, obj, form, change):
+        # Saving wrote every field back as read: the viewer id among them, which superseded both open
+        # windows, with no event. A session changes only through its actions.
+        return
+
     def _has(self, request, action: str) -> bool:
         return request.user.has_perm(f"terminals.{action}_terminalsession")
 
@@ -184,7 +190,7 @@ class TerminalSessionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):
+class WorkerAdmin(NothingEditableOnChange, admin.ModelAdmin):
     list_display = ["worker_id", "host", "pid", "state", "heartbeat_at", "started_at"]
     list_filter = ["state", "host"]
     readonly_fields = [f.name for f in Worker._meta.fields]
@@ -194,3 +200,6 @@ class WorkerAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    def save_model(self, request, obj, form, change):
+        return  # a worker's state moves only through drain and its own stop

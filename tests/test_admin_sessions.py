@@ -87,3 +87,19 @@ def test_admin_kill_ends_the_process_and_archives_a_failed_capture(stack, client
     assert execution.events.filter(actor="user:admin", reason="operator says so").exists()
     detail = client.get(reverse("admin:terminals_terminalsession_change", args=[session.pk]))
     assert "Archived" in detail.text and "Killed" in detail.text
+
+
+@pytest.mark.django_db
+def test_the_session_page_is_view_only_and_a_posted_form_changes_nothing(client, admin_user, operator):
+    session, _ = actions.open_terminal(make_machine("view-box"), operator)
+    TerminalSession.objects.filter(pk=session.pk).update(viewer_id="window-a")
+    client.force_login(admin_user)
+    url = reverse("admin:terminals_terminalsession_change", args=[session.pk])
+    page = client.get(url)
+    assert page.status_code == 200 and 'name="_save"' not in page.text and 'name="viewer_id"' not in page.text
+    # An older page's form, posted as it was: nothing is written, nobody is superseded, no event.
+    events = SessionEvent.objects.filter(session=session).count()
+    client.post(url, {"viewer_id": "", "events-TOTAL_FORMS": "0", "events-INITIAL_FORMS": "0", "_save": "Save"})
+    after = TerminalSession.objects.get(pk=session.pk)
+    assert (after.viewer_id, after.generation, after.process_state) == ("window-a", 1, ProcessState.LIVE)
+    assert SessionEvent.objects.filter(session=session).count() == events
