@@ -17,6 +17,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from executions.errors import ExecutionError
 from executions.models import ENDED_STATES, Backend, Execution, Kind, Machine, MachineState
+from executions.spec import ExecutionSpec
 from terminals import actions
 from terminals.models import ProcessState, TerminalSession
 
@@ -140,7 +141,9 @@ def terminal(request: HttpRequest, session_id: UUID) -> HttpResponse:
         "wsPath": f"/ws/terminals/{session.id}/",
         "processState": session.process_state,
         "generation": session.generation,
-        "idleMinutes": max(1, round(settings.TETHER_IDLE_SECONDS / 60)),
+        # The limit this shell really has: fixed in its spec when it was opened (by whichever web process
+        # handled the Open), not this process's setting, which may differ.
+        "idleMinutes": max(1, round(ExecutionSpec.from_json(session.execution.spec).idle_seconds / 60)),
         "loginUrl": f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': request.get_full_path()})}",
         "workspacesUrl": reverse("terminals:workspaces"),
     }

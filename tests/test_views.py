@@ -172,6 +172,15 @@ def test_terminal_page_hands_its_state_to_the_script(alice):
     assert client.post(f"/terminals/{session.id}/").status_code == 405
 
 
+def test_the_page_tells_the_idle_limit_the_shell_was_opened_with_not_this_processs_setting(alice, settings):
+    settings.TETHER_IDLE_SECONDS = 600  # the web process that handled Open
+    session, _ = actions.open_terminal(make_machine("idle-box", backend=Backend.DOCKER), alice)
+    settings.TETHER_IDLE_SECONDS = 3600  # another daphne, configured otherwise, serves the page
+    page = logged_in(alice).get(f"/terminals/{session.id}/").content.decode()
+    state = json.loads(re.search(r'<script id="terminal-state" type="application/json">(.*?)</script>', page).group(1))
+    assert state["idleMinutes"] == 10
+
+
 def _row(response, machine: str) -> str:
     match = re.search(rf'<tr data-machine="{machine}">(.*?)</tr>', response.content.decode(), re.S)
     assert match, f"no row for {machine}"
