@@ -78,10 +78,14 @@ def _attach_target(session_id) -> dict:
     # The archived screen (up to 64 KiB) is only needed once the process has closed: not on every attach.
     session = TerminalSession.objects.select_related("execution").defer("snapshot").get(pk=session_id)
     execution = session.execution
+    # Only a worker that holds a started process can attach a viewer: one still launching it (its lease's
+    # handle says how far it got) would refuse, so the viewer waits as for a shell that is starting.
     lease = (
         ProcessLease.objects.select_related("worker")
         .filter(execution=execution, released_at__isnull=True)
         .exclude(worker__state=WorkerState.STOPPED)
+        .exclude(handle={})
+        .exclude(handle__has_key="launch")
         .first()
     )
     return {
@@ -146,6 +150,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         # cut short, e.g. by a Redis restart): an attach is numbered so a repeated ``attached`` cannot
         # rewind the stream, and input is numbered so the worker never writes a key twice.
         self.attach_id = 0
+        self.refused_since: float | None = None  # when the worker first refused this attach, if it did
         self.input_seq = 0
         self.epoch: int | None = None  # the owner's stream (lease token) the offsets belong to
         self.attached = False
@@ -387,6 +392,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if self.attached or event.get("attach") != self.attach_id:
             return  # a repeated delivery, or the answer to an attach this viewer has since replaced
         self.attached = True
+        self.refused_since = None
         self.expected = event["offset"]
         self.generation = event["generation"]
         self.epoch = event.get("epoch")
@@ -478,11 +484,16 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         await self.send_json({"type": "gap", "offset": event["offset"], "lost": event["lost"]})
 
     async def terminal_error(self, event: dict) -> None:
-        await self.send_json({"type": "error", "code": event.get("code"), "message": event["message"]})
         if event.get("code") == "attach_refused" and not self.attached:
-            # The lease moved (or the process is closing) between our lookup and the worker: look again.
-            await asyncio.sleep(0.2)
-            await self._attach()
+            # The lease moved (or the process is starting or closing) between our lookup and the worker:
+            # look again, quietly, as the protocol's own retry; the page hears only if it never settles.
+            now = time.monotonic()
+            self.refused_since = self.refused_since or now
+            if now - self.refused_since < ATTACH_WAIT_SECONDS:
+                await asyncio.sleep(0.2)
+                await self._attach()
+                return
+        await self.send_json({"type": "error", "code": event.get("code"), "message": event["message"]})
 
     async def terminal_warning(self, event: dict) -> None:
         if not self._current(event):
