@@ -358,15 +358,16 @@ def add_machine(
     engine: str = "",
     host: str | None = None,
 ) -> Machine:
-    """Register a machine. A local or tmux machine lives on ``host``, by default the one it is added on."""
+    """Register a machine. One whose processes live on a host (local, tmux, docker on a unix socket) lives
+    on ``host``, by default the one it is added on."""
     if not re.match(r"^[-a-zA-Z0-9_]{1,100}$", name or ""):
         raise UsageError(f"machine name {name!r} must be 1-100 letters, digits, '-' or '_'")
     if backend not in Backend.values:
         raise UsageError(f"backend must be one of {', '.join(Backend.values)}, not {backend!r}")
     _check_identity(scope, "scope")
-    if host is None:
-        host = "" if backend == Backend.DOCKER else settings.TETHER_HOST
-    machine = Machine(name=name, backend=backend, ref=ref, scope=scope, engine=engine, host=host)
+    machine = Machine(name=name, backend=backend, ref=ref, scope=scope, engine=engine, host=host or "")
+    if host is None and machine.needs_host:
+        machine.host = settings.TETHER_HOST
     if problems := machine.problems():
         field, problem = next(iter(problems.items()))
         raise UsageError(f"--{field}: {problem}")
@@ -379,6 +380,14 @@ def add_machine(
     except IntegrityError:
         raise IdentityConflict(f"a machine named {name!r} already exists") from None
     return machine
+
+
+def note_machine(machine: Machine, actor: Actor, reason: str) -> None:
+    """A machine event that changes no state (what it stands for, where it lives)."""
+    MachineEvent.objects.create(
+        machine=machine, from_state=machine.state, to_state=machine.state, actor=actor.label, user=actor.user,
+        reason=reason,
+    )  # fmt: skip
 
 
 def record_placement(execution: Execution, *, instance: str, actor: Actor) -> Execution:
@@ -394,13 +403,10 @@ def record_placement(execution: Execution, *, instance: str, actor: Actor) -> Ex
             Machine.objects.filter(pk=machine.pk).update(
                 instance=instance, incarnation=F("incarnation") + int(replaced), updated_at=Now()
             )
-            MachineEvent.objects.create(
-                machine=machine,
-                from_state=machine.state,
-                to_state=machine.state,
-                actor=actor.label,
-                user=actor.user,
-                reason=f"{machine.backend} now {instance}"
+            note_machine(
+                machine,
+                actor,
+                f"{machine.backend} now {instance}"
                 + (f", replacing {machine.instance}: a new incarnation" if replaced else " (first seen)"),
             )
             machine.refresh_from_db()

@@ -144,8 +144,8 @@ class Machine(models.Model):
     host = models.CharField(
         max_length=255,
         blank=True,
-        help_text="Where a local or tmux machine's processes live: only a worker on this host runs, adopts or "
-        "inspects them. Empty for docker (any worker that reaches the engine).",
+        help_text="Where its processes live (local, tmux, docker on this host's engine socket): only a worker "
+        "on this host runs, adopts or inspects them. Empty for docker on a network engine: any worker serves it.",
     )
     state = models.CharField(max_length=16, choices=MachineState.choices, default=MachineState.RUNNING)
     # The backend object behind the name as last seen at a dispatch: the container's id, the tmux server
@@ -178,23 +178,29 @@ class Machine(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def needs_host(self) -> bool:
+        """Whether its processes live on one host: a local PTY, a tmux server, or docker reached through a
+        unix socket (the default engine is each host's own)."""
+        if self.backend != Backend.DOCKER:
+            return True
+        return not self.engine or urlsplit(self.engine).scheme == "unix"
+
     def problems(self) -> dict[str, str]:
         """What keeps this machine from being usable, by field: add_machine refuses it, the admin's add
         form shows it beside the field."""
         found = {}
         if self.backend == Backend.DOCKER and not self.ref:
             found["ref"] = "a docker machine needs the container id or name"
-        if self.backend == Backend.DOCKER and self.host:
-            found["host"] = "a docker machine has no host: any worker that reaches its engine serves it"
-        if self.backend != Backend.DOCKER and not self.host:
-            found["host"] = f"a {self.backend} machine needs the host its processes live on"
+        if self.host and not self.needs_host:
+            found["host"] = "a docker machine on a network engine has no host: any worker that reaches it serves it"
         engine = engine_problem(self.backend, self.engine)
         if engine:
             found["engine"] = engine
         return found
 
     def clean(self) -> None:
-        if self.backend in (Backend.LOCAL, Backend.TMUX) and not self.host:
+        if self.needs_host and not self.host:
             self.host = settings.TETHER_HOST  # where it is added, as add_machine does
         if problems := self.problems():
             raise ValidationError(problems)

@@ -140,8 +140,9 @@ def claim_next_execution(worker: Worker, backends: set[str]) -> tuple[Execution,
     leaves a record that says the command may have run.
     """
     actor = Actor.worker(worker.worker_id)
-    # A local or tmux machine's processes live on its host: only a worker there may start them.
-    here = Q(machine__backend=Backend.DOCKER) | Q(machine__host=worker.host)
+    # A machine's processes live on its host: only a worker there may start them. One with no host yet (a
+    # local, tmux or socket-docker machine from before hosts were recorded) is pinned to the first to claim.
+    here = Q(machine__host=worker.host) | Q(machine__host="")
     with transaction.atomic():
         execution = (
             Execution.objects.select_for_update(skip_locked=True, of=("self",))
@@ -153,6 +154,11 @@ def claim_next_execution(worker: Worker, backends: set[str]) -> tuple[Execution,
         if execution is None:
             return None
         machine = execution.machine
+        if machine.needs_host and not machine.host:
+            if not Machine.objects.filter(pk=machine.pk, host="").update(host=worker.host):
+                return None  # pinned elsewhere a moment ago: not ours
+            exec_actions.note_machine(machine, actor, f"pinned to host {worker.host}, whose worker claimed it first")
+            machine.host = worker.host
         execution = exec_actions.transition(
             execution,
             State.DISPATCHED,
@@ -196,6 +202,13 @@ def fenced_transition(execution: Execution, to_state: str, *, worker: Worker, to
 def save_handle(execution_pk: int, worker: Worker, token: int, handle: dict) -> None:
     with fenced(execution_pk, worker, token):
         ProcessLease.objects.filter(execution_id=execution_pk).update(handle=handle)
+
+
+def lease_follows(execution_pk: int, worker: Worker, marker: str) -> bool:
+    """Whether another worker now holds this execution's process by its marker: it found (adopted, watches)
+    what ``worker`` started. If not, nobody observes that process and whoever started it must end it."""
+    lease = ProcessLease.objects.filter(execution_id=execution_pk, released_at__isnull=True).first()
+    return lease is not None and lease.worker_id != worker.pk and (lease.handle or {}).get("marker") == marker
 
 
 def begin_spawn(execution: Execution, worker: Worker, token: int, intent: dict, instance: str) -> Execution:

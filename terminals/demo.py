@@ -399,11 +399,11 @@ async def recover(backend: str) -> None:
             execution = await db(Execution.objects.select_related("machine").get)(pk=holder.pk)
             owner = await db(_owner_of)(execution.pk)
             ours = owner is not None and owner.pk == worker.worker.pk
-            if execution.state != State.RUNNING or ours:
-                break
+            if execution.is_final or execution.state == State.UNKNOWN or ours:
+                break  # pending or dispatched: a worker (this one, say) has yet to take it
             if time.monotonic() > deadline:
                 where = f"worker pid {owner.pid} on {owner.host}" if owner else "no worker"
-                raise DemoFailed(f"{execution} is still running, held by {where}: drain or stop it first")
+                raise DemoFailed(f"{execution} is still {execution.state}, held by {where}: drain or stop it first")
             await asyncio.sleep(1)
         if ours and await db(_adopted)(execution.pk):
             prove(execution.state == State.RUNNING, "the shell was adopted: still running, with an adopted event")

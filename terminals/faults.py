@@ -1,8 +1,9 @@
 """Named points in the worker where a test can make it die on purpose, to put a crash exactly there.
 
 ``TETHER_FAULT_POINTS=launch.claimed,launch.spawning`` (tests only) makes a worker SIGKILL itself when it
-reaches one of those points, as a power cut or the OOM killer would, with nothing cleaned up. Unset (the
-default) they cost one set lookup.
+reaches one of those points, as a power cut or the OOM killer would, with nothing cleaned up;
+``launch.spawning:stop`` freezes it there instead, as a debugger or a stalled VM would. Unset (the default)
+they cost a lookup or two.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ POINTS = frozenset(
 
 
 def reached(point: str) -> None:
+    """``point`` kills the worker; ``point:stop`` freezes it (SIGSTOP) until someone sends SIGCONT."""
     if point in settings.TETHER_FAULT_POINTS:
         log.warning("fault point %s reached: this worker kills itself (SIGKILL)", point)
         os.kill(os.getpid(), signal.SIGKILL)
+    if f"{point}:stop" in settings.TETHER_FAULT_POINTS:
+        log.warning("fault point %s reached: this worker stops itself (SIGSTOP)", point)
+        os.kill(os.getpid(), signal.SIGSTOP)

@@ -98,6 +98,19 @@ def owner_dead(worker: Worker | None) -> str | None:
     return f"worker {worker.worker_id[:12]}: {why}" if why else None
 
 
+def owner_proven_gone(worker: Worker | None) -> bool:
+    """Whether the owner can do nothing more at all: stopped by itself, or on this host no longer a process.
+    One that is only frozen (SIGSTOP) or silent on another host is fenced from its leases, but it may still
+    carry out an unfenced step it was in the middle of, such as starting the program."""
+    if worker is None:
+        return True
+    if worker.state == WorkerState.STOPPED:
+        return True
+    if worker.host != settings.TETHER_HOST or worker.boot_id != boot_id():
+        return False
+    return not ProcessIdentity(pid=worker.pid, start_time=worker.process_started_at, boot_id=boot_id()).is_alive()
+
+
 def sibling_workers(me: Worker) -> list[tuple[int, int, int]]:
     """``(pk, pid, start time)`` of the other workers on this host (same boot) that have not stopped:
     the ones whose end a worker here can see the moment it happens."""
@@ -121,9 +134,10 @@ def seconds_until_leases_expire(worker_pk: int) -> float | None:
 
 
 def orphaned_leases() -> list[tuple[ProcessLease, str]]:
-    """Expired leases whose owner is dead, that this host may look at: any docker one, and the local and tmux
-    ones of machines on this host (another host's processes are not in our process table)."""
-    here = Q(execution__machine__backend=BackendKind.DOCKER) | Q(execution__machine__host=settings.TETHER_HOST)
+    """Expired leases whose owner is dead, that this host may look at: those of machines on this host, and of
+    machines that live on none (docker on a network engine). Another host's processes, tmux servers and
+    local docker engine are not ours to look at."""
+    here = Q(execution__machine__host="") | Q(execution__machine__host=settings.TETHER_HOST)
     expired = (
         ProcessLease.objects.select_related("worker", "execution", "execution__machine")
         .filter(here, released_at__isnull=True, expires_at__lt=Now())
@@ -157,7 +171,15 @@ async def judge_lease(lease: ProcessLease, why: str, *, can_adopt: bool, can_wat
     else:
         seen = await backend.inspect(handle)
     if seen.status == Status.NEVER_STARTED:
+        if not seen.fenced and not owner_proven_gone(lease.worker):
+            return finding(UNKNOWN, f"{seen.detail}, but its owner is not proven gone and may still start it")
         return finding(NEVER_STARTED, seen.detail)
+    if seen.status == Status.GONE and (left := await backend.survivors(handle)):
+        # Nothing says how it ended, and children of it run on (ignoring the hang-up): end them first.
+        return finding(
+            UNKNOWN, f"{seen.detail}, but {left} of its processes still run: ending them", handle=handle,
+            still_running=True,
+        )  # fmt: skip
     if seen.status == Status.ALIVE:
         if backend.can_adopt:
             return finding(ADOPT if can_adopt else WAIT, f"{seen.detail or 'still running'}: adoptable", handle=handle)
@@ -183,7 +205,7 @@ def _claimed_markers() -> set[str]:
 
 
 def _tmux_sockets() -> list[str]:
-    machines = Machine.objects.filter(backend=BackendKind.TMUX, host=settings.TETHER_HOST).exclude(
+    machines = Machine.objects.filter(backend=BackendKind.TMUX, host__in=["", settings.TETHER_HOST]).exclude(
         state=MachineState.DELETED
     )
     return sorted(set(machines.values_list("ref", flat=True)))
@@ -306,6 +328,15 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
         return "completed: never started" if never else "completed: killed"
     if finding.action == EXITED:
         exit = finding.exit
+        ended = ""
+        if finding.handle:
+            # Before the record frees the slot: the dead pane held only the status, and nothing of the tree
+            # may run on under the next command.
+            try:
+                await backend.remove(finding.handle, grace=0.5)
+            except Exception as error:
+                log.warning("could not end what is left of %s after reading its exit: %r", finding.label, error)
+                ended = f"; ending what was left of it failed ({error!r}): some of it may still run"
         evidence, fields = actions.exit_record(exit)
         await db(actions.settle_execution)(
             execution,
@@ -313,17 +344,11 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
             token=token,
             to_state=State.COMPLETED,
             evidence=evidence,
-            reason=f"{exit.describe()}: read back from {exit.source} by recovery",
+            reason=f"{exit.describe()}: read back from {exit.source} by recovery{ended}",
             close_reason=CloseReason.EXITED,
             snapshot=snapshot,
             **fields,
         )
-        if finding.handle:
-            try:
-                # The dead pane held only the status; and nothing of the tree may outlive the record.
-                await backend.remove(finding.handle, grace=0.5)
-            except Exception as error:
-                log.warning("could not remove %s after reading its exit: %r", finding.label, error)
         return f"completed: {exit.describe()}"
     ended = ""
     if finding.still_running:

@@ -28,9 +28,8 @@ from executions.models import Backend as BackendKind
 from executions.models import Evidence, Execution, ExecutionEvent, State
 from terminals.backends import procfs
 from terminals.backends.base import Launch, Status
-from terminals.backends.procfs import boot_id
+from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.models import ProcessLease, Worker, WorkerState
-from terminals.recovery import owner_is_gone
 from terminals.registry import backend_for
 
 
@@ -61,9 +60,12 @@ def _alive_owner(worker: Worker) -> str | None:
     if worker.state == WorkerState.STOPPED:
         return None
     if worker.host == settings.TETHER_HOST and worker.boot_id == boot_id():
-        if owner_is_gone(worker.pid, worker.process_started_at):  # pid and start time: proof on this host
+        identity = ProcessIdentity(worker.pid, worker.process_started_at, worker.boot_id)
+        if not identity.is_alive():  # pid and start time: proof on this host
             return None
-        state = f"{worker.state} (pid {worker.pid} runs)"
+        # A process stopped by SIGSTOP or a debugger is fenced from its leases, but it may go on where it
+        # stopped (start a program it was about to start): it is not gone.
+        state = f"{worker.state} (pid {worker.pid} {'is stopped' if identity.is_stopped() else 'runs'})"
     else:  # another host: only its silence past the lease TTL tells
         ttl = timedelta(seconds=settings.TETHER_LEASE_TTL_SECONDS)
         if Worker.objects.filter(pk=worker.pk, heartbeat_at__lt=Now() - ttl).exists():
@@ -141,32 +143,16 @@ def check_machine(execution: Execution) -> Check:
 
 
 def _short(instance: str) -> str:
-    """A container id as docker prints it; other instances as they are."""
-    return instance[:12] if len(instance) == 64 else instance
-
-
-async def _instance_proof(backend, execution: Execution) -> str | None:
-    """Why nothing of the execution can run any more because of what became of its machine, or None."""
-    if execution.ran_on_instance:
-        now = await backend.instance()
-        if now != execution.ran_on_instance:
-            return f"{_short(execution.ran_on_instance)}, where it ran, is gone: nothing of it can run"
-    return await backend.emptied()
+    """A container as docker prints its id, a tmux server as pid@start, a boot as it is."""
+    tail = instance.rpartition("/")[2]
+    if len(tail) == 64:  # ENGINE-ID/CONTAINER-ID
+        return tail[:12]
+    return instance.rpartition(":")[2] if instance.startswith("/") else instance  # SOCKET-PATH:pid@start
 
 
 async def _inspect(backend, handle: dict) -> Check:
-    if handle.get("launch") == Launch.CLAIMED:
-        return Check("process", True, "its owner never asked the backend to start it")
     seen = await (backend.inspect_launch(handle) if handle.get("launch") else backend.inspect(handle))
-    handle = seen.handle or handle
     if seen.status in (Status.GONE, Status.EXITED, Status.NEVER_STARTED):
-        if "marker" in handle and (left := await backend.survivors(handle)):
-            return Check(
-                "process",
-                False,
-                f"{left} of its processes still run (children that outlived it): end them "
-                "(recover_terminals ends a dead owner's leftovers) or stop the machine",
-            )
         return Check("process", True, seen.detail or (seen.exit.describe() if seen.exit else str(seen.status)))
     if seen.status == Status.ALIVE:
         return Check("process", False, f"still running: {seen.detail}")
@@ -189,14 +175,27 @@ async def _search(backend, machine, label: str) -> Check:
         "process",
         False,
         f"no handle was saved, so Tether cannot tell which processes in container {machine.ref!r} are its own: "
-        f"stop the container (docker stop {machine.ref}), remove it, or replace it, then resolve again",
+        f"stop the container (docker stop {machine.ref}) or remove it (docker rm -f {machine.ref}), "
+        "then resolve again",
     )
 
 
 async def _process_check(execution: Execution, handle: dict, label: str) -> Check:
+    """In this order: its owner never asked for it; no process of its tree is left (by its marker, whatever
+    became of the machine: a child that ignores SIGHUP outlives even its tmux server); what it ran in is gone
+    or stopped; else its own process, as its handle finds it."""
     machine = execution.machine
     backend = backend_for(machine)
-    if proof := await _instance_proof(backend, execution):
+    if handle.get("launch") == Launch.CLAIMED:
+        return Check("process", True, "its owner never asked the backend to start it")
+    if "marker" in handle and (left := await backend.survivors(handle)):
+        return Check(
+            "process",
+            False,
+            f"{left} of its processes still run (children that outlived it): end them "
+            "(recover_terminals ends a dead owner's leftovers) or stop the machine",
+        )
+    if proof := await backend.vacancy(execution.ran_on_instance):
         return Check("process", True, proof)
     if handle:
         return await _inspect(backend, handle)
@@ -205,7 +204,7 @@ async def _process_check(execution: Execution, handle: dict, label: str) -> Chec
 
 def check_process(execution: Execution, lease: ProcessLease | None) -> Check:
     machine = execution.machine
-    if machine.backend != BackendKind.DOCKER and machine.host != settings.TETHER_HOST:
+    if machine.host and machine.host != settings.TETHER_HOST:
         return Check(
             "process",
             False,

@@ -174,11 +174,12 @@ class OwnerWorker(ViewerHandlers):
             log.warning("%s; letting go", error)
         except Exception as error:
             log.exception("launching %s failed", execution)
-            await self._lost_at_launch(execution, lease.token, error)
+            await self._until_recorded(lambda failure=error: self._lost_at_launch(execution, lease.token, failure))
         return True
 
     async def _lost_at_launch(self, execution: Execution, token: int, error: Exception) -> None:
-        """A launch broke somewhere unexpected: the process may have started, so the outcome is unknown."""
+        """A launch broke somewhere unexpected: the process may have started, so the outcome is unknown
+        (retried through a database outage, so the slot is never left dispatched under a live lease)."""
         execution = await db(_load_execution)(execution.pk)
         if execution.state in (State.DISPATCHED, State.RUNNING):
             try:
@@ -247,7 +248,8 @@ class OwnerWorker(ViewerHandlers):
         backend = backend_for(machine)
 
         async def before_start(handle: dict) -> None:
-            await db(actions.save_handle)(execution.pk, self.worker, token, {**handle, "launch": Launch.STARTING})
+            starting = {**handle, "launch": Launch.STARTING}
+            await self._until_recorded(lambda: db(actions.save_handle)(execution.pk, self.worker, token, starting))
             faults.reached("launch.starting")
 
         try:
@@ -257,9 +259,11 @@ class OwnerWorker(ViewerHandlers):
                 raise SpawnError(str(error)) from None
             intent = {"launch": Launch.SPAWNING, "backend": machine.backend, "instance": instance}
             intent |= {"marker": tags.marker, "session": tags.session}
-            execution = await db(actions.begin_spawn)(execution, self.worker, token, intent, instance)
+            execution = await self._until_recorded(
+                lambda: db(actions.begin_spawn)(execution, self.worker, token, intent, instance)
+            )
             faults.reached("launch.spawning")
-            process = await backend.spawn(spec, tags, before_start=before_start)
+            process = await backend.spawn(spec, tags, before_start=before_start, instance=instance)
         except SpawnError as error:
             # Proven: nothing started. A known outcome, said plainly.
             await db(actions.settle_execution)(
@@ -274,28 +278,37 @@ class OwnerWorker(ViewerHandlers):
             )
             return  # the session is closed with the reason; viewers read it when they attach
         try:
-            await db(actions.save_handle)(execution.pk, self.worker, token, process.handle)
-        except actions.LeaseLost as error:
-            # We stalled before saying where the process is, and recovery took the lease from its intent.
-            # What a later owner can take (a tmux session found by its marker, a docker command it watches)
-            # is left to it; anything else nobody can observe, so it is ours to end.
-            if self._later_owner_can_take(machine.backend, execution.kind):
-                log.warning("%s before its handle was saved; leaving it to the new owner", error)
-                await process.detach()
-            else:
-                log.warning("%s before its handle was saved; ending the process", error)
-                await process.terminate(grace=0.5)
-            return
-        try:
-            execution = await db(actions.fenced_transition)(
-                execution, State.RUNNING, worker=self.worker, token=token, evidence=Evidence.OBSERVED
+            await self._until_recorded(
+                lambda: db(actions.save_handle)(execution.pk, self.worker, token, process.handle)
+            )
+            if (placed := process.handle.get("instance")) and placed != instance:
+                # It was made in another object than the one looked up (a tmux server restarted in between).
+                execution = await self._until_recorded(
+                    lambda: db(actions.begin_spawn)(execution, self.worker, token, process.handle, placed)
+                )
+            execution = await self._until_recorded(
+                lambda: db(actions.fenced_transition)(
+                    execution, State.RUNNING, worker=self.worker, token=token, evidence=Evidence.OBSERVED
+                )
             )
         except actions.LeaseLost as error:
-            # Another worker took it over (adopted, or recorded it) while we stalled: hands off.
-            log.warning("%s while starting it; letting go", error)
-            await process.detach()
+            await self._started_for_nobody(execution, process, error)
             return
         self._hold(execution, token, process, session, machine.backend)
+
+    async def _started_for_nobody(self, execution: Execution, process, error: Exception) -> None:
+        """We stalled while starting it and recovery took the lease meanwhile. If the new owner holds the
+        process by its marker (adopted it, watches it), it is left to it; otherwise nobody observes it (its
+        outcome was recorded without it, say unknown or never started): it is ours to end."""
+        if await db(actions.lease_follows)(execution.pk, self.worker, process.handle.get("marker")):
+            log.warning("%s while starting it; its new owner holds it", error)
+            await process.detach()
+        else:
+            log.warning("%s while starting it; nobody observes it, so it is ended", error)
+            try:
+                await process.terminate(grace=0.5)
+            except Exception as failure:
+                log.error("execution %s: could not end a process nobody observes: %r", execution.pk, failure)
 
     def _hold(self, execution, token: int, process, session: TerminalSession | None, backend: str, screen=b"") -> None:
         """Hold ``process`` under ``token``: its output pump, buffer and viewer. ``screen`` starts the buffer

@@ -4,12 +4,6 @@ from django.conf import settings
 from django.db import migrations, models
 
 
-def host_machines_live_here(apps, schema_editor):
-    """Local and tmux machines added before machines named their host live where they were migrated."""
-    Machine = apps.get_model("executions", "Machine")
-    Machine.objects.filter(backend__in=["local", "tmux"], host="").update(host=settings.TETHER_HOST)
-
-
 class Migration(migrations.Migration):
     dependencies = [
         ("executions", "0007_exit_status_evidence"),
@@ -31,7 +25,7 @@ class Migration(migrations.Migration):
             name="host",
             field=models.CharField(
                 blank=True,
-                help_text="Where a local or tmux machine's processes live: only a worker on this host runs, adopts or inspects them. Empty for docker (any worker that reaches the engine).",
+                help_text="Where its processes live (local, tmux, docker on this host's engine socket): only a worker on this host runs, adopts or inspects them. Empty for docker on a network engine: any worker serves it.",
                 max_length=255,
             ),
         ),
@@ -99,5 +93,4 @@ class Migration(migrations.Migration):
                 name="execution_evidence_valid",
             ),
         ),
-        migrations.RunPython(host_machines_live_here, migrations.RunPython.noop),
     ]

@@ -107,6 +107,9 @@ class Inspection:
     exit: Exit | None = None
     detail: str = ""
     handle: dict | None = None  # found from an intent (a tmux session by its marker): the process's own handle
+    # NEVER_STARTED even should its owner only be frozen: the owner's next step towards starting it is fenced
+    # by its lease (a docker exec is started only after a fenced write), so a take-over stops it.
+    fenced: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,9 +157,13 @@ class Backend(abc.ABC):
     can_adopt = False  # whether ``attach`` can take over a live process from a dead owner
 
     @abc.abstractmethod
-    async def spawn(self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None) -> Process:
+    async def spawn(
+        self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None, instance: str = ""
+    ) -> Process:
         """Start ``spec``. A backend that creates before it starts (docker) awaits ``before_start(handle)``
-        in between, so the handle is kept before anything can run; if it raises, nothing is started."""
+        in between, so the handle is kept before anything can run; if it raises, nothing is started.
+        ``instance`` is what ``instance()`` said the machine is: a backend that can address it (a container
+        by id) starts the program there and nowhere else. Raises SpawnError only when nothing started."""
 
     @abc.abstractmethod
     async def inspect(self, handle: dict) -> Inspection:
@@ -173,9 +180,11 @@ class Backend(abc.ABC):
         there is none; ``ensure`` starts what a spawn would start anyway (the tmux server)."""
         return ""
 
-    async def emptied(self) -> str | None:
-        """Why no process can be running on the machine now (its container is stopped or gone, no tmux
-        server runs), or None when processes may run there."""
+    async def vacancy(self, instance: str) -> str | None:
+        """Why nothing that ran in ``instance`` (as recorded at its dispatch; "" when not recorded) can run
+        any more: its container is gone or stopped, its tmux server gone, the host rebooted. None when
+        something of it may still run there. Raises BackendError when this process cannot look at it (another
+        engine, another user's tmux socket): absence seen from the wrong place is no proof."""
         return None
 
     async def survivors(self, handle: dict) -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import ssl
 import time
@@ -45,6 +46,7 @@ from terminals.backends.base import (
     BeforeStart,
     Exit,
     Inspection,
+    Launch,
     Process,
     SpawnError,
     SpawnSpec,
@@ -53,6 +55,8 @@ from terminals.backends.base import (
     child_env,
 )
 from terminals.backends.docker_tree import run_tree_script
+
+log = logging.getLogger(__name__)
 
 SOURCE = "docker exec inspect"
 LAST_OUTPUT_LIMIT = 8 * 1024 * 1024  # what the terminal and dockerd still buffer once the tree is gone
@@ -305,7 +309,11 @@ class DockerBackend(Backend):
         except ENGINE_ERRORS as error:
             raise SpawnError(f"{self._where(self.engine)} failed to start an exec: {error}") from None
 
-    async def spawn(self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None) -> DockerProcess:
+    async def spawn(
+        self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None, instance: str = ""
+    ) -> DockerProcess:
+        """``instance`` (as ``instance()`` gave it when the worker recorded where it runs) pins the container by
+        id: one re-created under the name meanwhile is another machine, and its exec would run there."""
         try:
             api = await self._client(self.engine)
         except BackendError as error:
@@ -314,19 +322,22 @@ class DockerBackend(Backend):
         if "PATH" not in spec.env:
             env.pop("PATH")  # the image's own PATH is the one its programs expect
         program = spec.argv[0]
+        container = instance.rpartition("/")[2] or self.container
         with self._spawn_errors(program):
             created = await asyncio.to_thread(
-                api.exec_create, self.container, list(spec.argv), stdin=True, tty=True,
+                api.exec_create, container, list(spec.argv), stdin=True, tty=True,
                 environment=env, workdir=spec.cwd or None,
             )  # fmt: skip
-        handle = {"backend": "docker", "engine": self.engine, "container": self.container, "exec_id": created["Id"]}
+        handle = {"backend": "docker", "engine": self.engine, "container": container, "exec_id": created["Id"]}
         handle |= {"marker": tags.marker, "session": tags.session}
         handle |= {"owner_pid": tags.owner_pid, "owner_started_at": tags.owner_started_at}
         if before_start is not None:
             # Kept before it can run: an exec that is created but never started is proof nothing ran.
             await before_start(dict(handle))
-        with self._spawn_errors(program):
+        try:
             conn = await asyncio.to_thread(api.exec_start, created["Id"], tty=True, socket=True)
+        except (APIError, *ENGINE_ERRORS) as error:
+            await self._failed_start(api, created["Id"], program, error)
         process = DockerProcess(self, api, handle, conn)
         try:
             info = await self._started(api, created["Id"])
@@ -341,18 +352,32 @@ class DockerBackend(Backend):
             if info["Running"]:
                 await self._resize_when_started(api, created["Id"], spec.cols, spec.rows)
         except BaseException:
+            # SpawnError: nothing ran. Anything else: it may have; it is ended here, and the error (no
+            # SpawnError) has the worker record the outcome unknown.
             with contextlib.suppress(Exception):
                 await process.terminate(grace=0)
             raise
         return process
+
+    async def _failed_start(self, api: docker.APIClient, exec_id: str, program: str, error: Exception) -> None:
+        """exec_start failed: a refusal proves nothing started only if the exec is still unstarted; a broken
+        connection or a timeout may have come after docker started it."""
+        try:
+            info = await self._exec_state(api, exec_id)
+        except BackendError:
+            info = None
+        explanation = getattr(error, "explanation", None) or error
+        if info is not None and not info.get("Pid") and not info.get("Running") and info.get("ExitCode") is None:
+            raise SpawnError(f"docker could not start {program!r} in {self.container!r}: {explanation}") from None
+        raise BackendError(f"docker failed while starting exec {exec_id[:12]}, which may have started: {explanation}")
 
     async def _started(self, api: docker.APIClient, exec_id: str, timeout: float = 10.0) -> dict:
         """exec inspect once the exec has a pid or an exit code (Pid stays 0 if it could not start)."""
         deadline = time.monotonic() + timeout
         # Docker answers the start request before it marks the exec running: not running, no code, no pid yet.
         while (info := await self._exec_state(api, exec_id)) and not info["Pid"] and info["ExitCode"] is None:
-            if time.monotonic() > deadline:
-                raise SpawnError(f"exec {exec_id[:12]} did not start within {timeout}s")
+            if time.monotonic() > deadline:  # asked to start: it may yet, so this is no proof it did not
+                raise BackendError(f"exec {exec_id[:12]} did not start within {timeout}s")
             await asyncio.sleep(0.01)
         if not info:
             raise SpawnError(f"exec {exec_id[:12]} vanished at start (container removed?)")
@@ -368,8 +393,9 @@ class DockerBackend(Backend):
             except APIError as error:
                 if not (await self._exec_state(api, exec_id)).get("Running"):
                     return  # already over: there is no terminal left to size
-                if time.monotonic() > deadline:
-                    raise SpawnError(f"docker would not set the terminal size: {error.explanation}") from None
+                if time.monotonic() > deadline:  # it runs at another size: worse than it should be, not fatal
+                    log.warning("docker would not set exec %s's terminal size: %s", exec_id[:12], error.explanation)
+                    return
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
 
@@ -393,7 +419,7 @@ class DockerBackend(Backend):
             return Inspection(
                 Status.ALIVE, detail=f"docker says ended ({info['ExitCode']}) but pid {identity.pid} runs"
             )
-        if info["ExitCode"] is None and not info.get("Pid"):
+        if info["ExitCode"] is None and not info.get("Pid") and handle.get("launch") == Launch.STARTING:
             # Created, never started, and only its owner (dead, for whoever looks from outside) starts it.
             return Inspection(
                 Status.NEVER_STARTED, detail=f"exec {handle['exec_id'][:12]} was created but never started"
@@ -417,35 +443,53 @@ class DockerBackend(Backend):
 
     async def inspect_launch(self, intent: dict) -> Inspection:
         if "exec_id" not in intent:
-            # The exec is started only once its id is kept: without one, nothing was started.
-            return Inspection(Status.NEVER_STARTED, detail="its owner died before it started the exec")
+            # The exec is started only once its id is kept, by a fenced write: without one, nothing was started,
+            # and an owner that wakes now finds its lease taken before it can start one.
+            return Inspection(Status.NEVER_STARTED, detail="its owner stopped before it created the exec", fenced=True)
         return await self.inspect(intent)
 
-    async def _container(self) -> dict | None:
-        """The machine's container as docker inspects it, None when there is none by that name."""
-        api = await self._client(self.engine)
+    async def _daemon(self, api: docker.APIClient) -> str:
+        """The engine's own id: the same name on another engine (another host's local socket) is another thing."""
         try:
-            return await asyncio.to_thread(api.inspect_container, self.container)
+            return (await asyncio.to_thread(api.info))["ID"]
+        except ENGINE_ERRORS as error:
+            raise BackendError(f"{self._where(self.engine)} is unreachable: {error}") from None
+
+    async def _container(self, api: docker.APIClient, container: str) -> dict | None:
+        """The container as docker inspects it (by id or name), None when there is none."""
+        try:
+            return await asyncio.to_thread(api.inspect_container, container)
         except NotFound:
             return None
         except ENGINE_ERRORS as error:
-            raise BackendError(f"cannot inspect container {self.container!r}: {error}") from None
+            raise BackendError(f"cannot inspect container {container!r}: {error}") from None
 
     async def instance(self, *, ensure: bool = False) -> str:
-        found = await self._container()
-        return found["Id"] if found else ""
+        """``ENGINE-ID/CONTAINER-ID`` of the machine's container now, "" when there is none by its name."""
+        api = await self._client(self.engine)
+        found = await self._container(api, self.container)
+        return f"{await self._daemon(api)}/{found['Id']}" if found else ""
 
-    async def emptied(self) -> str | None:
-        found = await self._container()
+    async def vacancy(self, instance: str) -> str | None:
+        api = await self._client(self.engine)
+        daemon, _, container = instance.rpartition("/")
+        if daemon and daemon != (here := await self._daemon(api)):
+            raise BackendError(
+                f"{self._where(self.engine)} is docker engine {here[:12]}, not {daemon[:12]} where it ran: "
+                "look from a host and DOCKER_HOST that reach that engine"
+            )
+        # By the id it ran in: a container re-created under the name leaves the old one's fate open.
+        found = await self._container(api, container or self.container)
+        shown = (container or self.container)[:12]
         if found is None:
-            return f"container {self.container!r} no longer exists: every process of it ended"
+            return f"container {shown} no longer exists: every process of it ended with it"
         if not found["State"]["Running"]:
-            return f"container {self.container!r} is stopped ({found['State']['Status']}): none of its processes runs"
+            return f"container {shown} is stopped ({found['State']['Status']}): none of its processes runs"
         return None
 
     async def survivors(self, handle: dict) -> int:
-        api = await self._client(handle["engine"])
-        return await self._survivors(api, handle)
+        api = await self._client(handle.get("engine", self.engine))
+        return await self._survivors(api, {"container": self.container, **handle})
 
     async def remove(self, handle: dict, grace: float = 2.0) -> None:
         api = await self._client(handle["engine"])

@@ -146,7 +146,9 @@ class LocalProcess(Process):
 class LocalBackend(Backend):
     name = "local"
 
-    async def spawn(self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None) -> LocalProcess:
+    async def spawn(
+        self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None, instance: str = ""
+    ) -> LocalProcess:
         # One step creates and starts the child: there is no moment in between to keep a handle from.
         account = pwd.getpwuid(os.getuid())
         env = child_env(spec, tags, {"HOME": account.pw_dir, "USER": account.pw_name, "SHELL": account.pw_shell})
@@ -201,6 +203,11 @@ class LocalBackend(Backend):
 
     async def instance(self, *, ensure: bool = False) -> str:
         return f"boot {boot_id()}"  # a reboot ends every process the host had
+
+    async def vacancy(self, instance: str) -> str | None:
+        if instance and instance != await self.instance():
+            return f"the host has rebooted since it ran ({instance}): every process it had ended"
+        return None
 
     async def survivors(self, handle: dict) -> int:
         return len(await asyncio.to_thread(find_tree, marker=handle["marker"]))

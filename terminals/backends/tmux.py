@@ -70,6 +70,7 @@ WINDOW_OPTIONS = {
     "allow-rename": "off",
     "monitor-bell": "off",
 }
+SERVER_FORMAT = "#{socket_path}:#{pid}@#{start_time}"
 STATE = "#{pane_id}|#{pane_pid}|#{pane_tty}|#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{@tether_exit}"
 
 
@@ -138,6 +139,13 @@ def _end_go_wait(marker: str) -> None:
             continue
         if gate in argv:
             waiter.signal(SIGTERM)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _tty_of(pid: int) -> int | None:
@@ -413,7 +421,9 @@ class TmuxBackend(Backend):
         pid_if_alive = int(pid) if dead == "0" else 0
         return PaneState(verdict, True, exit, pid_if_alive, tty, program_ended=bool(recorded), detail=detail)
 
-    async def spawn(self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None) -> TmuxProcess:
+    async def spawn(
+        self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None, instance: str = ""
+    ) -> TmuxProcess:
         # No handle is needed before the program starts: a session is found again by its marker, and its
         # shim starts the program only at the owner's go (see tmux_shim).
         account = pwd.getpwuid(os.getuid())
@@ -443,7 +453,8 @@ class TmuxBackend(Backend):
             ["set-option", "-s", "exit-empty", "off"],
             ["set-option", "-s", "escape-time", "0"],
             ["set-option", "-g", "update-environment", ""],
-            [*create, *env_args, "-P", "-F", "#{pane_id}", "--", *shim],
+            # Printed: the pane, and the server it was made in (a server restarted since instance() is another).
+            [*create, *env_args, "-P", "-F", f"#{{pane_id}} {SERVER_FORMAT}", "--", *shim],
             # The shim's gates. This list runs before any other client's command, so before the shim asks;
             # a lock, unlike a signal, is never lost or undone by a second wake.
             *(["wait-for", "-L", f"tether-{gate}-{tags.marker}"] for gate in ("go", "release")),
@@ -459,7 +470,8 @@ class TmuxBackend(Backend):
             await asyncio.sleep(0.1)
         if not out.startswith("%"):  # no session was made (a failed command list stops at the failure)
             raise SpawnError(f"tmux could not start {program}: {err.strip() or out.strip()}")
-        handle = self._handle(name, out.split()[0], tags.marker)
+        pane, _, server = out.strip().partition(" ")
+        handle = self._handle(name, pane, tags.marker) | {"instance": server}
         try:
             if code != 0:
                 raise BackendError(f"tmux could not set up {name}: {err.strip()}")
@@ -493,13 +505,17 @@ class TmuxBackend(Backend):
 
     async def inspect_launch(self, intent: dict) -> Inspection:
         """A session tagged with the intent's marker is the one its owner made: look at that. None, on the
-        same server as then, and no tmux client of the dead owner's still making one: it never started."""
+        same server as then, nothing carrying the marker, and no tmux client of the dead owner's still making
+        one: it never started."""
         for tagged in await self.list_tagged():
             if tagged.tags["marker"] == intent["marker"]:
                 seen = await self.inspect(tagged.handle)
                 return Inspection(seen.status, seen.exit, seen.detail, handle=tagged.handle)
+        if left := await self.survivors(intent):
+            # A session made without its tags (its creation cut short) may run the program unsupervised.
+            return Inspection(Status.GONE, detail=f"no session holds it, but {left} process(es) carry its marker")
         now = await self.instance()
-        server = int(now.partition("@")[0]) if now else 0  # a server started by a client keeps its argv
+        server = int(now.rpartition(":")[2].partition("@")[0]) if now else 0  # a server keeps its client's argv
         clients = [c for c in await asyncio.to_thread(procfs.find_by_cmdline, intent["marker"]) if c.pid != server]
         if clients:
             return Inspection(Status.UNKNOWN, detail=f"tmux client pid {clients[0].pid} may still be creating it")
@@ -512,23 +528,47 @@ class TmuxBackend(Backend):
             Status.GONE, detail=f"no session carries its marker, but the tmux server is {now or 'gone'} (was {then})"
         )
 
+    def socket_path(self) -> str:
+        """Where this process's tmux looks for the socket (its uid and TMUX_TMPDIR decide, as tmux's own)."""
+        root = os.environ.get("TMUX_TMPDIR") or "/tmp"
+        return os.path.realpath(os.path.join(root, f"tmux-{os.getuid()}", self.socket))
+
     async def instance(self, *, ensure: bool = False) -> str:
-        """The server as ``pid@start time`` (a restarted server is another one: its sessions are gone)."""
+        """The server as ``SOCKET-PATH:pid@start time``: a restarted server is another one, its sessions gone,
+        and a server at another path (another user's, another TMUX_TMPDIR) is no server of ours."""
         setup = ["start-server", ";", "set-option", "-s", "exit-empty", "off", ";"] if ensure else []
-        code, out, err = await self._run(*setup, "display-message", "-p", "#{pid}@#{start_time}")
+        code, out, err = await self._run(*setup, "display-message", "-p", SERVER_FORMAT)
         if code == 0:
             return out.strip()
         if not ensure and any(text in err for text in GONE_ERRORS):
             return ""
         raise BackendError(f"cannot reach the tmux server on socket {self.socket}: {err.strip() or code}")
 
-    async def emptied(self) -> str | None:
-        if await self.instance():
-            return None
-        return f"no tmux server runs on socket {self.socket}: every session it held is gone"
+    async def vacancy(self, instance: str) -> str | None:
+        path, _, server = instance.rpartition(":")
+        if path and os.path.realpath(path) != self.socket_path():
+            raise BackendError(
+                f"its tmux socket is {path}, but this process would look at {self.socket_path()}: "
+                "look as the workers' user, with their TMUX_TMPDIR"
+            )
+        now = await self.instance()
+        if instance and now == instance:
+            return None  # the same server runs: its session decides
+        if instance:
+            pid = int(server.partition("@")[0] or 0)
+            if pid and b"tmux" in _cmdline(pid):
+                return None  # the old server still runs (its socket was removed): no proof from here
+            return f"the tmux server it ran in ({server}) is gone, and every session it held"
+        if not now:
+            return f"no tmux server runs on socket {self.socket}: every session it held is gone"
+        return None
 
     async def survivors(self, handle: dict) -> int:
-        return len(await asyncio.to_thread(procfs.find_tree, marker=handle["marker"]))
+        """Processes of its program's tree, and its shim (alive while its pane is): by their markers."""
+        marker = handle["marker"]
+        program = await asyncio.to_thread(procfs.find_tree, marker=marker)
+        shim = await asyncio.to_thread(procfs.find_tree, marker=marker, variable=SHIM_MARKER_VARIABLE)
+        return len(program) + len(shim)
 
     async def list_tagged(self) -> list[TaggedSession]:
         fmt = "|".join(["#{session_name}", "#{pane_id}", *(f"#{{@tether_{key}}}" for key in TAGS)])
@@ -579,6 +619,10 @@ class TmuxBackend(Backend):
             await procfs.terminate_tree(marker=handle["marker"], variable=SHIM_MARKER_VARIABLE, grace=0)
 
     async def remove(self, handle: dict, grace: float = 2.0) -> None:
+        if "pane" not in handle:  # an intent whose session was never found: only processes by their markers
+            await procfs.terminate_tree(marker=handle["marker"], grace=grace)
+            await procfs.terminate_tree(marker=handle["marker"], variable=SHIM_MARKER_VARIABLE, grace=0)
+            return
         state = await self._state(handle)
         await self._end_tree(handle, grace, state)
         if state.ours:  # never a session whose pane, name and marker do not all match

@@ -3,9 +3,29 @@
 from django.db import migrations, models
 
 
+def hosts_from_their_workers(apps, schema_editor):
+    """A machine whose processes live on one host, added before machines named it, lives where the workers
+    that ran it lived (the latest lease's). One that never ran stays without a host until the first worker
+    to claim its work pins it."""
+    Machine = apps.get_model("executions", "Machine")
+    ProcessLease = apps.get_model("terminals", "ProcessLease")
+    for machine in Machine.objects.filter(host=""):
+        if machine.backend == "docker" and machine.engine and not machine.engine.startswith("unix://"):
+            continue  # a network engine: any worker serves it
+        lease = (
+            ProcessLease.objects.filter(execution__machine=machine, worker__isnull=False)
+            .order_by("-heartbeat_at")
+            .select_related("worker")
+            .first()
+        )
+        if lease is not None:
+            Machine.objects.filter(pk=machine.pk).update(host=lease.worker.host)
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("terminals", "0005_session_viewer"),
+        ("executions", "0008_placement_and_hosts"),
     ]
 
     operations = [
@@ -31,4 +51,5 @@ class Migration(migrations.Migration):
                 max_length=32,
             ),
         ),
+        migrations.RunPython(hosts_from_their_workers, migrations.RunPython.noop),
     ]

@@ -73,3 +73,32 @@ def test_only_a_worker_on_the_machines_host_runs_recovers_and_resolves_its_proce
         assert resolved.state == State.RESOLVED
     finally:
         stack.stop()
+
+
+def test_a_docker_machine_on_a_local_socket_lives_on_its_host_and_one_on_a_network_engine_on_none(settings):
+    on_socket = exec_actions.add_machine(name="sock", backend="docker", ref="c", actor=TEST_ACTOR)
+    explicit = exec_actions.add_machine(
+        name="unix", backend="docker", ref="c", engine="unix:///run/docker.sock", actor=TEST_ACTOR
+    )
+    remote = exec_actions.add_machine(
+        name="remote", backend="docker", ref="c", engine="tcp://docker.example:2376", actor=TEST_ACTOR
+    )
+    assert (on_socket.host, explicit.host, remote.host) == (settings.TETHER_HOST, settings.TETHER_HOST, "")
+
+
+def test_a_machine_from_before_hosts_is_pinned_to_the_first_worker_that_claims_its_work():
+    from executions.models import Machine, MachineEvent
+    from terminals import actions as terminal_actions
+
+    machine = exec_actions.add_machine(name="legacy", backend="local", actor=TEST_ACTOR)
+    Machine.objects.filter(pk=machine.pk).update(host="")  # as the migration leaves one that never ran
+    exec_actions.submit_execution(
+        scope="default", execution_id="first", machine_name="legacy", spec=make_spec("true"), actor=TEST_ACTOR
+    )
+    worker = terminal_actions.register_worker(
+        worker_id="w-pin", host="host-p", pid=1, started_at=1, boot_id="b", channel_name=""
+    )
+    claimed, _lease = terminal_actions.claim_next_execution(worker, {"local"})
+    assert claimed.execution_id == "first"
+    assert Machine.objects.get(pk=machine.pk).host == "host-p"
+    assert "pinned to host host-p" in MachineEvent.objects.filter(machine=machine).last().reason

@@ -14,6 +14,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from executions import actions as exec_actions
 from executions.models import Evidence, Execution, Machine, MachineEvent, State
 from terminals import actions
+from terminals.backends.docker import DockerBackend
+from terminals.registry import backend_for
 from terminals.resolution import ResolveRefused, resolve
 from terminals.worker import OwnerWorker
 from tests.factories import TEST_ACTOR, make_spec
@@ -79,7 +81,7 @@ def lost_without_a_handle(machine_name: str, ref: str, dead_worker, execution_id
     )
     execution, lease = actions.claim_next_execution(dead_worker, {"docker"})
     execution = exec_actions.record_placement(
-        execution, instance=docker("inspect", "-f", "{{.Id}}", ref), actor=TEST_ACTOR
+        execution, instance=async_to_sync(DockerBackend(container=ref).instance)(), actor=TEST_ACTOR
     )
     actions.save_handle(execution.pk, dead_worker, lease.token, {})
     return actions.fenced_transition(
@@ -98,7 +100,7 @@ def test_a_docker_unknown_without_a_handle_is_resolved_by_a_stopped_removed_or_r
     process = next(check for check in refused.value.checks if check.name == "process")
     assert not process.ok
     # The refusal says exactly which proof would do.
-    assert f"docker stop {name}" in process.detail and "remove it, or replace it" in process.detail
+    assert f"docker stop {name}" in process.detail and f"remove it (docker rm -f {name})" in process.detail
 
     docker("stop", "-t", "0", name)
     resolved, checks = resolve(running, actor=TEST_ACTOR, note="container stopped")
@@ -114,7 +116,7 @@ def test_a_docker_unknown_without_a_handle_is_resolved_by_a_stopped_removed_or_r
 
     create()
     replaced = lost_without_a_handle("held-3", name, dead_worker, "lost-3")
-    first_id = replaced.ran_on_instance
+    first_id = replaced.ran_on_instance.rpartition("/")[2]
     docker("rm", "-f", name)
     second_id = create()
     resolved, checks = resolve(replaced, actor=TEST_ACTOR, note="container re-created")
@@ -124,6 +126,31 @@ def test_a_docker_unknown_without_a_handle_is_resolved_by_a_stopped_removed_or_r
     for execution in (running, removed, replaced):
         assert Machine.objects.get(pk=execution.machine_id).active_execution_id is None
 
+    # Renamed and replaced under the name, the old container still runs what it ran: no proof at all.
+    renamed = lost_without_a_handle("held-4", name, dead_worker, "lost-4")
+    docker("rename", name, f"{name}-old")
+    try:
+        create()
+        with pytest.raises(ResolveRefused) as refused:
+            resolve(renamed, actor=TEST_ACTOR, note="a new container has the name")
+        assert {check.name for check in refused.value.checks if not check.ok} == {"process"}
+    finally:
+        subprocess.run(["docker", "rm", "-f", f"{name}-old"], capture_output=True)
+    resolved, _ = resolve(renamed, actor=TEST_ACTOR, note="the old container is removed now")
+    assert resolved.state == State.RESOLVED
+
+
+def test_an_unknown_looked_at_from_another_engine_is_no_proof(named_container, dead_worker):
+    name, _create = named_container
+    lost = lost_without_a_handle("far-1", name, dead_worker, "far-1")
+    container_id = lost.ran_on_instance.rpartition("/")[2]
+    Execution.objects.filter(pk=lost.pk).update(ran_on_instance=f"ANOTHER:ENGINE/{container_id}")
+    docker("rm", "-f", name)  # gone from this engine; it ran on another one
+    with pytest.raises(ResolveRefused) as refused:
+        resolve(Execution.objects.get(pk=lost.pk), actor=TEST_ACTOR, note="not here")
+    process = next(check for check in refused.value.checks if check.name == "process")
+    assert "not ANOTHER:ENG" in process.detail and "where it ran" in process.detail
+
 
 def test_a_re_created_container_is_a_new_incarnation_of_its_machine(named_container):
     name, create = named_container
@@ -131,17 +158,17 @@ def test_a_re_created_container_is_a_new_incarnation_of_its_machine(named_contai
     first = run_command(machine, "before", "true")
     machine.refresh_from_db()
     first_id = docker("inspect", "-f", "{{.Id}}", name)
-    assert (machine.instance, machine.incarnation) == (first_id, 1)
-    assert (first.ran_on_instance, first.ran_on_incarnation) == (first_id, 1)
+    assert machine.instance.endswith(f"/{first_id}") and machine.incarnation == 1  # ENGINE-ID/CONTAINER-ID
+    assert (first.ran_on_instance, first.ran_on_incarnation) == (machine.instance, 1)
 
     docker("rm", "-f", name)
     second_id = create()
     second = run_command(machine, "after", "true")
     machine.refresh_from_db()
-    assert (machine.instance, machine.incarnation) == (second_id, 2)
-    assert (second.ran_on_instance, second.ran_on_incarnation) == (second_id, 2)
+    assert machine.instance.endswith(f"/{second_id}") and machine.incarnation == 2
+    assert (second.ran_on_instance, second.ran_on_incarnation) == (machine.instance, 2)
     event = MachineEvent.objects.filter(machine=machine).last()
-    assert f"replacing {first_id}" in event.reason and event.actor.startswith("worker:")
+    assert f"{first_id}: a new incarnation" in event.reason and event.actor.startswith("worker:")
 
 
 def test_a_restarted_tmux_server_is_a_new_incarnation_of_its_machine(place):
@@ -153,3 +180,27 @@ def test_a_restarted_tmux_server_is_a_new_incarnation_of_its_machine(place):
     assert first.ran_on_instance != second.ran_on_instance
     assert "@" in second.ran_on_instance
     assert (first.ran_on_incarnation, second.ran_on_incarnation, machine.incarnation) == (1, 2, 2)
+
+
+def test_a_tmux_unknown_seen_through_another_socket_path_is_no_proof(place, dead_worker, monkeypatch, tmp_path):
+    """Run as another user, or with another TMUX_TMPDIR, tmux finds no server: that is no proof it is gone."""
+    machine = place("tmux")
+    run_command(machine, "places-it", "true")  # a server on the workers' socket, recorded as the instance
+    execution, _ = exec_actions.submit_execution(
+        scope="team-a", execution_id="lost", machine_name=machine.name, spec=make_spec("sleep", "9"), actor=TEST_ACTOR
+    )
+    execution, lease = actions.claim_next_execution(dead_worker, {"tmux"})
+    instance = async_to_sync(backend_for(machine).instance)()
+    execution = exec_actions.record_placement(execution, instance=instance, actor=TEST_ACTOR)
+    actions.save_handle(execution.pk, dead_worker, lease.token, {})
+    execution = actions.fenced_transition(
+        execution, State.UNKNOWN, worker=dead_worker, token=lease.token, evidence=Evidence.CONTROLLER_LOST
+    )
+    monkeypatch.setenv("TMUX_TMPDIR", str(tmp_path))  # this process would look somewhere else
+    with pytest.raises(ResolveRefused) as refused:
+        resolve(execution, actor=TEST_ACTOR, note="no server here")
+    process = next(check for check in refused.value.checks if check.name == "process")
+    assert "look as the workers' user" in process.detail
+    monkeypatch.delenv("TMUX_TMPDIR")
+    resolved, _ = resolve(execution, actor=TEST_ACTOR, note="no session is tagged with it")
+    assert resolved.state == State.RESOLVED

@@ -2,6 +2,7 @@ import asyncio
 
 from django.core.management.base import BaseCommand, CommandError
 
+from executions.errors import Refused
 from terminals import demo
 
 
@@ -27,5 +28,5 @@ class Command(BaseCommand):
         phase = options["phase"]
         try:
             asyncio.run(getattr(demo, phase)(backend))
-        except demo.DemoFailed as failed:
+        except (demo.DemoFailed, Refused) as failed:  # a refused resolve or delete is a failed proof too
             raise CommandError(str(failed), returncode=1) from None
