@@ -158,7 +158,9 @@ async def test_tagged_sessions_are_listed_and_an_untagged_one_is_never_touched(b
     stranger = tmux(tmux_socket, "display", "-p", "-t", "=someone-else:", "#{pane_id}").strip()
 
     listed = await backend.list_tagged()
-    assert [entry.handle for entry in listed] == [process.handle]
+    # The session as listed: the spawn's handle says also which server it was made in.
+    assert [entry.handle for entry in listed] == [{k: v for k, v in process.handle.items() if k != "instance"}]
+    assert process.handle["instance"] == await backend.instance()
     assert listed[0].tags == {
         "session": "tether:session.1",
         "owner_pid": str(tags.owner_pid),
