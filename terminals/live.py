@@ -75,6 +75,8 @@ class LiveProcess:
     viewer_gone_at: float | None = None
     let_go: bool = False  # observation handed back (lease lost, or left for a later owner)
     budget: FlowBudget | None = None  # the worker's, shared with its other sessions
+    # Bytes at the buffer's start that are the screen as adopted: drawn for the grid it had then.
+    adopted_screen: int = 0
 
     def __post_init__(self) -> None:
         self.flow_open.set()

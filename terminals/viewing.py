@@ -117,7 +117,10 @@ class ViewerHandlers:
         async with live.send_lock:
             first, data, lost = live.buffer.since(max(int(since), 0))
             screen = None
-            if lost and hasattr(live.process, "snapshot"):
+            # The screen as adopted was drawn for the grid the shell had then: a viewer that would replay it
+            # gets the screen as it is now, after the resize above, drawn for its own grid.
+            redraw = bool(live.adopted_screen) and live.buffer.start == 0 and first < live.adopted_screen
+            if (lost or redraw) and hasattr(live.process, "snapshot"):
                 # tmux knows the screen as it is now: a labelled fresh screen beats a torn tail.
                 try:
                     screen = (await live.process.snapshot()).render()
@@ -126,7 +129,8 @@ class ViewerHandlers:
                 except Exception as error:  # fall back to the retained tail
                     log.info("execution %s: no snapshot (%r); replaying the tail", live.execution_pk, error)
                 else:
-                    first, data, lost = live.buffer.end, b"", live.buffer.end - max(int(since), 0)
+                    lost = live.buffer.end - max(int(since), 0) if lost else 0
+                    first, data = live.buffer.end, b""
             live.viewer = Viewer(
                 channel=message["reply"],
                 viewer_id=message["viewer"],

@@ -327,6 +327,7 @@ class OwnerWorker(ViewerHandlers):
         )
         if screen:
             live.buffer.append(screen)
+            live.adopted_screen = len(screen)
         self.live[execution.pk] = live
         live.pump_task = asyncio.create_task(self._supervise(live, execution))
 

@@ -20,6 +20,7 @@ few MiB (15 of 15 tries), and the next ``read()`` starts it again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import pwd
@@ -304,8 +305,15 @@ class TmuxProcess(Process):
         await self._drain()
 
     async def resize(self, cols: int, rows: int) -> None:
-        self._send(f"resize-window -t {self._pane} -x {int(cols)} -y {int(rows)}")
+        """Returns once tmux has resized the window, so a snapshot taken next is of the new grid."""
+        done = asyncio.get_running_loop().create_future()
+        self._send(
+            f"resize-window -t {self._pane} -x {int(cols)} -y {int(rows)}",
+            lambda reply: done.done() or done.set_result(reply),
+        )
         await self._drain()
+        with contextlib.suppress(TimeoutError):  # the reply comes in line with output the pump reads
+            await asyncio.wait_for(asyncio.shield(done), 2)
 
     async def _drain(self) -> None:
         try:

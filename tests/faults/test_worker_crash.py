@@ -7,6 +7,8 @@ In no case is the command run twice or recorded as failed.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import signal
 import subprocess
 import time
@@ -155,3 +157,42 @@ def test_a_worker_on_the_same_host_adopts_a_killed_siblings_shell_when_its_lease
         assert adopted.execution.state == State.RUNNING
     finally:
         stack.stop()
+
+
+async def test_an_adopted_tmux_shell_is_redrawn_for_the_grid_of_the_viewer_that_comes_back(terminal, operator):
+    """The screen as adopted is the old grid's (149x44): a viewer attaching at 43x20 gets the screen as it is
+    at 43x20, not 44 rows of 149 columns torn across its own."""
+    from asgiref.sync import sync_to_async
+
+    from terminals.admin import screen_text
+    from tests.bridge.harness import Viewer
+
+    stack = crash_stack()
+    try:
+        await sync_to_async(stack.start_daphne)()
+        first = await sync_to_async(stack.start_worker)("tmux")
+        session, cookie = await sync_to_async(terminal)(operator, "tmux")
+        wide = await Viewer.open(stack.ports[0], session.id, cookie)
+        attached = await wide.attach(cols=149, rows=44)
+        await wide.type("printf 'row-%s\\n' $(seq 1 60); printf '%0140d\\n' 7; echo end-$((2*21))\r")
+        await wide.read_until(b"end-42\r\n")
+        await wide.close()
+        first.kill()
+        await sync_to_async(first.wait)()
+        await sync_to_async(stack.start_worker)("tmux")
+        await asyncio.sleep(int(stack.env()["TETHER_LEASE_TTL_SECONDS"]) + 2)  # adopted meanwhile
+
+        narrow = await Viewer.open(stack.ports[0], session.id, cookie)
+        again = await narrow.attach(
+            since=attached["end"], cols=43, rows=20, generation=attached["generation"], epoch=attached["epoch"]
+        )
+        assert again["fresh"] is True and again["screen"], again
+        # Wrapped lines come joined (drawn, they wrap at the viewer's width as tmux wrapped them).
+        lines = screen_text(base64.b64decode(again["screen"])).strip("\n").split("\n")
+        assert sum(max(1, -(-len(line) // 43)) for line in lines) <= 20, lines
+        assert "end-42" in lines and "0" * 100 in "".join(lines)
+        await narrow.type("echo still-$((6*7))\r")
+        await narrow.read_until(b"still-42")
+        await narrow.close()
+    finally:
+        await sync_to_async(stack.stop)()
