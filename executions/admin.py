@@ -13,6 +13,17 @@ from executions import actions
 from executions.errors import ExecutionError
 from executions.models import Execution, ExecutionEvent, Machine, MachineEvent, MachineState, State
 
+
+def badge(text: str, colour: str, title: str = ""):
+    """A state as the admin's lists show it: a coloured pill, the sentence behind it on hover."""
+    return format_html(
+        '<span style="background:{};color:#fff;padding:1px 6px;border-radius:8px" title="{}">{}</span>',
+        colour,
+        title,
+        text,
+    )
+
+
 _BADGE_COLOURS = {
     State.PENDING: "#6b7280",
     State.DISPATCHED: "#2563eb",
@@ -179,13 +190,7 @@ class ExecutionAdmin(NothingEditableOnChange, admin.ModelAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj: Execution):
-        colour = _BADGE_COLOURS.get(obj.state, "#6b7280")
-        return format_html(
-            '<span style="background:{};color:#fff;padding:1px 6px;border-radius:8px" title="{}">{}</span>',
-            colour,
-            obj.outcome_label,
-            obj.state,
-        )
+        return badge(obj.state, _BADGE_COLOURS.get(obj.state, "#6b7280"), obj.outcome_label)
 
     def has_add_permission(self, request):
         return False  # executions are submitted, never typed in

@@ -52,11 +52,19 @@ export class SessionClient {
   // --- connecting ---------------------------------------------------------------------
 
   start() {
-    this.connect("attach");
     this.timers.ping = setInterval(() => this.ping(), PING_EVERY_MS);
+    if (this.config.owner) {
+      // Another user's shell: nothing is attached (nobody is superseded) until the person confirms.
+      this.setPhase("foreign", `This is ${this.config.owner}'s shell`, "warn");
+      this.page.showActions(["takeover"]);
+      return;
+    }
+    this.connect("attach");
   }
 
   connect(kind) {
+    // Into another user's shell every connect (a regrid, a reconnect) is the take-over it was confirmed as.
+    if (this.config.owner && this.phase !== "foreign") kind = "takeover";
     this.clearTimer("retry");
     this.fitNow();
     const id = ++this.connId;
@@ -140,9 +148,9 @@ export class SessionClient {
   }
 
   on_status(message) {
-    if (message.text === STATUS.lost) {
+    if (message.code === "no_worker") {
       this.serverSaidLost = true;
-      this.setPhase(this.phase, STATUS.lost, "error");
+      this.setPhase(this.phase, message.text, "error");
       return;
     }
     if (!this.attachedNow) {
@@ -252,8 +260,8 @@ export class SessionClient {
     this.persist();
   }
 
-  on_superseded() {
-    this.becomeSuperseded();
+  on_superseded(message) {
+    this.becomeSuperseded(message.text);
   }
 
   on_closed(message) {
@@ -298,23 +306,24 @@ export class SessionClient {
     });
     if (verdict.kind === "superseded") return this.becomeSuperseded();
     if (verdict.kind === "login") return this.goToLogin();
-    if (verdict.kind === "ended") return this.ended(verdict.text, verdict.next);
+    if (verdict.kind === "ended") return this.ended(verdict.text, verdict.next, verdict.detail);
     if (this.serverSaidLost) return this.giveUp();
     this.scheduleReconnect(this.sawHello);
   }
 
-  becomeSuperseded() {
+  becomeSuperseded(text = STATUS.superseded) {
     // Keep the last rendered frame exactly as it is: no clear, no replay, no refit.
     if (this.phase === "superseded") return;
     this.dropSocket(1000);
-    this.setPhase("superseded", STATUS.superseded, "warn");
+    this.setPhase("superseded", text, "warn");
     this.page.showActions(["takeover"]);
   }
 
-  ended(text, next) {
-    const failed = text.startsWith("Connection lost") || text.startsWith("Disconnected");
+  ended(text, next, detail = null) {
+    const failed = this.exitSeen?.state === "unknown" || text.startsWith("Disconnected");
     this.setPhase("ended", text, failed ? "error" : "done");
     this.page.showActions([next]);
+    if (detail) this.page.warn(detail);
   }
 
   scheduleReconnect(sawHello) {
@@ -341,7 +350,7 @@ export class SessionClient {
   giveUp(why) {
     this.clearTimer("retry");
     this.dropSocket(1000);
-    this.setPhase("lost", STATUS.lost, "error");
+    this.setPhase("lost", STATUS.unreachable, "error");
     this.page.showActions(["reconnect"]);
     if (why) this.page.notice(why);
   }
@@ -357,6 +366,7 @@ export class SessionClient {
   takeOver() {
     this.attempt = 0;
     this.failingSince = null;
+    if (this.phase === "foreign") this.phase = "connecting"; // confirmed: from now on every connect takes over
     this.connect("takeover");
   }
 

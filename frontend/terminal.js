@@ -6,6 +6,7 @@ import { Terminal } from "@xterm/xterm";
 
 import { Screen } from "./screen.js";
 import { SessionClient } from "./session-client.js";
+import { clipboardKeys, installFontSize, installSearch, installTouchKeys } from "./tools.js";
 
 const NOTICE_MS = 10 * 1000;
 
@@ -60,6 +61,7 @@ class Page {
       reconnect: root.querySelector("#terminal-reconnect"),
     };
     this.noticeTimer = null;
+    this.notices = []; // every notice shown, for the debugging handle below
     this.warningEl = root.querySelector("#terminal-warning");
     this.keepOpenButton = root.querySelector("#terminal-keep-open");
   }
@@ -84,6 +86,7 @@ class Page {
   }
 
   notice(text) {
+    this.notices.push(text);
     this.noticeEl.textContent = text;
     this.noticeEl.hidden = false;
     clearTimeout(this.noticeTimer);
@@ -101,7 +104,10 @@ function main() {
   const term = new Terminal({
     cursorBlink: true,
     fontFamily: '"DejaVu Sans Mono", "Liberation Mono", Menlo, Consolas, monospace',
-    fontSize: 14,
+    fontSize: config.fontSize || 14,
+    // At 1.0 a cell is exactly the font's height and the underscore of DejaVu Sans Mono falls just below
+    // it, out of sight on a 1x screen: `my_var__x` read as `my var  x`.
+    lineHeight: 1.2,
     scrollback: 5000,
     theme: { background: "#14171c", foreground: "#d8dee9", cursor: "#e5c07b", selectionBackground: "#3b4252" },
   });
@@ -115,13 +121,28 @@ function main() {
   const screen = new Screen(term, () => {});
   const client = new SessionClient({ term, fit, screen, page, config });
 
+  const copyKeys = clipboardKeys(term, async (text) => {
+    page.notice((await copyToClipboard(text)) ? "Copied the selection" : "Could not copy");
+  });
   term.attachCustomKeyEventHandler((event) => {
     if (event.type === "keydown") client.input.noteKeyPress();
-    return true;
+    return copyKeys(event);
   });
   container.addEventListener("paste", () => client.input.noteKeyPress(), true);
-  term.onData((data) => client.input.text(data));
+  const withTouchKeys = installTouchKeys(term, root, (data) => {
+    client.input.noteKeyPress();
+    client.input.text(data);
+  });
+  term.onData((data) => client.input.text(withTouchKeys(data)));
   term.onBinary((data) => client.input.binary(data));
+  const search = installSearch(term, root);
+  installFontSize(term, root, config, () => client.onContainerResize());
+  window.addEventListener("keydown", (event) => {
+    if (event.ctrlKey && event.shiftKey && event.key.toLowerCase() === "f") {
+      event.preventDefault();
+      search.open();
+    }
+  });
 
   new ResizeObserver(() => client.onContainerResize()).observe(container);
   window.addEventListener("pagehide", () => client.persist());
@@ -143,8 +164,16 @@ function main() {
     term.clear(); // this screen only: the shell and the server's buffer are untouched
     term.focus();
   });
-  page.actions.takeover.addEventListener("click", () => client.takeOver());
-  page.actions["new-shell"].addEventListener("click", () => client.startNewShell());
+  // Keys go to the terminal right after: a take-over or a fresh shell is for typing into.
+  page.actions.takeover.addEventListener("click", () => {
+    root.querySelector("#terminal-foreign")?.remove();
+    client.takeOver();
+    term.focus();
+  });
+  page.actions["new-shell"].addEventListener("click", () => {
+    client.startNewShell();
+    term.focus();
+  });
   page.actions.reconnect.addEventListener("click", () => client.reconnect());
   page.keepOpenButton.addEventListener("click", () => {
     client.keepOpen();
@@ -156,6 +185,7 @@ function main() {
     term,
     client,
     text: () => bufferText(term),
+    notices: () => [...page.notices],
     state: () => ({
       phase: client.phase,
       status: client.status,

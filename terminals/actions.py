@@ -30,6 +30,7 @@ from terminals.models import (
     SessionEvent,
     SnapshotKind,
     TerminalSession,
+    ViewerPreference,
     Worker,
     WorkerEvent,
     WorkerState,
@@ -232,8 +233,50 @@ def may_use_machine(user, machine: Machine) -> bool:
     return True
 
 
+TAKEOVER_PERMISSION = "terminals.takeover_terminalsession"
+
+
 def may_view_session(user, session: TerminalSession) -> bool:
-    return user.is_authenticated and user.is_active and (user.is_staff or session.user_id == user.pk)
+    """Its owner, or staff allowed to take over another user's shell (which the user is then told)."""
+    if not (user.is_authenticated and user.is_active):
+        return False
+    return session.user_id == user.pk or may_take_over(user, session)
+
+
+def may_take_over(user, session: TerminalSession) -> bool:
+    return session.user_id != user.pk and user.is_staff and user.has_perm(TAKEOVER_PERMISSION)
+
+
+def note_takeover(session: TerminalSession, user) -> None:
+    """Audit a staff member writing into another user's shell, as it happens (once, not per reconnect)."""
+    last = SessionEvent.objects.filter(session=session).order_by("-at", "-id").first()
+    if last is not None and last.kind == "taken_over" and last.user_id == user.pk:
+        return
+    session_event(
+        session,
+        "taken_over",
+        Actor.for_user(user),
+        f"{user.get_username()} took over {session.user.get_username()}'s shell",
+        owner=session.user.get_username(),
+    )
+
+
+def closed_by(execution_pk: int) -> dict:
+    """Who asked the owner to end this execution's process, and why ({} when nobody did: it ended itself)."""
+    from executions.models import ExecutionEvent
+
+    asked = (
+        ExecutionEvent.objects.select_related("user")
+        .filter(execution_id=execution_pk, detail__has_key="requested")
+        .order_by("-at", "-id")
+        .first()
+    )
+    if asked is None:
+        return {}
+    by = asked.user.get_username() if asked.user else asked.actor.partition(":")[2] or asked.actor
+    requested = asked.detail["requested"]
+    why = "" if asked.reason == f"{requested} requested" else asked.reason
+    return {"by": by, "action": requested, "why": why}
 
 
 def _shell_spec(machine: Machine, shell: list[str] | None = None) -> ExecutionSpec:
@@ -271,12 +314,14 @@ def open_terminal(machine: Machine, user, *, shell: list[str] | None = None) -> 
     """
     if not may_use_machine(user, machine):
         raise Refused(f"you may not open a shell on {machine.name}")
-    existing = TerminalSession.objects.filter(
-        machine=machine, process_state__in=[ProcessState.LIVE, ProcessState.CLOSING]
-    ).first()
+    existing = (
+        TerminalSession.objects.select_related("user")
+        .filter(machine=machine, process_state__in=[ProcessState.LIVE, ProcessState.CLOSING])
+        .first()
+    )
     if existing is not None:
         if not may_view_session(user, existing):
-            raise Refused(f"{machine.name}'s terminal is in use by another user")
+            raise Refused(in_use_refusal(machine, existing, user))
         return existing, False
     actor = Actor.for_user(user)
     session_id = uuid.uuid4()
@@ -298,9 +343,19 @@ def open_terminal(machine: Machine, user, *, shell: list[str] | None = None) -> 
         # Someone opened this machine's terminal at the same moment: attach to theirs.
         existing = TerminalSession.objects.get(machine=machine, process_state__in=[ProcessState.LIVE, "closing"])
         if not may_view_session(user, existing):
-            raise Refused(f"{machine.name}'s terminal is in use by another user") from None
+            raise Refused(in_use_refusal(machine, existing, user)) from None
         return existing, False
     return session, True
+
+
+def in_use_refusal(machine: Machine, session: TerminalSession, user) -> str:
+    """Why ``user`` may not open ``machine``'s open shell, in their words."""
+    if user.is_staff:
+        return (
+            f"{machine.name} has {session.user.get_username()}'s shell open; writing into another user's shell "
+            'needs the permission "Can write into another user\'s shell"'
+        )
+    return f"{machine.name} is in use by another user's shell right now"
 
 
 def start_next_generation(session: TerminalSession, actor: Actor, reason: str) -> TerminalSession:
@@ -503,3 +558,19 @@ def expire_closed_sessions(*, actor: Actor, hours: int | None = None, dry_run: b
                 session_event(session, "snapshot_expired", actor, f"closed more than {hours} h ago", hours=hours)
                 expired.append(session)
     return expired
+
+
+# --- preferences ----------------------------------------------------------------------------
+
+
+def font_size_of(user) -> int:
+    preference = ViewerPreference.objects.filter(user=user).first()
+    return preference.font_size if preference else 14
+
+
+def set_font_size(user, size: int) -> int:
+    if size not in ViewerPreference.FONT_SIZES:
+        sizes = ViewerPreference.FONT_SIZES
+        raise exec_actions.UsageError(f"font size must be {sizes.start} to {sizes.stop - 1}, not {size}")
+    ViewerPreference.objects.update_or_create(user=user, defaults={"font_size": size})
+    return size

@@ -12,7 +12,7 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince
 
 from executions.actions import Actor
-from executions.admin import NothingEditableOnChange, apply_each
+from executions.admin import NothingEditableOnChange, apply_each, badge
 from terminals import actions
 from terminals.models import ProcessLease, SessionEvent, TerminalSession, Worker
 
@@ -85,7 +85,7 @@ class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
         "machine",
         "user",
         "generation",
-        "process_state",
+        "state_badge",
         "snapshot_kind",
         "close_reason",
         "lease_owner",
@@ -125,6 +125,11 @@ class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
         _confirmed_action("kill", "Kill the session's process tree"),
         _confirmed_action("reset", "Reset to a fresh shell"),
     ]
+
+    @admin.display(description="process state", ordering="process_state")
+    def state_badge(self, obj):
+        colour = {"live": "#16a34a", "closing": "#d97706"}.get(obj.process_state, "#6b7280")
+        return badge(obj.process_state, colour, obj.get_close_reason_display() or obj.process_state)
 
     def _lease(self, obj) -> ProcessLease | None:
         return ProcessLease.objects.select_related("worker").filter(execution_id=obj.execution_id).first()

@@ -21,6 +21,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from executions.actions import WAKE_CHANNEL
+from executions.models import State
 from terminals import actions
 from terminals.layers import forget_channel, keep_receiving
 from terminals.models import ProcessLease, ProcessState, TerminalSession, WorkerState
@@ -101,6 +102,8 @@ def _attach_target(session_id) -> dict:
         "viewer": session.viewer_id,
         "snapshot": bytes(session.snapshot) if session.process_state == ProcessState.CLOSED else b"",
         "expired": session.expired_at is not None,
+        # Who asked for it to end (an operator's Complete, Kill...), once it has.
+        "closed_by": actions.closed_by(execution.pk) if session.process_state == ProcessState.CLOSED else {},
     }
 
 
@@ -141,6 +144,10 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             await self.close()  # unknown or foreign: the same refusal, so ids cannot be probed
             return
         self.user = user
+        self.username = user.get_username()
+        # Another user's shell (staff with the take-over permission): only an explicit takeover writes into it.
+        self.foreign = self.session.user_id != user.pk
+        self.taken_over = False
         self.viewer_id = uuid.uuid4().hex
         self.worker_channel: str | None = None
         self.execution_pk: int | None = None
@@ -251,6 +258,12 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         return cols, rows
 
     async def client_attach(self, message: dict) -> None:
+        if self.foreign and message["type"] != "takeover":
+            owner = await db(lambda: self.session.user.get_username())()
+            raise ProtocolError(f"this is {owner}'s shell: send takeover to write into it ({owner} is told)")
+        if self.foreign and not self.taken_over:
+            await db(actions.note_takeover)(self.session, self.user)
+            self.taken_over = True
         since = _integer(message.get("since", 0), "since")
         generation, epoch = message.get("generation"), message.get("epoch")
         if generation is not None:
@@ -336,6 +349,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                         "epoch": self.epoch,
                         "cols": self.grid[0] if self.grid else None,
                         "rows": self.grid[1] if self.grid else None,
+                        "by": self.username,  # told to a window this one supersedes
                     },
                 )
                 return
@@ -343,7 +357,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                 await self.send_json({"type": "status", "process_state": "starting", "text": "Starting your session…"})
                 told_starting = True
             await asyncio.sleep(0.1)
-        await self.send_json({"type": "status", "text": "Connection lost; outcome unknown"})
+        text = "No worker is serving this session right now"
+        await self.send_json({"type": "status", "code": "no_worker", "text": text})
         await self.close(CloseCode.SERVER_RESTART)
 
     async def _closed_at_attach(self, target: dict) -> bool:
@@ -356,9 +371,12 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                 "exit_code": target["exit_code"],
                 "outcome": target["outcome"],
                 "reason": target["close_reason"],
+                **target["closed_by"],
             }
         )
-        if settings.TETHER_AUTO_RESET and target["close_reason"] in AUTO_RESET_REASONS:
+        # A resolved outcome has freed the machine's slot, as a known one does: a fresh shell may start.
+        again = target["close_reason"] in AUTO_RESET_REASONS or target["state"] == State.RESOLVED
+        if settings.TETHER_AUTO_RESET and again:
             await db(_restart)(self.session.id, self.user, f"auto-reset after {target['close_reason']}")
             await self.channel_layer.send(WAKE_CHANNEL, {"type": "wake"})
             await self.send_json({"type": "reset", "text": "Started a fresh session"})
@@ -504,8 +522,10 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if not self._current(event):
             return  # from an owner this viewer has left behind
         self.attached = False
-        text = "Superseded by another window"
-        await self.send_json({"type": "superseded", "text": text})
+        by = event.get("by")
+        # Someone else writing into this user's shell is said so, by name; another window of theirs is not.
+        text = f"Taken over by {by}" if by and by != self.username else "Superseded by another window"
+        await self.send_json({"type": "superseded", "text": text, **({"by": by} if by != self.username else {})})
         # The close frame carries the reason too (terminals/daphne_close.py: daphne 4 would drop it).
         await self.close(CloseCode.SUPERSEDED, reason=text)
 

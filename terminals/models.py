@@ -168,10 +168,11 @@ class TerminalSession(models.Model):
             ("fail_terminalsession", "Can fail a terminal session"),
             ("kill_terminalsession", "Can kill a terminal session"),
             ("reset_terminalsession", "Can reset a terminal session"),
+            ("takeover_terminalsession", "Can write into another user's shell (the user is told)"),
         ]
 
     def __str__(self) -> str:
-        return f"terminal {self.id} on {self.machine_id}"
+        return f"terminal {self.id} on {self.machine.name}"
 
 
 class SessionEvent(AppendOnly):
@@ -186,3 +187,27 @@ class SessionEvent(AppendOnly):
 
     def __str__(self) -> str:
         return f"{self.kind} by {self.actor}"
+
+
+FONT_SIZES = range(8, 33)
+
+
+class ViewerPreference(models.Model):
+    """How a person likes their terminal page, kept on the server so it follows them to any browser."""
+
+    FONT_SIZES = FONT_SIZES
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="terminal_preference")
+    font_size = models.PositiveSmallIntegerField(default=14)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(font_size__gte=FONT_SIZES.start) & Q(font_size__lt=FONT_SIZES.stop),
+                name="preference_font_size_range",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"terminal preferences of {self.user_id}"

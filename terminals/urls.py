@@ -9,4 +9,5 @@ urlpatterns = [
     path("machines/<slug:name>/open/", views.open_machine, name="open"),
     path("machines/<slug:name>/history/", views.history, name="history"),
     path("terminals/<uuid:session_id>/", views.terminal, name="terminal"),
+    path("preferences/", views.preferences, name="preferences"),
 ]

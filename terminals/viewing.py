@@ -106,7 +106,7 @@ class ViewerHandlers:
                     await self._let_go(live, "lease lost")
                     return
         if old and old.viewer_id != message["viewer"]:
-            await self._send(old.channel, {"type": "terminal.superseded", "epoch": live.token})
+            await self._send(old.channel, {"type": "terminal.superseded", "epoch": live.token, "by": message.get("by")})
         cols, rows = message.get("cols"), message.get("rows")
         if isinstance(cols, int) and isinstance(rows, int) and 1 <= cols <= MAX_COLS and 1 <= rows <= MAX_ROWS:
             await live.process.resize(cols, rows)

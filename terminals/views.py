@@ -9,14 +9,14 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import OuterRef, Subquery
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render, resolve_url
 from django.urls import reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
-from executions.errors import ExecutionError
-from executions.models import ENDED_STATES, Backend, Execution, Kind, Machine, MachineState
+from executions.errors import ExecutionError, SlotTaken
+from executions.models import ENDED_STATES, Backend, Execution, Kind, Machine, MachineState, State
 from executions.spec import ExecutionSpec
 from terminals import actions
 from terminals.models import ProcessState, TerminalSession
@@ -32,6 +32,11 @@ class Workspace:
     session: TerminalSession | None  # the machine's open session, when it is this user's to see
     in_use_by_other: bool
     last_outcome: str
+    owner: str = ""  # whose the open shell is, when it is someone else's (staff see it)
+
+    @property
+    def foreign(self) -> bool:
+        return bool(self.owner)
 
 
 def _workspaces(user) -> list[Workspace]:
@@ -44,7 +49,7 @@ def _workspaces(user) -> list[Workspace]:
         session.machine_id: session
         for session in TerminalSession.objects.filter(
             machine__in=machines, process_state__in=[ProcessState.LIVE, ProcessState.CLOSING]
-        ).select_related("execution")
+        ).select_related("execution", "user")
     }
     ended = Execution.objects.filter(kind=Kind.TERMINAL, state__in=sorted(ENDED_STATES))
     if not user.is_staff:
@@ -60,12 +65,15 @@ def _workspaces(user) -> list[Workspace]:
     for machine in machines:
         session = open_sessions.get(machine.pk)
         visible = session is not None and actions.may_view_session(user, session)
+        foreign = session is not None and session.user_id != user.pk
         rows.append(
             Workspace(
                 machine=machine,
                 session=session if visible else None,
                 in_use_by_other=session is not None and not visible,
                 last_outcome=last_outcome.get(machine.pk, ""),
+                # Staff see whose shell it is; a user sees only that one is open.
+                owner=session.user.get_username() if foreign and user.is_staff else "",
             )
         )
     return rows
@@ -122,19 +130,39 @@ def open_machine(request: HttpRequest, name: str) -> HttpResponse:
         return redirect("terminals:workspaces")
     try:
         session, _ = actions.open_terminal(machine, request.user)
-    except ExecutionError as refused:  # a guard (cap, someone else's shell, busy slot), never a 500
+    except SlotTaken as busy:
+        messages.error(request, busy_text(machine, busy))
+        return redirect("terminals:workspaces")
+    except ExecutionError as refused:  # a guard (cap, someone else's shell), never a 500
         messages.error(request, f"Could not open {machine.name}: {refused}")
         return redirect("terminals:workspaces")
     return redirect("terminals:terminal", session_id=session.id)
 
 
+def busy_text(machine: Machine, busy: SlotTaken) -> str:
+    """Why a machine takes no new shell now, in a user's words (its slot holds one execution at a time)."""
+    if busy.holder_state == State.UNKNOWN:
+        return (
+            f"{machine.name} cannot start a new shell yet: the last command or shell on it ended with an unknown "
+            "outcome (Tether lost the worker running it). An operator must check it and resolve it first "
+            f"(Admin → Executions → {busy.holder_label} → check and resolve)."
+        )
+    if busy.holder_state == State.PENDING:
+        return f"{machine.name} is about to run {busy.holder_label}: try again when it has finished."
+    return f"{machine.name} is busy running {busy.holder_label}: try again when it has finished."
+
+
 @login_required
 @require_GET
 def terminal(request: HttpRequest, session_id: UUID) -> HttpResponse:
-    session = TerminalSession.objects.select_related("machine", "execution").filter(pk=session_id).first()
-    # Unknown and foreign sessions look the same, so session ids cannot be probed.
+    session = TerminalSession.objects.select_related("machine", "execution", "user").filter(pk=session_id).first()
+    # Unknown and foreign sessions look the same, so session ids cannot be probed; staff are told why.
     if session is None or not actions.may_view_session(request.user, session):
+        if session is not None and request.user.is_staff:
+            text = actions.in_use_refusal(session.machine, session, request.user)
+            return HttpResponseForbidden(text, content_type="text/plain; charset=utf-8")
         raise Http404("No such terminal")
+    foreign = session.user_id != request.user.pk
     page_state = {
         "session": str(session.id),
         "machine": session.machine.name,
@@ -146,5 +174,24 @@ def terminal(request: HttpRequest, session_id: UUID) -> HttpResponse:
         "idleMinutes": max(1, round(ExecutionSpec.from_json(session.execution.spec).idle_seconds / 60)),
         "loginUrl": f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': request.get_full_path()})}",
         "workspacesUrl": reverse("terminals:workspaces"),
+        # Another user's shell (staff with the take-over permission): the page asks before it attaches.
+        "owner": session.user.get_username() if foreign else "",
+        "fontSize": actions.font_size_of(request.user),
+        "preferencesUrl": reverse("terminals:preferences"),
     }
     return render(request, "terminals/terminal.html", {"session": session, "page_state": page_state})
+
+
+@login_required
+@require_POST
+def preferences(request: HttpRequest) -> JsonResponse:
+    """Keep the terminal page's font size for this user (the page posts it, with its CSRF token)."""
+    try:
+        size = int(request.POST.get("font_size", ""))
+    except ValueError:
+        size = -1
+    try:
+        kept = actions.set_font_size(request.user, size)
+    except ExecutionError as refused:
+        return JsonResponse({"error": str(refused)}, status=400)
+    return JsonResponse({"font_size": kept})

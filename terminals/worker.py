@@ -603,6 +603,7 @@ class OwnerWorker(ViewerHandlers):
             **fields,
         )
         if live.viewer:
+            asked = await db(actions.closed_by)(execution.pk) if live.handled_request else {}
             await self._send(
                 live.viewer.channel,
                 {
@@ -614,6 +615,7 @@ class OwnerWorker(ViewerHandlers):
                     "reason": reason,
                     "generation": live.generation,
                     "epoch": live.token,
+                    **asked,  # who asked for the end (by, action, why), told to the user
                 },
             )
         if live.session_id and reason == CloseReason.RESET and execution.state == State.COMPLETED:

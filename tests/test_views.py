@@ -137,18 +137,28 @@ def test_a_refused_open_is_a_message_not_an_error(alice, bob, settings):
     # Someone else's terminal.
     response = logged_in(bob).post("/machines/other-box/open/", follow=True)
     assert response.status_code == 200
-    assert "other-box&#x27;s terminal is in use by another user" in response.content.decode()
+    assert "other-box is in use by another user&#x27;s shell right now" in response.content.decode()
     # The per-user cap.
     settings.TETHER_SESSIONS_PER_USER = 1
     response = logged_in(alice).post("/machines/shared-box/open/", follow=True)
     assert response.status_code == 200
     assert "the limit is 1" in response.content.decode()
     assert TerminalSession.objects.filter(user=alice).count() == 1
-    # A machine whose command slot another execution holds.
+    # A machine whose command slot another execution holds: said in a user's words, with the holder.
     settings.TETHER_SESSIONS_PER_USER = 5
-    make_execution(make_machine("busy-box", backend=Backend.DOCKER))
+    held = make_execution(make_machine("busy-box", backend=Backend.DOCKER), execution_id="nightly-build")
     response = logged_in(alice).post("/machines/busy-box/open/", follow=True)
-    assert response.status_code == 200 and "command slot is held by" in response.content.decode()
+    text = response.content.decode()
+    assert response.status_code == 200 and "busy-box is about to run team-a/nightly-build" in text
+    assert "command slot" not in text
+    # One whose last outcome is unknown: why no shell starts, and who can do something about it.
+    from executions.actions import transition
+    from executions.models import Evidence, State
+
+    held = transition(held, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR)
+    transition(held, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
+    text = logged_in(alice).post("/machines/busy-box/open/", follow=True).content.decode()
+    assert "ended with an unknown outcome" in text and "An operator must check it and resolve it first" in text
 
 
 def test_terminal_page_of_a_foreign_or_unknown_session_is_404(alice, bob, operator):

@@ -304,7 +304,10 @@ async def test_admin_kill_then_the_session_shows_an_archived_snapshot(page, brow
         await expect(admin.locator("body")).to_contain_text("Kill the session's process tree")
         await admin.fill("#id_reason", "browser test: runaway shell")
         await admin.click('input[type=submit][value="Yes, I\'m sure"]')
-        await expect(page.locator("#terminal-status")).to_have_text("Closed: killed", timeout=30_000)
+        # The user is told who ended their shell, and why.
+        await expect(page.locator("#terminal-status")).to_have_text(
+            re.compile(r"^Closed by \w+, who killed it \(browser test: runaway shell\)$"), timeout=30_000
+        )
         await admin.goto(f"/admin/terminals/terminalsession/{session_id}/change/")
         await expect(admin.locator(".field-snapshot_kind .readonly")).to_have_text("Archived")
         await expect(admin.locator("pre")).to_contain_text("kill-me-42")
