@@ -412,29 +412,44 @@ export class SessionClient {
 
   // --- grids --------------------------------------------------------------------------
 
-  onContainerResize() {
-    this.clearTimer("regrid");
-    this.timers.regrid = setTimeout(() => this.regridIfChanged(), REGRID_DEBOUNCE_MS);
+  // A new grid only for a box (or font) that changed: for the same box xterm's proposal can alternate
+  // between two grids (its DOM renderer's cell width depends on the column count), and each answer would
+  // cost a reconnect. As the seed says: ignore notifications when the containing box did not change size.
+  boxSize() {
+    const box = this.term.element?.parentElement?.getBoundingClientRect();
+    return box ? `${Math.round(box.width)}x${Math.round(box.height)}` : "";
   }
 
-  async regridIfChanged() {
+  onContainerResize({ force = false } = {}) {
+    if (!force && this.fittedBox && this.boxSize() === this.fittedBox) return;
+    this.clearTimer("regrid");
+    this.timers.regrid = setTimeout(() => this.regridIfChanged(force), REGRID_DEBOUNCE_MS);
+  }
+
+  async regridIfChanged(force = false) {
+    if (!force && this.boxSize() === this.fittedBox) return;
     const dims = this.fit.proposeDimensions();
     if (!dims || !(dims.cols > 0 && dims.rows > 0)) return;
-    if (dims.cols === this.term.cols && dims.rows === this.term.rows) return;
+    if (dims.cols === this.term.cols && dims.rows === this.term.rows) {
+      this.fittedBox = this.boxSize();
+      return;
+    }
     if (this.phase === "superseded" || this.phase === "ended" || this.phase === "lost") return; // keep the frame
     if (!this.ws) {
-      this.fitNow(); // no socket: the next connect attaches with the new grid
+      this.fitNow(true); // no socket: the next connect attaches with the new grid
       return;
     }
     // One connection has one grid: suspend output, close, fit, reattach for a fresh seed.
     this.setPhase("suspended", this.status, "info");
     this.dropSocket(4000, "grid change");
     await this.screen.drained();
-    this.fitNow();
+    this.fitNow(true);
     this.connect("attach");
   }
 
-  fitNow() {
+  fitNow(force = false) {
+    if (!force && this.fittedBox && this.boxSize() === this.fittedBox) return;
+    this.fittedBox = this.boxSize();
     const dims = this.fit.proposeDimensions();
     if (dims && dims.cols > 0 && dims.rows > 0 && (dims.cols !== this.term.cols || dims.rows !== this.term.rows)) {
       this.fit.fit();

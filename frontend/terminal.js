@@ -96,7 +96,12 @@ class Page {
   }
 }
 
-function main() {
+// The first connect fits the grid once the page has settled (fonts measured, layout done).
+function settled() {
+  return document.fonts.ready.then(() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done))));
+}
+
+async function main() {
   const config = JSON.parse(document.getElementById("terminal-state").textContent);
   const root = document.getElementById("terminal-page");
   const container = document.getElementById("terminal");
@@ -136,7 +141,7 @@ function main() {
   term.onData((data) => client.input.text(withTouchKeys(data)));
   term.onBinary((data) => client.input.binary(data));
   const search = installSearch(term, root);
-  installFontSize(term, root, config, () => client.onContainerResize());
+  installFontSize(term, root, config, () => client.onContainerResize({ force: true }));
   window.addEventListener("keydown", (event) => {
     if (event.ctrlKey && event.shiftKey && event.key.toLowerCase() === "f") {
       event.preventDefault();
@@ -144,7 +149,6 @@ function main() {
     }
   });
 
-  new ResizeObserver(() => client.onContainerResize()).observe(container);
   window.addEventListener("pagehide", () => client.persist());
 
   const dialog = root.querySelector("#reset-dialog");
@@ -199,6 +203,8 @@ function main() {
     }),
   };
 
+  await settled();
+  new ResizeObserver(() => client.onContainerResize()).observe(container);
   client.start();
   term.focus();
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -103,3 +104,13 @@ def test_the_session_page_is_view_only_and_a_posted_form_changes_nothing(client,
     after = TerminalSession.objects.get(pk=session.pk)
     assert (after.viewer_id, after.generation, after.process_state) == ("window-a", 1, ProcessState.LIVE)
     assert SessionEvent.objects.filter(session=session).count() == events
+
+
+@pytest.mark.django_db
+def test_the_sessions_list_shows_states_as_badges_and_messages_name_machines(client, admin_user, operator):
+    session, _ = actions.open_terminal(make_machine("named-box"), operator)
+    client.force_login(admin_user)
+    listed = client.get(reverse(CHANGELIST)).text
+    assert re.search(r'<span style="background:#16a34a;[^"]*" title="[^"]*">live</span>', listed), listed[-3000:]
+    page = _post_action(client, "kill", session)  # refused: no worker holds it yet; the reason names the machine
+    assert f"erminal {session.id} on named-box: " in page.text  # not "on 1"

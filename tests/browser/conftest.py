@@ -83,12 +83,13 @@ def committed(function, *args, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def stack(frontend_built, django_db_setup, django_db_blocker):
+def stack(request, frontend_built, django_db_setup, django_db_blocker):
     """One daphne + worker for the module: starting them per test would cost most of the time budget.
 
     The servers must see what the tests create, and it must outlive a test: so it is committed
     on a connection of its own (see ``committed``), each test gets its own machine, and the
-    database is flushed at the end as a transactional test case would.
+    database is flushed at the end as a transactional test case would. A module's ``STACK_ENV``
+    adds to the servers' environment.
     """
     stack = Stack(
         extra_env={
@@ -98,6 +99,7 @@ def stack(frontend_built, django_db_setup, django_db_blocker):
             "TETHER_SESSIONS_PER_USER": "100",
             # The lost-output test replays the buffer into xterm's scrollback: keep it to 256 KiB.
             "TETHER_BUFFER_BYTES": "262144",
+            **getattr(request.module, "STACK_ENV", {}),
         }
     )
     try:
