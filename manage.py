@@ -16,7 +16,12 @@ def main():
             "available on your PYTHONPATH environment variable? Did you "
             "forget to activate a virtual environment?"
         ) from exc
-    execute_from_command_line(sys.argv)
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        execute_from_command_line(sys.argv)
+    except ImproperlyConfigured as error:  # a bad setting: one line naming it, not a traceback
+        sys.exit(f"Tether configuration: {error}")
 
 
 if __name__ == "__main__":

@@ -73,7 +73,8 @@ class NothingEditableOnChange:
     _view_only = {"show_save": False, "show_save_and_continue": False, "show_save_and_add_another": False}
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        return super().change_view(request, object_id, form_url, {**self._view_only, **(extra_context or {})})
+        view_only = {**self._view_only, "title": f"View {self.opts.verbose_name}"}
+        return super().change_view(request, object_id, form_url, {**view_only, **(extra_context or {})})
 
 
 def apply_each(modeladmin, request, queryset, operation, done: str) -> None:

@@ -24,8 +24,14 @@ const ACTION_WORDS = {
   reset: "reset it",
 };
 
+// Ends that were nobody's choice for this shell, said so (the outcome alone, "Killed", would not).
+const REASON_WORDS = {
+  server_restart: "Ended: the Tether worker holding it was stopped, and a shell like this cannot outlive it",
+};
+
 // How the shell ended, in a user's words: who ended it when an operator did, else its outcome.
 export function endedText(exitSeen, fallback) {
+  if (REASON_WORDS[exitSeen?.reason] && !exitSeen?.by) return REASON_WORDS[exitSeen.reason];
   if (exitSeen?.by) {
     const why = exitSeen.why ? ` (${exitSeen.why})` : "";
     return `Closed by ${exitSeen.by}, who ${ACTION_WORDS[exitSeen.action] ?? "ended it"}${why}`;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -322,3 +323,17 @@ def test_machines_are_listed_stopped_started_and_deleted_but_never_under_a_held_
     ]
     assert "web" not in manage("machine_list").stdout and "web" in manage("machine_list", "--all").stdout
     assert manage("machine_stop", "nope").returncode == 5
+
+
+def test_ensure_admin_never_changes_an_admin_made_by_someone_else(django_user_model, tmp_path, monkeypatch):
+    admin = django_user_model.objects.create_superuser(username="admin", email="", password="Operators-Own-1234")
+    monkeypatch.setenv("TETHER_DATA_DIR", str(tmp_path))  # no stored login of ensure_admin's there
+    ran = manage("ensure_admin")
+    assert ran.returncode == 0, ran.stderr
+    assert "admin exists with a password of its own (not shown)" in ran.stdout
+    admin.refresh_from_db()
+    assert admin.check_password("Operators-Own-1234")
+    fresh = manage("ensure_admin", "--username", "embedded-admin")
+    username, password = re.search(r"Admin login: (\S+) / (\S+)", fresh.stdout).groups()
+    assert django_user_model.objects.get(username=username).check_password(password)
+    assert manage("ensure_admin", "--username", "embedded-admin").stdout == fresh.stdout  # the same every time

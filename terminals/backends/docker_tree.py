@@ -80,7 +80,7 @@ pause() {{ sleep 0.1 2>/dev/null || sleep 1; }}
 left() {{ [ "$n" -gt 100 ] && n=100; exit "$n"; }}
 scan
 if [ "$1" = 0 ]; then signal 0; left; fi
-for s in $1; do signal "$s"; done
+signal STOP; for s in $1; do signal "$s"; done; signal CONT  # frozen: no parent runs on as its child ends
 i=0
 while [ "$i" -lt "$3" ]; do
   scan; signal 0; [ "$n" = 0 ] && exit 0
@@ -90,7 +90,7 @@ i=0
 while :; do
   scan; signal 0
   [ "$n" = 0 ] || [ "$i" -ge {KILL_ROUNDS} ] && left
-  signal KILL; pause; i=$((i+1))
+  signal STOP; signal KILL; pause; i=$((i+1))
 done
 """
 

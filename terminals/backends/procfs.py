@@ -155,10 +155,10 @@ async def terminate_tree(
 ) -> list[ProcessIdentity]:
     """End every process of the tree (see ``find_tree``) and return once none is left alive.
 
-    1. SIGHUP and SIGTERM to every process found;
+    1. SIGHUP and SIGTERM to every process found, the tree frozen meanwhile (``_frozen``);
     2. wait up to ``grace`` for them to end;
-    3. SIGKILL whatever is left, scanning again each round (a dying parent may have forked a last
-       child), until nothing is; TimeoutError after ``timeout``, so a return means proven gone.
+    3. SIGKILL whatever is left, frozen too, scanning again each round (a dying parent may have forked a
+       last child), until nothing is; TimeoutError after ``timeout``, so a return means proven gone.
 
     A process found once stays on the list (by pid and start time): a session member without the marker
     that ignores SIGTERM is still killed after its leader has died and been reaped.
@@ -173,9 +173,9 @@ async def terminate_tree(
         return list(known)
 
     first = await scan()
-    for process in first:
-        process.signal(signal.SIGHUP)
-        process.signal(signal.SIGTERM)
+    # Each round freezes the tree before signalling it: signalled one by one, a child could die first and
+    # let its parent run on for a moment (a subshell whose sleep was ended goes on to its next command).
+    _frozen(first, signal.SIGHUP, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and await scan():
         await asyncio.sleep(0.05)
@@ -184,11 +184,24 @@ async def terminate_tree(
         left = await scan()
         if not left:
             return first
-        for process in left:
-            process.signal(signal.SIGKILL)
+        _frozen(left, signal.SIGKILL)
         if time.monotonic() > stop_by:
             raise TimeoutError(f"processes still alive after SIGKILL: {[p.pid for p in left]}")
         await asyncio.sleep(0.05)
+
+
+def _frozen(processes: list[ProcessIdentity], *signals: int) -> None:
+    """Stop every process, send ``signals`` to each, then let them go on: a pending signal is taken before
+    a resumed process runs a single instruction of its own, so none acts on another's end meanwhile."""
+    try:
+        for process in processes:
+            process.signal(signal.SIGSTOP)
+        for process in processes:
+            for signum in signals:
+                process.signal(signum)
+    finally:
+        for process in processes:
+            process.signal(signal.SIGCONT)
 
 
 def find_tree_by_session_label(label: str) -> list[ProcessIdentity]:

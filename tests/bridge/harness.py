@@ -48,7 +48,8 @@ TEST_IMAGE = "tether/busybox:test"  # built locally by scripts/ensure-services.s
 def collected_static() -> str:
     """``manage.py collectstatic`` run once per test run, with production settings, into a folder of its own."""
     root = Path(tempfile.mkdtemp(prefix="tether-static-"))
-    env = {**os.environ, "TETHER_MODE": "production", "SECRET_KEY": "x" * 50, "ALLOWED_HOSTS": "127.0.0.1"}
+    secret = "collectstatic-needs-no-secret-but-production-settings-want-one"
+    env = {**os.environ, "TETHER_MODE": "production", "SECRET_KEY": secret, "ALLOWED_HOSTS": "127.0.0.1"}
     env["TETHER_STATIC_ROOT"] = str(root)
     done = subprocess.run(
         [sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, capture_output=True

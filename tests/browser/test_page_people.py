@@ -291,3 +291,30 @@ async def test_after_an_unknown_outcome_the_page_says_why_and_once_resolved_a_ne
         if context is not None:
             await context.close()
         own.stop()
+
+
+async def test_a_shell_ended_by_its_workers_restart_says_so(browser, stack):
+    """A local shell cannot outlive its worker: stopped cleanly (a deploy), the worker ends it, and the page
+    says that this is what happened, not merely "Killed"."""
+    from tests.bridge.harness import Stack
+
+    own = Stack(extra_env={"TETHER_SHELL": "/bin/bash,--noprofile,--norc", "TETHER_HOST": "restart-host",
+                           "TETHER_SESSIONS_PER_USER": "100"})  # fmt: skip
+    context = None
+    try:
+        await asyncio.to_thread(own.start_daphne)
+        worker = await asyncio.to_thread(own.start_worker, "local")
+        context = await browser.new_context(base_url=f"http://127.0.0.1:{own.ports[0]}")
+        page = await context.new_page()
+        committed(add_machine, name="restart-box", backend="local", host="restart-host", actor=Actor.command("tests"))
+        await log_in(page, "operator", "operator-password")
+        await open_workspace(page, "restart-box")
+        worker.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(worker.wait, 30)
+        await expect(page.locator("#terminal-status")).to_have_text(
+            "Ended: the Tether worker holding it was stopped, and a shell like this cannot outlive it"
+        )
+    finally:
+        if context is not None:
+            await context.close()
+        own.stop()

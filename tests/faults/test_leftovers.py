@@ -21,8 +21,17 @@ from tests.factories import TEST_ACTOR, make_spec
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
 
-def test_a_dead_owners_hup_proof_child_is_ended_before_the_outcome_is_recorded(place, tmp_path):
-    machine = place("local", "leftovers")
+@pytest.mark.parametrize(
+    ("backend", "server_killed"),
+    [
+        ("local", False),  # the PTY dies with its owner; the child ignores the hang-up
+        # A child ignoring SIGHUP outlives even `tmux kill-server`: "no tmux server" is no proof that nothing
+        # of the command runs.
+        ("tmux", True),
+    ],
+)
+def test_a_dead_owners_hup_proof_child_is_ended_before_the_outcome_is_recorded(place, tmp_path, backend, server_killed):
+    machine = place(backend, f"leftovers-{backend}")
     witness = tmp_path / "ran"
     script = f"(trap '' HUP; sleep 12; echo ran >> {witness}) & echo started; sleep 60"
     execution, _ = exec_actions.submit_execution(
@@ -32,13 +41,15 @@ def test_a_dead_owners_hup_proof_child_is_ended_before_the_outcome_is_recorded(p
     stack = Stack()
     stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
     try:
-        owner = stack.start_worker("local")
+        owner = stack.start_worker(backend)
         wait_for(lambda: Execution.objects.filter(pk=execution.pk, state=State.RUNNING).exists(), what="running")
         time.sleep(0.5)  # the child is started
         owner.send_signal(signal.SIGKILL)
         owner.wait()
+        if server_killed:
+            subprocess.run(["tmux", "-L", machine.ref, "kill-server"], check=True)
         killed = time.monotonic()
-        stack.start_worker("local")
+        stack.start_worker(backend)
         settled = wait_for(lambda: Execution.objects.filter(pk=execution.pk, state=State.UNKNOWN).first(), 30)
         reason = settled.events.get(to_state=State.UNKNOWN).reason
         assert "still run" in reason and "was ended" in reason, reason
@@ -76,35 +87,3 @@ def test_resolve_refuses_while_any_process_of_the_tree_lives(place, dead_worker)
         assert resolved.state == State.RESOLVED
     finally:
         child.kill()
-
-
-def test_a_child_that_outlives_its_tmux_server_is_ended_before_the_outcome_is_recorded(place, tmp_path):
-    """A child ignoring SIGHUP outlives even `tmux kill-server`: "no tmux server" is no proof that nothing of
-    the command runs, so recovery ends what carries its marker before recording unknown."""
-    machine = place("tmux", "server-gone")
-    witness = tmp_path / "ran"
-    script = f"(trap '' HUP; sleep 12; echo ran >> {witness}) & echo started; sleep 60"
-    execution, _ = exec_actions.submit_execution(
-        scope="team-a", execution_id="server-gone", machine_name=machine.name, spec=make_spec("sh", "-c", script),
-        actor=TEST_ACTOR,
-    )  # fmt: skip
-    stack = Stack()
-    stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
-    try:
-        owner = stack.start_worker("tmux")
-        wait_for(lambda: Execution.objects.filter(pk=execution.pk, state=State.RUNNING).exists(), what="running")
-        time.sleep(0.5)  # the child is started
-        owner.send_signal(signal.SIGKILL)
-        owner.wait()
-        subprocess.run(["tmux", "-L", machine.ref, "kill-server"], check=True)
-        killed = time.monotonic()
-        stack.start_worker("tmux")
-        settled = wait_for(lambda: Execution.objects.filter(pk=execution.pk, state=State.UNKNOWN).first(), 30)
-        reason = settled.events.get(to_state=State.UNKNOWN).reason
-        assert "still run" in reason and "was ended" in reason, reason
-        resolved, _ = resolve(settled, actor=TEST_ACTOR, note="owner killed, tmux server killed")
-        assert resolved.state == State.RESOLVED
-        time.sleep(max(0.0, killed + 13 - time.monotonic()))  # had the child survived, it would have written
-        assert not witness.exists(), "a child of a resolved execution ran on"
-    finally:
-        stack.stop()

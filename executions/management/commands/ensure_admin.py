@@ -8,7 +8,10 @@ from django.core.management.base import BaseCommand
 
 
 class Command(BaseCommand):
-    help = "Create an admin login for the embedded mode (kept in the data directory) and print it."
+    help = (
+        "Create an admin login for the embedded mode (kept in the data directory) and print it. A user of that "
+        "name that exists already is never changed: its own password stays."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--username", default="admin")
@@ -16,18 +19,19 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         username = options["username"]
         store = settings.DATA_DIR / "admin-login.txt"
-        User = get_user_model()
-        user = User.objects.filter(username=username).first()
+        user = get_user_model().objects.filter(username=username).first()
         password = store.read_text().strip() if store.exists() else ""
-        if user is None or not password or not user.check_password(password):
+        if user is None:
             password = secrets.token_urlsafe(12)
-            if user is None:
-                user = User.objects.create_superuser(username=username, email="", password=password)
-            else:
-                user.set_password(password)
-                user.is_staff = user.is_superuser = user.is_active = True
-                user.save()
+            get_user_model().objects.create_superuser(username=username, email="", password=password)
             settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
             store.write_text(password + "\n")
             store.chmod(0o600)
+        elif not password or not user.check_password(password):
+            # Someone made or changed this account themselves (createsuperuser, the admin): theirs to keep.
+            self.stdout.write(
+                f"Admin login: {username} exists with a password of its own (not shown); "
+                f"manage.py changepassword {username} sets a new one"
+            )
+            return
         self.stdout.write(f"Admin login: {username} / {password}")
