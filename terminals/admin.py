@@ -159,16 +159,12 @@ class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
             return "(dismissed)"
         if obj.expired_at:
             return "(removed by retention cleanup)"
+        text = screen_text(bytes(obj.snapshot))
         if obj.process_state != "closed":
             # The live screen is the worker's; what is kept here is a closed shell's final screen.
             if obj.generation == 1 or not obj.snapshot:
                 return "(live: its screen is held by its worker; open the terminal to see it)"
-            text = f"[the previous shell's final screen; generation {obj.generation} runs now]\n"
-            text += screen_text(bytes(obj.snapshot))
-            return format_html(
-                '<pre style="max-height:30em;overflow:auto;background:#111;color:#eee;padding:8px">{}</pre>', text
-            )
-        text = screen_text(bytes(obj.snapshot))
+            text = f"[the previous shell's final screen; generation {obj.generation} runs now]\n{text}"
         return format_html(
             '<pre style="max-height:30em;overflow:auto;background:#111;color:#eee;padding:8px">{}</pre>', text
         )

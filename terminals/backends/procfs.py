@@ -100,6 +100,15 @@ class ProcessIdentity:
         return True
 
 
+def zombie_status(pid: int, parent: int) -> int | None:
+    """The wait status an exited, not yet reaped child of ``parent`` carries (stat field 52). While it is
+    unreaped its pid cannot name another process, so the status is that child's own."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] != "Z" or int(fields[1]) != parent or len(fields) < 50:
+        return None
+    return int(fields[49])
+
+
 def session_of(pid: int) -> int | None:
     fields = _stat_fields(pid)
     return int(fields[3]) if fields else None

@@ -400,7 +400,7 @@ class TmuxBackend(Backend):
         return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
     async def _state(self, handle: dict) -> PaneState:
-        fmt = f"{STATE}|#{{@tether_marker}}|#{{session_name}}"
+        fmt = f"{STATE}|#{{@tether_marker}}|#{{session_name}}|#{{pid}}"
         try:
             code, out, err = await self._run("display-message", "-p", "-t", handle["pane"], fmt)
         except BackendError as error:
@@ -408,9 +408,9 @@ class TmuxBackend(Backend):
         if code != 0:
             gone = any(text in err for text in GONE_ERRORS)
             return PaneState(Status.GONE if gone else Status.UNKNOWN, detail=err.strip() or f"tmux exited {code}")
-        fields = out.rstrip("\n").split("|", 8)
+        fields = out.rstrip("\n").split("|", 9)
         # display-message falls back to another pane, or to none, when the target is missing.
-        if len(fields) < 9 or (fields[0], fields[7], fields[8]) != (
+        if len(fields) < 10 or (fields[0], fields[7], fields[8]) != (
             handle["pane"],
             handle["marker"],
             handle["session"],
@@ -421,6 +421,14 @@ class TmuxBackend(Backend):
         if exit is not None:
             verdict, detail = Status.EXITED, exit.describe()
         elif dead == "1":
+            if (
+                not (status or signal or not pid.isdigit())
+                and (ended := procfs.zombie_status(int(pid), int(fields[9]))) is not None
+            ):
+                # tmux 3.3a can miss the SIGCHLD under load and leave the shim unreaped: the zombie says it.
+                status, signal = (
+                    ("", str(os.WTERMSIG(ended))) if os.WIFSIGNALED(ended) else (str(os.WEXITSTATUS(ended)), "")
+                )
             shim = f"by signal {signal}" if signal else f"with code {status}" if status else "without a status"
             verdict, detail = Status.UNKNOWN, f"the pane's shim ended {shim} before it recorded the program's exit"
         else:
