@@ -1,4 +1,9 @@
-// Words and numbers of docs/protocol.md as the page uses them.
+// Words and numbers of docs/protocol.md as the page uses them. The protocol's own words (close codes,
+// reasons, codes) come from wire.js, which is generated from terminals/protocol.py.
+
+import { AUTO_RESET_REASONS, CloseCode, Reason } from "./wire.js";
+
+export { CloseCode, ErrorCode, StatusCode } from "./wire.js";
 
 export const STATUS = {
   connecting: "Connecting…",
@@ -26,7 +31,7 @@ const ACTION_WORDS = {
 
 // Ends that were nobody's choice for this shell, said so (the outcome alone, "Killed", would not).
 const REASON_WORDS = {
-  server_restart: "Ended: the Tether worker holding it was stopped, and a shell like this cannot outlive it",
+  [Reason.SERVER_RESTART]: "Ended: the Tether worker holding it was stopped, and a shell like this cannot outlive it",
 };
 
 // How the shell ended, in a user's words: who ended it when an operator did, else its outcome.
@@ -39,46 +44,40 @@ export function endedText(exitSeen, fallback) {
   return exitSeen?.outcome ?? fallback;
 }
 
-// Closes whose reattach the server answers with a fresh shell (TETHER_AUTO_RESET).
-const AUTO_RESET_REASONS = new Set([
-  "exited", "killed", "failed", "server_restart", "spawn_failed", "never_started", "reset", "completed",
-]);
-
 // What a close means for the page (docs/protocol.md, "Close codes"). A closed socket is never a
 // failed command: an outcome is shown only when the server said it (`exit`) or the code says so.
 //   superseded: keep the frame, offer Take over     login: go to the login page
-//   ended: show `text`, offer `next`                 retry: reconnect with backoff
+//   ended: show `text`, offer `next` (`failed`: shown as an error)   retry: reconnect with backoff
 export function closeVerdict(code, { exitSeen, closedInfo, idleMinutes }) {
   const reason = closedInfo?.reason ?? exitSeen?.reason;
   if (exitSeen?.state === "unknown") {
     // Not the page's trouble: Tether lost the shell. A new one needs an operator first; Start a new shell
     // asks the server, which says so plainly until then.
-    return { kind: "ended", text: exitSeen.outcome, next: "reopen", detail: UNKNOWN_DETAIL };
+    return { kind: "ended", text: exitSeen.outcome, next: "reopen", detail: UNKNOWN_DETAIL, failed: true };
   }
   switch (code) {
-    case 4001:
+    case CloseCode.SUPERSEDED:
       return { kind: "superseded" };
-    case 4003:
-    case 4016:
+    case CloseCode.FORBIDDEN:
       return { kind: "login" };
-    case 4013:
+    case CloseCode.EXITED:
       return { kind: "ended", text: endedText(exitSeen, "The shell exited"), next: "new-shell" };
-    case 4010:
+    case CloseCode.IDLE:
       return { kind: "ended", text: `Closed: idle for ${closedInfo?.idle_minutes ?? idleMinutes} min`, next: "reopen" };
-    case 4011:
+    case CloseCode.DEADLINE:
       return { kind: "ended", text: "Closed: session deadline reached", next: "reopen" };
-    case 4012:
+    case CloseCode.OUTPUT_LIMIT:
       return { kind: "ended", text: "Closed: output limit reached", next: "reopen" };
-    case 4015:
+    case CloseCode.CLOSED:
       return {
         kind: "ended",
         text: endedText(exitSeen, `Closed: ${closedInfo?.text || reason || "the session was closed"}`),
         next: AUTO_RESET_REASONS.has(reason) ? "new-shell" : "reopen",
       };
-    case 4008:
-      return { kind: "ended", text: "Disconnected: too many bad frames", next: "reconnect" };
+    case CloseCode.POLICY_VIOLATION:
+      return { kind: "ended", text: "Disconnected: too many bad frames", next: "reconnect", failed: true };
   }
-  // An exit was seen but the close was not the usual 4013: the shell still ended as it said.
+  // An exit was seen but the close was not the usual EXITED: the shell still ended as it said.
   if (exitSeen) return { kind: "ended", text: endedText(exitSeen), next: "new-shell" };
   return { kind: "retry" };
 }

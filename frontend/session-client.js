@@ -2,7 +2,7 @@
 // acks, reconnect with backoff, supersede/take over, exits and resets, regrids.
 
 import { InputGate } from "./input.js";
-import { closeVerdict, STATUS, warningText } from "./protocol.js";
+import { CloseCode, closeVerdict, ErrorCode, STATUS, StatusCode, warningText } from "./protocol.js";
 import { ReplayWatch } from "./replay.js";
 import { markerLine } from "./screen.js";
 
@@ -85,7 +85,7 @@ export class SessionClient {
   }
 
   // Let go of the current socket; its late events are ignored (connId moves on).
-  dropSocket(code = 4000, reason = "") {
+  dropSocket(code = CloseCode.PAGE_LEFT, reason = "") {
     this.connId += 1;
     this.attachedNow = false;
     this.replay.stop();
@@ -148,7 +148,7 @@ export class SessionClient {
   }
 
   on_status(message) {
-    if (message.code === "no_worker") {
+    if (message.code === StatusCode.NO_WORKER) {
       this.serverSaidLost = true;
       this.setPhase(this.phase, message.text, "error");
       return;
@@ -269,7 +269,7 @@ export class SessionClient {
   }
 
   on_error(message) {
-    if (message.code === "not_held") {
+    if (message.code === ErrorCode.NOT_HELD) {
       // The worker let go of the session; the server is finding it again and will send `attached`.
       this.attachedNow = false;
       this.setPhase("connecting", STATUS.reconnecting, "warn");
@@ -306,7 +306,7 @@ export class SessionClient {
     });
     if (verdict.kind === "superseded") return this.becomeSuperseded();
     if (verdict.kind === "login") return this.goToLogin();
-    if (verdict.kind === "ended") return this.ended(verdict.text, verdict.next, verdict.detail);
+    if (verdict.kind === "ended") return this.ended(verdict.text, verdict.next, verdict.detail, verdict.failed);
     if (this.serverSaidLost) return this.giveUp();
     this.scheduleReconnect(this.sawHello);
   }
@@ -319,8 +319,7 @@ export class SessionClient {
     this.page.showActions(["takeover"]);
   }
 
-  ended(text, next, detail = null) {
-    const failed = this.exitSeen?.state === "unknown" || text.startsWith("Disconnected");
+  ended(text, next, detail = null, failed = false) {
     this.setPhase("ended", text, failed ? "error" : "done");
     this.page.showActions([next]);
     if (detail) this.page.warn(detail);
@@ -441,7 +440,7 @@ export class SessionClient {
     }
     // One connection has one grid: suspend output, close, fit, reattach for a fresh seed.
     this.setPhase("suspended", this.status, "info");
-    this.dropSocket(4000, "grid change");
+    this.dropSocket(CloseCode.PAGE_LEFT, "grid change");
     await this.screen.drained();
     this.fitNow(true);
     this.connect("attach");
@@ -462,7 +461,7 @@ export class SessionClient {
     if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return;
     if (Date.now() - this.lastMessageAt > SILENCE_LIMIT_MS) {
       // Not even a pong: the path is dead without having said so.
-      this.dropSocket(4000, "silent");
+      this.dropSocket(CloseCode.PAGE_LEFT, "silent");
       this.scheduleReconnect(true);
       return;
     }
@@ -474,7 +473,7 @@ export class SessionClient {
     const id = this.connId;
     this.timers.attach = setTimeout(() => {
       if (id !== this.connId || this.attachedNow) return;
-      this.dropSocket(4000, "attach timed out");
+      this.dropSocket(CloseCode.PAGE_LEFT, "attach timed out");
       this.scheduleReconnect(true);
     }, ms);
   }

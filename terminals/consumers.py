@@ -1,9 +1,9 @@
 """The browser's WebSocket: a thin bridge to the owner worker that holds the session's process.
 
-Binary frames carry terminal bytes both ways; text frames carry JSON control
-messages with a ``type``. Output is sequenced by absolute offset, so a chunk
-lost between worker and consumer is noticed and fetched again, and a duplicate
-is dropped.
+Binary frames carry terminal bytes both ways; text frames carry JSON control messages with a ``type``
+(docs/protocol.md). A frame is decoded here and handed to the viewer's stream (terminals.stream), which
+says what to send; messages go to the worker through the one client of its protocol
+(terminals.owner_client). Every task this consumer starts is its own and ends with it.
 """
 
 from __future__ import annotations
@@ -24,47 +24,35 @@ from executions.actions import WAKE_CHANNEL
 from executions.models import State
 from terminals import actions
 from terminals.layers import forget_channel, keep_receiving
-from terminals.models import ProcessLease, ProcessState, TerminalSession, WorkerState
+from terminals.models import ProcessState, TerminalSession
+from terminals.owner_client import OwnerClient, owner_of_execution
 from terminals.protocol import (
     ATTACH_WAIT_SECONDS,
-    CLOSE_CODES,
-    MAX_COLS,
     MAX_FRAME_BYTES,
-    MAX_ROWS,
+    PROTOCOL_VERSION,
     STRIKE_WINDOW_SECONDS,
+    Attached,
     CloseCode,
+    Closed,
+    ClosingSoon,
+    ErrorCode,
+    Exited,
+    Gap,
+    NextGeneration,
+    Output,
+    ProtocolError,
+    Reason,
+    Refusal,
+    StatusCode,
+    Superseded,
+    grid,
+    integer,
 )
+from terminals.stream import Deliver, FetchFrom, ViewerStream
 
 log = logging.getLogger(__name__)
 
-ACK_BATCH_BYTES = 128 * 1024  # an ack freeing this much of the flow window goes to the worker at once
-ACK_DELAY_SECONDS = 0.01  # a smaller one waits this long for company
-
-# Sessions closed for these reasons get a fresh shell when a viewer attaches (if TETHER_AUTO_RESET).
-AUTO_RESET_REASONS = {
-    "exited",
-    "killed",
-    "failed",
-    "server_restart",
-    "spawn_failed",
-    "never_started",
-    "reset",
-    "completed",
-}
-
-
-class ProtocolError(Exception):
-    pass
-
-
-# Offsets fit in a JavaScript number, and in the channel layer's 64-bit integers.
-MAX_INTEGER = 2**53
-
-
-def _integer(value, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INTEGER:
-        raise ProtocolError(f"{name} must be an integer from 0 to 2^53")
-    return value
+ACK_DELAY_SECONDS = 0.01  # an ack freeing little of the flow window waits this long for company
 
 
 def _load_session(session_id: str, user) -> TerminalSession | None:
@@ -75,20 +63,11 @@ def _load_session(session_id: str, user) -> TerminalSession | None:
 
 
 def _attach_target(session_id) -> dict:
-    """Where the session's process lives right now, as plain data."""
+    """The session as a viewer needs it now, as plain data: its shell's state and who holds it."""
     # The archived screen (up to 64 KiB) is only needed once the process has closed: not on every attach.
     session = TerminalSession.objects.select_related("execution").defer("snapshot").get(pk=session_id)
     execution = session.execution
-    # Only a worker that holds a started process can attach a viewer: one still launching it (its lease's
-    # handle says how far it got) would refuse, so the viewer waits as for a shell that is starting.
-    lease = (
-        ProcessLease.objects.select_related("worker")
-        .filter(execution=execution, released_at__isnull=True)
-        .exclude(worker__state=WorkerState.STOPPED)
-        .exclude(handle={})
-        .exclude(handle__has_key="launch")
-        .first()
-    )
+    closed = session.process_state == ProcessState.CLOSED
     return {
         "process_state": session.process_state,
         "close_reason": session.close_reason,
@@ -97,13 +76,12 @@ def _attach_target(session_id) -> dict:
         "state": execution.state,
         "outcome": execution.outcome_label,
         "exit_code": execution.exit_code,
-        "channel": lease.worker.channel_name if lease and lease.worker else None,
-        "token": lease.token if lease else None,
+        "owner": owner_of_execution(execution.pk),
         "viewer": session.viewer_id,
-        "snapshot": bytes(session.snapshot) if session.process_state == ProcessState.CLOSED else b"",
+        "snapshot": bytes(session.snapshot) if closed else b"",
         "expired": session.expired_at is not None,
         # Who asked for it to end (an operator's Complete, Kill...), once it has.
-        "closed_by": actions.closed_by(execution.pk) if session.process_state == ProcessState.CLOSED else {},
+        "closed_by": actions.closed_by(execution.pk) if closed else {},
     }
 
 
@@ -118,10 +96,41 @@ def _restart(session_id, user, reason: str) -> None:
         actions.start_next_generation(session, actions.Actor.for_user(user), reason)
 
 
-class TerminalConsumer(AsyncWebsocketConsumer):
-    TASKS = ("waiting", "replay_check", "owner_check", "ack_timer")
+def _auto_resets(reason: str) -> bool:
+    try:
+        return Reason(reason).auto_reset
+    except ValueError:
+        return False
 
+
+class Tasks:
+    """The consumer's background tasks by name: starting one replaces (and ends) the one before it."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, asyncio.Task] = {}
+
+    def start(self, name: str, work) -> None:
+        if (old := self.running.pop(name, None)) is not None and old is not asyncio.current_task():
+            old.cancel()
+        task = asyncio.create_task(work)
+        self.running[name] = task
+        task.add_done_callback(lambda done: self.running.get(name) is done and self.running.pop(name))
+
+    def has(self, name: str) -> bool:
+        return name in self.running
+
+    async def end_all(self) -> None:
+        current = asyncio.current_task()
+        running = [task for task in self.running.values() if task is not current]
+        self.running.clear()
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+
+class TerminalConsumer(AsyncWebsocketConsumer):
     async def __call__(self, scope, receive, send) -> None:
+        self.tasks = Tasks()
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -149,31 +158,17 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.foreign = self.session.user_id != user.pk
         self.taken_over = False
         self.viewer_id = uuid.uuid4().hex
-        self.worker_channel: str | None = None
-        self.execution_pk: int | None = None
-        self.generation: int | None = None
-        self.expected = 0  # next output offset this viewer should receive
-        # The channel layer delivers at least once (channels-redis restores a message whose receive was
-        # cut short, e.g. by a Redis restart): an attach is numbered so a repeated ``attached`` cannot
-        # rewind the stream, and input is numbered so the worker never writes a key twice.
-        self.attach_id = 0
-        self.refused_since: float | None = None  # when the worker first refused this attach, if it did
-        self.input_seq = 0
-        self.epoch: int | None = None  # the owner's stream (lease token) the offsets belong to
-        self.attached = False
+        self.stream = ViewerStream()
+        self.owner = OwnerClient(self.channel_layer, self.channel_name, self.viewer_id)
         self.grid: tuple[int, int] | None = None
         self.strikes: list[float] = []
-        self.waiting: asyncio.Task | None = None
-        self.replay_check: asyncio.Task | None = None
-        self.owner_check: asyncio.Task | None = None
-        self.ack_pending = self.ack_forwarded = 0  # the browser's latest ack, and the last one sent on
-        self.ack_timer: asyncio.Task | None = None
+        self.refused_since: float | None = None  # when the worker first refused this attach, if it did
         await keep_receiving(self.channel_layer)
         await self.accept()
         # Logging out anywhere closes this socket (terminals.signals); the owner check catches a lost message.
         self.user_group = f"tether.user.{user.pk}"
         await self.channel_layer.group_add(self.user_group, self.channel_name)
-        await self.send_json({"type": "hello", "session": str(self.session.id), "protocol": 1})
+        await self.send_json({"type": "hello", "session": str(self.session.id), "protocol": PROTOCOL_VERSION})
 
     async def dispatch(self, message: dict) -> None:
         """As channels' own, less its ``aclose_old_connections()`` before every handler: a hop to the
@@ -190,17 +185,10 @@ class TerminalConsumer(AsyncWebsocketConsumer):
 
     async def _leave(self) -> None:
         """Stop everything this viewer started; safe to call more than once."""
-        running = [task for name in self.TASKS if (task := getattr(self, name, None)) is not None]
-        for name in self.TASKS:
-            setattr(self, name, None)
-        current = asyncio.current_task()
-        for task in running:
-            if task is not current:
-                task.cancel()
-        await asyncio.gather(*(task for task in running if task is not current), return_exceptions=True)
-        if getattr(self, "attached", False):
-            self.attached = False
-            await self._to_worker("session.detach")
+        await self.tasks.end_all()
+        if (stream := getattr(self, "stream", None)) is not None and stream.attached:
+            stream.leave()  # the worker must hear it: it keeps a departed viewer's flow window a while
+            await self.owner.detach()
         if group := getattr(self, "user_group", None):
             self.user_group = None
             await self.channel_layer.group_discard(group, self.channel_name)
@@ -219,10 +207,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     async def _input(self, data: bytes) -> None:
         if len(data) > MAX_FRAME_BYTES:
             raise ProtocolError(f"input frame of {len(data)} bytes is over the {MAX_FRAME_BYTES}-byte limit")
-        if not self.attached:
+        if not self.stream.attached:
             raise ProtocolError("not attached yet: input was dropped (send an attach message first)")
-        self.input_seq += 1
-        await self._to_worker("session.input", data=data, seq=self.input_seq)
+        await self.owner.input(data, self.stream.next_input())
 
     async def _control(self, text: str) -> None:
         if len(text.encode()) > MAX_FRAME_BYTES:
@@ -241,21 +228,11 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     async def _strike(self, text: str) -> None:
         now = time.monotonic()
         self.strikes = [t for t in self.strikes if now - t < STRIKE_WINDOW_SECONDS] + [now]
-        await self.send_json({"type": "error", "message": text})
+        await self.send_json({"type": "error", "code": ErrorCode.BAD_FRAME, "message": text})
         if len(self.strikes) > settings.TETHER_STRIKE_LIMIT:
-            await self.send_json({"type": "closed", "reason": "policy_violation", "text": "too many bad frames"})
-            await self.close(CloseCode.POLICY_VIOLATION)
-
-    @staticmethod
-    def _grid(message: dict) -> tuple[int, int] | None:
-        cols, rows = message.get("cols"), message.get("rows")
-        if cols is None and rows is None:
-            return None
-        if not (isinstance(cols, int) and isinstance(rows, int) and not isinstance(cols, bool)):
-            raise ProtocolError("cols and rows must be integers")
-        if not (1 <= cols <= MAX_COLS and 1 <= rows <= MAX_ROWS):
-            raise ProtocolError(f"grid {cols}x{rows} is out of range (1-{MAX_COLS} x 1-{MAX_ROWS})")
-        return cols, rows
+            reason = Reason.POLICY_VIOLATION
+            await self.send_json({"type": "closed", "reason": reason, "text": "too many bad frames"})
+            await self.close(reason.close_code)
 
     async def client_attach(self, message: dict) -> None:
         if self.foreign and message["type"] != "takeover":
@@ -264,65 +241,56 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if self.foreign and not self.taken_over:
             await db(actions.note_takeover)(self.session, self.user)
             self.taken_over = True
-        since = _integer(message.get("since", 0), "since")
+        since = integer(message.get("since", 0), "since")
         generation, epoch = message.get("generation"), message.get("epoch")
-        if generation is not None:
-            generation = _integer(generation, "generation")
-        if epoch is not None:
-            epoch = _integer(epoch, "epoch")
-        self.grid = self._grid(message)
-        self.expected, self.generation, self.epoch = since, generation, epoch
-        self.attached = False  # until the worker confirms; output meanwhile is replayed by the attach
-        await self._attach()
+        generation = None if generation is None else integer(generation, "generation")
+        epoch = None if epoch is None else integer(epoch, "epoch")
+        self.grid = grid(message)
+        self.stream.want(since, generation, epoch)  # output meanwhile is replayed by the attach
+        self.tasks.start("attach", self._attach())
 
     client_takeover = client_attach
 
     async def client_resize(self, message: dict) -> None:
-        grid = self._grid(message)
-        if grid is None:
+        size = grid(message)
+        if size is None:
             raise ProtocolError("resize needs cols and rows")
-        self.grid = grid
-        if self.attached:
-            await self._to_worker("session.resize", cols=grid[0], rows=grid[1])
+        self.grid = size
+        if self.stream.attached:
+            await self.owner.resize(*size)
 
     async def client_reset(self, message: dict) -> None:
-        if not self.attached:
+        if not self.stream.attached:
             raise ProtocolError("not attached: nothing to reset")
-        await self._to_worker("session.reset")
+        await self.owner.reset()
 
     async def client_ack(self, message: dict) -> None:
         """Acks are coalesced: one goes on at once when it frees a good part of the flow window, else a
         short moment later. A keystroke's echo then costs one message each way, not two."""
-        offset = _integer(message.get("offset"), "ack offset")
-        if not self.attached:
-            return
-        self.ack_pending = max(self.ack_pending, offset)
-        if self.ack_pending - self.ack_forwarded >= ACK_BATCH_BYTES:
+        now = self.stream.ack(integer(message.get("offset"), "ack offset"))
+        if now:
             await self._forward_ack()
-        elif self.ack_timer is None:
-            self.ack_timer = asyncio.create_task(self._forward_ack_soon())
+        elif now is False and not self.tasks.has("ack"):
+            self.tasks.start("ack", self._forward_ack(ACK_DELAY_SECONDS))
 
-    async def _forward_ack_soon(self) -> None:
-        await asyncio.sleep(ACK_DELAY_SECONDS)
-        self.ack_timer = None
-        await self._forward_ack()
-
-    async def _forward_ack(self) -> None:
-        if self.attached and self.ack_pending > self.ack_forwarded:
-            self.ack_forwarded = self.ack_pending
-            await self._to_worker("session.ack", offset=self.ack_forwarded)
+    async def _forward_ack(self, delay: float = 0.0) -> None:
+        if delay:
+            await asyncio.sleep(delay)
+        if (offset := self.stream.take_ack()) is not None:
+            await self.owner.ack(offset)
 
     async def client_keepalive(self, message: dict) -> None:
-        if self.attached:
-            await self._to_worker("session.keepalive")
+        if self.stream.attached:
+            await self.owner.keepalive()
 
     async def client_ping(self, message: dict) -> None:
         await self.send_json({"type": "pong"})
 
     # --- attaching ---------------------------------------------------------------------------
 
-    async def _attach(self) -> None:
+    async def _attach(self, delay: float = 0.0) -> None:
         """Find the worker holding the session (waiting while it starts) and ask it to attach this viewer."""
+        await asyncio.sleep(delay)
         deadline = time.monotonic() + ATTACH_WAIT_SECONDS
         told_starting = False
         while time.monotonic() < deadline:
@@ -331,34 +299,27 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                 if not await self._closed_at_attach(target):
                     return
                 continue
-            if target["channel"]:
-                self.worker_channel, self.execution_pk = target["channel"], target["execution"]
-                if target["generation"] != self.generation:
-                    self.expected = 0
-                self.attach_id += 1
-                await self.channel_layer.send(
-                    self.worker_channel,
-                    {
-                        "type": "session.attach",
-                        "execution": self.execution_pk,
-                        "viewer": self.viewer_id,
-                        "attach": self.attach_id,
-                        "reply": self.channel_name,
-                        "since": self.expected,
-                        "generation": target["generation"],
-                        "epoch": self.epoch,
-                        "cols": self.grid[0] if self.grid else None,
-                        "rows": self.grid[1] if self.grid else None,
-                        "by": self.username,  # told to a window this one supersedes
-                    },
+            if owner := target["owner"]:
+                attach, since = self.stream.next_attach(target["generation"])
+                size = self.grid or (None, None)
+                await self.owner.attach(
+                    owner,
+                    attach=attach,
+                    since=since,
+                    generation=target["generation"],
+                    epoch=self.stream.epoch,
+                    cols=size[0],
+                    rows=size[1],
+                    by=self.username,
                 )
                 return
             if not told_starting:
-                await self.send_json({"type": "status", "process_state": "starting", "text": "Starting your session…"})
+                starting = {"process_state": "starting", "code": StatusCode.STARTING, "text": "Starting your session…"}
+                await self.send_json({"type": "status", **starting})
                 told_starting = True
             await asyncio.sleep(0.1)
         text = "No worker is serving this session right now"
-        await self.send_json({"type": "status", "code": "no_worker", "text": text})
+        await self.send_json({"type": "status", "code": StatusCode.NO_WORKER, "text": text})
         await self.close(CloseCode.SERVER_RESTART)
 
     async def _closed_at_attach(self, target: dict) -> bool:
@@ -375,76 +336,27 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             }
         )
         # A resolved outcome has freed the machine's slot, as a known one does: a fresh shell may start.
-        again = target["close_reason"] in AUTO_RESET_REASONS or target["state"] == State.RESOLVED
+        again = _auto_resets(target["close_reason"]) or target["state"] == State.RESOLVED
         if settings.TETHER_AUTO_RESET and again:
             await db(_restart)(self.session.id, self.user, f"auto-reset after {target['close_reason']}")
             await self.channel_layer.send(WAKE_CHANNEL, {"type": "wake"})
             await self.send_json({"type": "reset", "text": "Started a fresh session"})
-            self.generation = None
+            self.stream.next_generation()
             return True
         if target["expired"]:
             text = f"The final screen is no longer kept (closed sessions keep it {settings.TETHER_RETENTION_HOURS} h)"
-            await self.send_json({"type": "status", "text": text})
+            await self.send_json({"type": "status", "code": StatusCode.NOT_KEPT, "text": text})
         else:
             await self.send(bytes_data=target["snapshot"])
-        await self.close(CLOSE_CODES.get(target["close_reason"], CloseCode.CLOSED))
+        await self.close(Reason.close_code_for(target["close_reason"]))
         return False
-
-    async def _to_worker(self, kind: str, **fields) -> None:
-        if self.worker_channel is None:
-            return
-        await self.channel_layer.send(
-            self.worker_channel,
-            {
-                "type": kind,
-                "execution": self.execution_pk,
-                "viewer": self.viewer_id,
-                "reply": self.channel_name,
-                **fields,
-            },
-        )
-
-    # --- worker -> browser -------------------------------------------------------------------
-
-    async def terminal_attached(self, event: dict) -> None:
-        if self.attached or event.get("attach") != self.attach_id:
-            return  # a repeated delivery, or the answer to an attach this viewer has since replaced
-        self.attached = True
-        self.refused_since = None
-        self.expected = event["offset"]
-        self.generation = event["generation"]
-        self.epoch = event.get("epoch")
-        self.ack_pending = self.ack_forwarded = event["offset"]  # the worker's window starts here
-        await self.send_json(
-            {
-                "type": "attached",
-                "offset": event["offset"],
-                "end": event["end"],
-                "lost": event["lost"],
-                "generation": event["generation"],
-                "epoch": self.epoch,
-                "fresh": event.get("fresh", False),
-                # Bytes lost past the buffer, tmux: the screen as it is now (base64), drawn before the stream.
-                "screen": base64.b64encode(event["screen"]).decode() if event.get("screen") else None,
-                "process_state": event["process_state"],
-            }
-        )
-        if self.replay_check:
-            self.replay_check.cancel()
-        self.replay_check = asyncio.create_task(self._check_replay(event["end"]))
-        if self.owner_check is None:
-            self.owner_check = asyncio.create_task(self._check_owner())
-
-    def _current(self, event: dict) -> bool:
-        """Whether a worker message belongs to the stream this viewer is attached to (not a dead owner's)."""
-        return event.get("epoch", self.epoch) == self.epoch
 
     async def _check_owner(self) -> None:
         """Every few seconds, compare what this viewer is attached to with the database: a message that
         never arrived (an exit, a supersede) or an owner that died and was replaced is noticed here."""
         while True:
             await asyncio.sleep(settings.TETHER_VIEWER_CHECK_SECONDS)
-            if not self.attached:
+            if not self.stream.attached:
                 continue
             try:
                 signed_in = await db(_still_signed_in)(self.scope.get("session"))
@@ -455,16 +367,17 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             if not signed_in:
                 await self.user_logged_out({})
                 return
-            if not self.attached:
+            if not self.stream.attached:
                 continue
             if target["viewer"] and target["viewer"] != self.viewer_id:
                 log.info("session %s: another window took it over; this one missed the message", self.session.id)
-                await self.terminal_superseded({})
+                await self._superseded(None)
                 return
-            moved = target["execution"] != self.execution_pk or target["process_state"] == ProcessState.CLOSED
-            if moved or (target["channel"], target["token"]) != (self.worker_channel, self.epoch):
+            held, owner = self.owner.owner, target["owner"]
+            moved = target["execution"] != held.execution or target["process_state"] == ProcessState.CLOSED
+            if moved or owner is None or (owner.channel, owner.token) != (held.channel, self.stream.epoch):
                 log.info("session %s: its owner changed under this viewer; attaching again", self.session.id)
-                self.attached = False
+                self.stream.leave()
                 await self._attach()
 
     async def _check_replay(self, end: int) -> None:
@@ -473,56 +386,71 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         after it that would reveal the gap."""
         for _ in range(3):
             await asyncio.sleep(0.5)
-            if not self.attached or self.expected >= end:
+            if (since := self.stream.missing(end)) is None:
                 return
-            await self._to_worker("session.resend", since=self.expected)
+            await self.owner.resend(since)
+
+    # --- worker -> browser -------------------------------------------------------------------
+
+    async def terminal_attached(self, event: dict) -> None:
+        message = Attached.decode(event)
+        if not self.stream.confirmed(message):
+            return  # a repeated delivery, or the answer to an attach this viewer has since replaced
+        self.refused_since = None
+        await self.send_json(
+            {
+                "type": "attached",
+                "offset": message.offset,
+                "end": message.end,
+                "lost": message.lost,
+                "generation": message.generation,
+                "epoch": message.epoch,
+                "fresh": message.fresh,
+                # Bytes lost past the buffer, tmux: the screen as it is now (base64), drawn before the stream.
+                "screen": base64.b64encode(message.screen).decode() if message.screen else None,
+                "process_state": message.process_state,
+            }
+        )
+        self.tasks.start("replay_check", self._check_replay(message.end))
+        if not self.tasks.has("owner_check"):
+            self.tasks.start("owner_check", self._check_owner())
 
     async def terminal_output(self, event: dict) -> None:
-        if not self._current(event):
-            return  # from an owner this viewer has left behind
-        if not self.attached:
-            return  # output for a stream this viewer has not (re)joined yet; the attach replays it
-        offset, data = event["offset"], event["data"]
-        end = offset + len(data)
-        if end <= self.expected:
-            return  # a duplicate
-        if offset > self.expected:
-            # A chunk went missing between worker and here: fetch it again by offset.
-            await self._to_worker("session.resend", since=self.expected)
-            return
-        await self.send(bytes_data=data[self.expected - offset :])
-        self.expected = end
+        said = self.stream.output(Output.decode(event))
+        if isinstance(said, Deliver):
+            await self.send(bytes_data=said.data)
+        elif isinstance(said, FetchFrom):
+            await self.owner.resend(said.since)
 
     async def terminal_gap(self, event: dict) -> None:
-        if not self._current(event):
-            return  # from an owner this viewer has left behind
-        if not self.attached or event["offset"] <= self.expected:
-            return  # a repeated delivery: the stream never moves backwards
-        self.expected = event["offset"]
-        await self.send_json({"type": "gap", "offset": event["offset"], "lost": event["lost"]})
+        message = Gap.decode(event)
+        if self.stream.gap(message):
+            await self.send_json({"type": "gap", "offset": message.offset, "lost": message.lost})
 
     async def terminal_error(self, event: dict) -> None:
-        if event.get("code") == "attach_refused" and not self.attached:
+        message = Refusal.decode(event)
+        if message.code == ErrorCode.ATTACH_REFUSED and not self.stream.attached:
             # The lease moved (or the process is starting or closing) between our lookup and the worker:
             # look again, quietly, as the protocol's own retry; the page hears only if it never settles.
             now = time.monotonic()
             self.refused_since = self.refused_since or now
             if now - self.refused_since < ATTACH_WAIT_SECONDS:
-                await asyncio.sleep(0.2)
-                await self._attach()
+                self.tasks.start("attach", self._attach(delay=0.2))
                 return
-        await self.send_json({"type": "error", "code": event.get("code"), "message": event["message"]})
+        await self.send_json({"type": "error", "code": message.code, "message": message.message})
 
     async def terminal_warning(self, event: dict) -> None:
-        if not self._current(event):
-            return  # from an owner this viewer has left behind
-        await self.send_json({"type": "warning", "reason": event["reason"], "seconds_left": event["seconds_left"]})
+        message = ClosingSoon.decode(event)
+        if self.stream.current(message.epoch):
+            await self.send_json({"type": "warning", "reason": message.reason, "seconds_left": message.seconds_left})
 
     async def terminal_superseded(self, event: dict) -> None:
-        if not self._current(event):
-            return  # from an owner this viewer has left behind
-        self.attached = False
-        by = event.get("by")
+        message = Superseded.decode(event)
+        if self.stream.current(message.epoch):
+            await self._superseded(message.by)
+
+    async def _superseded(self, by: str | None) -> None:
+        self.stream.leave()
         # Someone else writing into this user's shell is said so, by name; another window of theirs is not.
         text = f"Taken over by {by}" if by and by != self.username else "Superseded by another window"
         await self.send_json({"type": "superseded", "text": text, **({"by": by} if by != self.username else {})})
@@ -530,33 +458,39 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         await self.close(CloseCode.SUPERSEDED, reason=text)
 
     async def terminal_exit(self, event: dict) -> None:
-        if not self._current(event):
+        message = Exited.decode(event)
+        if not self.stream.current(message.epoch):
             return  # from an owner this viewer has left behind
-        await self.send_json({"type": "exit", **{k: v for k, v in event.items() if k != "type"}})
-        if event["reason"] != "reset":
-            self.attached = False
-            await self.close(CLOSE_CODES.get(event["reason"], CloseCode.CLOSED))
+        await self.send_json(message.to_browser())
+        if message.reason != Reason.RESET:
+            self.stream.leave()
+            await self.close(Reason.close_code_for(message.reason))
 
     async def terminal_generation(self, event: dict) -> None:
-        if event.get("ended") != self.generation or not self._current(event):
+        message = NextGeneration.decode(event)
+        if message.ended != self.stream.generation or not self.stream.current(message.epoch):
             return  # a repeated delivery: this viewer already moved on to the next generation
-        self.attached = False
-        self.generation = None
-        self.expected = 0
+        self.stream.next_generation()
         await self.send_json({"type": "reset", "text": "Started a fresh session"})
-        await self._attach()
+        self.tasks.start("attach", self._attach())
 
     async def terminal_closed(self, event: dict) -> None:
-        if not self._current(event):
+        message = Closed.decode(event)
+        if not self.stream.current(message.epoch):
             return  # from an owner this viewer has left behind
-        self.attached = False
-        await self.send_json({"type": "closed", "reason": event["reason"], "text": event.get("text", "")})
-        await self.close(CLOSE_CODES.get(event["reason"], CloseCode.CLOSED))
+        self.stream.leave()
+        await self.send_json({"type": "closed", "reason": message.reason, "text": message.text})
+        await self.close(Reason.close_code_for(message.reason))
 
     async def user_logged_out(self, event: dict) -> None:
-        self.attached = False
-        await self.send_json({"type": "closed", "reason": "logged_out", "text": "Signed out"})
-        await self.close(CloseCode.FORBIDDEN)
+        self.stream.leave()
+        reason = Reason.LOGGED_OUT
+        await self.send_json({"type": "closed", "reason": reason, "text": "Signed out"})
+        await self.close(reason.close_code)
+
+    async def close(self, code=None, reason=None) -> None:
+        # autobahn takes a close code only as a plain int, not an IntEnum member.
+        await super().close(None if code is None or code is True else int(code), reason)
 
     async def send_json(self, data: dict) -> None:
         await self.send(text_data=json.dumps(data))

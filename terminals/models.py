@@ -15,6 +15,7 @@ from django.db import models
 from django.db.models import Q
 
 from executions.models import AppendOnly, Execution, Machine
+from terminals.protocol import Reason
 
 
 class WorkerState(models.TextChoices):
@@ -103,19 +104,11 @@ class SnapshotKind(models.TextChoices):
     ARCHIVED = "archived"
 
 
-class CloseReason(models.TextChoices):
-    NONE = "", "—"
-    EXITED = "exited"
-    RESET = "reset"
-    IDLE = "idle"
-    DEADLINE = "deadline"
-    OUTPUT_LIMIT = "output_limit"
-    KILLED = "killed"
-    FAILED = "failed"
-    COMPLETED = "completed"
-    CONTROLLER_LOST = "controller_lost"
-    SPAWN_FAILED = "spawn_failed"
-    NEVER_STARTED = "never_started"
+# Why a session's process closed: the protocol's stored reasons (terminals.protocol.Reason, which says what
+# each means for the viewer), as the database's choices.
+CloseReason = models.TextChoices(
+    "CloseReason", [("NONE", ("", "—")), *((reason.name, reason.value) for reason in Reason if reason.stored)]
+)
 
 
 class TerminalSession(models.Model):

@@ -124,6 +124,7 @@ class Process(abc.ABC):
     """A live process held by its owner."""
 
     handle: dict
+    can_snapshot = False  # whether ``snapshot`` can tell the screen as it is now (a terminal that keeps one)
 
     @abc.abstractmethod
     async def read(self) -> bytes:
@@ -147,9 +148,9 @@ class Process(abc.ABC):
     async def detach(self) -> None:
         """Stop observing without touching the process (it stays for a later owner where possible)."""
 
-    async def __aiter__(self):
-        while chunk := await self.read():
-            yield chunk
+    async def snapshot(self):
+        """The screen as it is now (``can_snapshot``); its ``render()`` redraws it on a blank terminal."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no screen")
 
 
 class Backend(abc.ABC):

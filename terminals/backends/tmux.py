@@ -158,6 +158,8 @@ def _tty_of(pid: int) -> int | None:
 
 
 class TmuxProcess(Process):
+    can_snapshot = True
+
     def __init__(self, backend: TmuxBackend, handle: dict, state: PaneState):
         self.handle = handle
         self._backend = backend

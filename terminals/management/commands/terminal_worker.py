@@ -31,7 +31,7 @@ class Command(BaseCommand):
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         await worker.start()
-        self.stdout.write(f"worker {worker.worker.worker_id} ready ({', '.join(sorted(worker.backends))})")
+        self.stdout.write(f"worker {worker.worker.worker_id} ready ({', '.join(sorted(worker.context.backends))})")
         self.stdout.flush()
         await worker.run(stop)
         self.stdout.write("worker stopped")

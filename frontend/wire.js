@@ -1,0 +1,58 @@
+// Generated from terminals/protocol.py by `manage.py wire_js`: do not edit (a test compares them).
+
+export const PROTOCOL_VERSION = 1;
+
+export const CloseCode = Object.freeze({
+  PAGE_LEFT: 4000,
+  SUPERSEDED: 4001,
+  FORBIDDEN: 4003,
+  POLICY_VIOLATION: 4008,
+  IDLE: 4010,
+  DEADLINE: 4011,
+  OUTPUT_LIMIT: 4012,
+  EXITED: 4013,
+  SERVER_RESTART: 4014,
+  CLOSED: 4015,
+});
+
+export const Reason = Object.freeze({
+  EXITED: "exited",
+  RESET: "reset",
+  KILLED: "killed",
+  FAILED: "failed",
+  COMPLETED: "completed",
+  SPAWN_FAILED: "spawn_failed",
+  NEVER_STARTED: "never_started",
+  SERVER_RESTART: "server_restart",
+  IDLE: "idle",
+  DEADLINE: "deadline",
+  OUTPUT_LIMIT: "output_limit",
+  CONTROLLER_LOST: "controller_lost",
+  LET_GO: "let_go",
+  POLICY_VIOLATION: "policy_violation",
+  LOGGED_OUT: "logged_out",
+});
+
+export const ErrorCode = Object.freeze({
+  ATTACH_REFUSED: "attach_refused",
+  NOT_HELD: "not_held",
+  SUPERSEDED: "superseded",
+  BAD_FRAME: "bad_frame",
+});
+
+export const StatusCode = Object.freeze({
+  STARTING: "starting",
+  NO_WORKER: "no_worker",
+  NOT_KEPT: "not_kept",
+});
+
+export const Request = Object.freeze({
+  CANCEL: "cancel",
+  KILL: "kill",
+  FAIL: "fail",
+  RESET: "reset",
+  COMPLETE: "complete",
+});
+
+// Ends after which the server answers a reattach with a fresh shell (TETHER_AUTO_RESET).
+export const AUTO_RESET_REASONS = new Set(["exited", "reset", "killed", "failed", "completed", "spawn_failed", "never_started", "server_restart"]);

@@ -1,0 +1,1 @@
+"""The owner worker's services (see terminals.worker, the root that composes them)."""

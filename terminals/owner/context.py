@@ -1,0 +1,73 @@
+"""What the owner worker's services share: who the worker is, what it holds, and the tasks it owns."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+
+from channels.layers import BaseChannelLayer
+from django.conf import settings
+from django.db import InterfaceError, OperationalError
+
+from terminals.backends.procfs import ProcessIdentity
+from terminals.live import FlowBudget, LiveProcess
+from terminals.models import Worker
+
+log = logging.getLogger(__name__)
+
+# What a database restart looks like from here: worth waiting out, never a reason to give up a process.
+DB_OUTAGE = (OperationalError, InterfaceError)
+
+
+class TaskOwner:
+    """Every task a worker starts beside its loops is started here, so none is lost or left running: in
+    the worker's task group while it runs (else, for a test or command driving single steps, loose), and
+    ended and awaited by ``close()``."""
+
+    def __init__(self) -> None:
+        self.group: asyncio.TaskGroup | None = None
+        self.running: set[asyncio.Task] = set()
+
+    def start(self, work: Coroutine) -> asyncio.Task:
+        task = self.group.create_task(work) if self.group is not None else asyncio.create_task(work)
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+        return task
+
+    async def wait(self, tasks) -> None:
+        await asyncio.gather(*(task for task in tasks if task is not asyncio.current_task()), return_exceptions=True)
+
+    async def close(self) -> None:
+        running = [task for task in self.running if task is not asyncio.current_task()]
+        for task in running:
+            task.cancel()
+        await self.wait(running)
+
+
+@dataclass
+class WorkerContext:
+    layer: BaseChannelLayer
+    me: ProcessIdentity
+    backends: set[str]
+    worker: Worker | None = None
+    channel: str = ""
+    live: dict[int, LiveProcess] = field(default_factory=dict)  # execution pk -> the process held for it
+    tasks: TaskOwner = field(default_factory=TaskOwner)
+    budget: FlowBudget = field(default_factory=lambda: FlowBudget(settings.TETHER_FLOW_WORKER_BYTES))
+    ending: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(4))  # trees ended at once
+    draining: bool = False  # taking no new work
+
+
+async def until_recorded(write):
+    """An observed fact must reach the record: retry through a database outage (the lease, checked inside
+    the write, still decides whether we may write it)."""
+    delay = 0.2
+    while True:
+        try:
+            return await write()
+        except DB_OUTAGE as error:
+            log.warning("cannot record yet (%r); retrying in %.1fs", error, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)

@@ -1,0 +1,245 @@
+"""The session host: holds started processes, supervises them to their end, and settles how they ended.
+
+A held process has one supervisor task: it pumps output to the buffer and the viewer (while the leases
+provably stand), observes the exit, and records it. Ending a process on purpose (a request, a lifetime, a
+reset, shutdown) marks why, ends the tree, and leaves the recording to the supervisor, so every end is
+recorded in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from channels.db import database_sync_to_async as db
+from django.conf import settings
+
+from executions.actions import WAKE_CHANNEL
+from executions.models import Backend as BackendKind
+from executions.models import Evidence, Execution, Kind, State
+from executions.spec import ExecutionSpec
+from terminals import actions
+from terminals.backends.base import Exit, Process
+from terminals.lifetimes import CHECK_SECONDS, Limits, judge
+from terminals.live import LiveProcess
+from terminals.models import TerminalSession
+from terminals.owner.context import WorkerContext, until_recorded
+from terminals.owner.leases import LeaseKeeper
+from terminals.owner.outcome import Outcome
+from terminals.owner.viewers import Outbox
+from terminals.protocol import Closed, ClosingSoon, Exited, NextGeneration, Reason, Request
+
+log = logging.getLogger(__name__)
+
+
+class SessionHost:
+    def __init__(self, context: WorkerContext, leases: LeaseKeeper, outbox: Outbox):
+        self.context, self.leases, self.outbox = context, leases, outbox
+
+    def hold(
+        self,
+        execution: Execution,
+        token: int,
+        process: Process,
+        session: TerminalSession | None,
+        backend: str,
+        screen=b"",
+    ) -> None:
+        """Hold ``process`` (on ``backend``) under ``token``: its output pump, buffer and viewer. ``screen``
+        starts the buffer (an adopted shell's stream begins with its screen as it is)."""
+        spec = ExecutionSpec.from_json(execution.spec)
+        live = LiveProcess(
+            execution_pk=execution.pk,
+            token=token,
+            kind=execution.kind,
+            process=process,
+            session_id=str(session.id) if session else None,
+            generation=session.generation if session else 0,
+            handle_backend=backend,
+            limits=Limits(spec.idle_seconds, spec.session_seconds, spec.output_limit_bytes),
+            budget=self.context.budget,
+        )
+        if screen:
+            live.buffer.append(screen)
+            live.adopted_screen = len(screen)
+        self.context.live[execution.pk] = live
+        live.pump_task = self.context.tasks.start(self._supervise(live, execution))
+
+    async def record_unknown(self, execution: Execution, token: int, reason: str) -> None:
+        """No trustworthy exit can be had: unknown (controller_lost), the slot kept, the session closed."""
+        await db(actions.settle_execution)(
+            execution,
+            worker=self.context.worker,
+            token=token,
+            to_state=State.UNKNOWN,
+            evidence=Evidence.CONTROLLER_LOST,
+            reason=reason,
+            close_reason=Reason.CONTROLLER_LOST,
+        )
+
+    # --- supervising -------------------------------------------------------------------------
+
+    async def _supervise(self, live: LiveProcess, execution: Execution) -> None:
+        captured = bytearray()
+        limit = settings.TETHER_COMMAND_OUTPUT_BYTES
+
+        async def deliver(offset: int, data: bytes) -> None:
+            if not await self._still_owner(live):
+                raise actions.LeaseLost(f"execution {live.execution_pk}: lease lost while the worker stalled")
+            if live.kind == Kind.COMMAND:
+                captured.extend(data)
+                if len(captured) > limit:
+                    del captured[: len(captured) - limit]
+            await self.outbox.output(live, offset, data)
+
+        try:
+            await live.pump(deliver)
+            exit = await live.observe_exit()
+            # No longer a live process of ours: the heartbeat must not mistake the lease it is about
+            # to release for a lost one.
+            self.context.live.pop(live.execution_pk, None)
+            output = bytes(captured), live.buffer.end - len(captured)
+            await until_recorded(lambda: self._settle(live, execution, exit, *output))
+            if live.handle_backend == BackendKind.TMUX and not live.closing:
+                # The dead pane only held the exit status, which is now recorded: remove the session.
+                await live.process.terminate(grace=0.5)
+        except actions.LeaseLost as error:
+            log.warning("%s; letting go", error)
+            await self.let_go(live, "lease lost")
+        except Exception:
+            log.exception("supervising execution %s failed", execution.pk)
+            raise
+        finally:
+            self.context.live.pop(live.execution_pk, None)
+            live.forget_flow()
+
+    async def _still_owner(self, live: LiveProcess) -> bool:
+        """Output waits until the leases are confirmed (after a stall), so two owners never act on one
+        session; then whether this process is still ours."""
+        while not await self.leases.confirmed():
+            await asyncio.sleep(0.5)
+        return self.context.live.get(live.execution_pk) is live
+
+    async def _settle(self, live: LiveProcess, execution, exit: Exit | None, output: bytes, truncated: int) -> None:
+        outcome = Outcome.of(
+            exit, ended_for=Reason(live.close_reason) if live.closing else None, lost=live.lost_observation
+        )
+        fields = dict(outcome.fields)
+        if live.kind == Kind.COMMAND:
+            fields |= {"output": output, "output_truncated": max(truncated, 0)}
+        reset = outcome.close_reason == Reason.RESET
+        execution = await db(actions.settle_execution)(
+            execution,
+            worker=self.context.worker,
+            token=live.token,
+            to_state=outcome.state,
+            evidence=outcome.evidence,
+            reason=outcome.note,
+            close_reason=outcome.close_reason,
+            snapshot=live.buffer.tail(64 * 1024),
+            output_offset=live.buffer.end,
+            restart_session=bool(live.session_id) and reset,
+            **fields,
+        )
+        if live.viewer:
+            asked = await db(actions.closed_by)(execution.pk) if live.handled_request else {}
+            told = Exited(
+                state=execution.state,
+                evidence=execution.evidence,
+                exit_code=execution.exit_code,
+                outcome=execution.outcome_label,
+                reason=Reason(live.close_reason) if live.closing else Reason.EXITED,
+                generation=live.generation,
+                epoch=live.token,
+                **asked,  # who asked for the end (by, action, why), told to the user
+            )
+            await self.outbox.to_viewer(live, told)
+        if live.session_id and reset and execution.state == State.COMPLETED:
+            # The reset's next generation is pending (settle_execution started it): claim it, tell the viewer.
+            await self.context.layer.send(WAKE_CHANNEL, {"type": "wake"})
+            await self.outbox.to_viewer(live, NextGeneration(ended=live.generation, epoch=live.token))
+
+    # --- ending and letting go ---------------------------------------------------------------
+
+    async def end(self, live: LiveProcess, reason: Reason) -> None:
+        """End a held process tree on purpose; the supervisor records how it ended."""
+        if live.closing:
+            return
+        live.closing, live.close_reason = True, reason
+        live.update_flow()  # a closing session reads on to EOF
+        try:
+            # A few at a time: each end scans the host's processes, and a thousand at once ran out of time.
+            async with self.context.ending:
+                await live.process.terminate(grace=1.0)
+        except Exception as error:  # cannot prove it gone: the supervisor records unknown
+            live.lost_observation = f"terminate failed: {error!r}"
+        if live.pump_task:
+            await asyncio.wait([live.pump_task], timeout=15)
+
+    async def let_go(self, live: LiveProcess, why: str) -> None:
+        """Stop observing without touching the process or writing anything about it."""
+        if live.let_go:
+            return
+        live.let_go = True
+        self.context.live.pop(live.execution_pk, None)
+        if live.pump_task and live.pump_task is not asyncio.current_task():
+            live.pump_task.cancel()
+        await self.outbox.to_viewer(live, Closed(Reason.LET_GO, why, live.token))
+        await live.process.detach()
+
+    async def beaten(self, held: dict[int, tuple[int, str]]) -> None:
+        """After a heartbeat: let go of what another worker now holds; carry out what was requested."""
+        for live in list(self.context.live.values()):
+            token, request = held.get(live.execution_pk, (None, ""))
+            if token != live.token:
+                log.warning("execution %s: lease lost; letting go", live.execution_pk)
+                await self.let_go(live, "lease lost")
+            elif request and request != live.handled_request:
+                live.handled_request = request
+                log.info("execution %s: %s requested", live.execution_pk, request)
+                self.context.tasks.start(self.end(live, Request(request).reason))
+
+    async def shutdown(self) -> None:
+        """Let go of what a later owner can take over: tmux sessions (adopted, screen and all) and docker
+        commands (docker keeps the exec and reports its exit to whoever inspects it next). A local process
+        or a docker shell cannot be observed again by anyone: it is ended here, proven gone, and recorded."""
+        for live in list(self.context.live.values()):
+            later = live.handle_backend == BackendKind.TMUX or (
+                live.handle_backend == BackendKind.DOCKER and live.kind == Kind.COMMAND
+            )
+            if later:
+                await self.let_go(live, "left running for a later owner")
+            else:
+                await self.end(live, Reason.SERVER_RESTART)
+
+    # --- lifetimes ---------------------------------------------------------------------------
+
+    async def run_lifetimes(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_SECONDS)
+            self.check_lifetimes()
+
+    def check_lifetimes(self) -> None:
+        """Warn the viewer before an idle or deadline close; close what is past its limits."""
+        now = time.monotonic()
+        for live in list(self.context.live.values()):
+            if live.closing:
+                continue
+            live.update_flow()  # a departed viewer's grace period may have run out
+            verdict = judge(
+                live.limits,
+                now=now,
+                started=live.started,
+                last_activity=live.last_activity,
+                produced=live.buffer.end,
+                interactive=live.session_id is not None,
+            )
+            if verdict is None:
+                continue
+            if verdict.action == "close":
+                self.context.tasks.start(self.end(live, Reason(verdict.reason)))
+            elif live.viewer and live.warned != verdict.reason:
+                live.warned = verdict.reason
+                warning = ClosingSoon(Reason(verdict.reason), verdict.seconds_left, live.token)
+                self.context.tasks.start(self.outbox.to_viewer(live, warning))

@@ -1,0 +1,241 @@
+"""The recoverer: settles what dead owners left behind (terminals.recovery plans it), adopts live tmux
+sessions, and watches a dead owner's docker commands to their exit.
+
+It runs a periodic pass, and watches the other workers on this host through pidfds, so a sibling's death is
+acted on the moment its leases expire rather than at the next pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+from channels.db import database_sync_to_async as db
+from django.conf import settings
+
+from terminals import actions, recovery
+from terminals.backends.base import Status
+from terminals.backends.procfs import ProcessIdentity, boot_id
+from terminals.owner.context import WorkerContext
+from terminals.owner.host import SessionHost
+from terminals.owner.launch import load_execution, session_for
+from terminals.owner.leases import LeaseKeeper
+from terminals.registry import backend_for
+
+log = logging.getLogger(__name__)
+
+CLEANUP_SECONDS = 600  # how often a worker removes final screens past their retention
+
+
+class Recoverer:
+    def __init__(self, context: WorkerContext, leases: LeaseKeeper, host: SessionHost):
+        self.context, self.leases, self.host = context, leases, host
+        self.recovering = asyncio.Lock()  # one recovery pass at a time in this worker
+        self.siblings: dict[int, int | None] = {}  # other workers here: pk -> pidfd watched (None: ended)
+        self.watched: dict[int, str] = {}  # docker commands watched for a dead owner: pk -> request ("" none)
+
+    def beaten(self, held: dict[int, tuple[int, str]]) -> None:
+        """After a heartbeat: hand a request made for a watched command to its watcher."""
+        for pk in self.watched:
+            if request := held.get(pk, (None, ""))[1]:
+                self.watched[pk] = request
+
+    async def run(self) -> None:
+        last_cleanup = 0.0
+        while True:
+            await asyncio.sleep(settings.TETHER_RECOVERY_SECONDS)
+            if self.context.draining:
+                continue
+            await self.recover_once()
+            if time.monotonic() - last_cleanup > CLEANUP_SECONDS:
+                last_cleanup = time.monotonic()
+                try:
+                    expired = await db(actions.expire_closed_sessions)(
+                        actor=actions.Actor.worker(self.context.worker.worker_id)
+                    )
+                except Exception as error:
+                    log.warning("retention cleanup failed (%r); next time", error)
+                else:
+                    if expired:
+                        log.info("retention: expired the final screens of %d closed session(s)", len(expired))
+
+    async def recover_once(self, *, adopt: bool = True) -> list[str]:
+        """Settle what dead owners left behind (see terminals.recovery). Returns what was done.
+
+        ``adopt=False`` (recover_terminals) leaves live tmux sessions and running docker commands to a worker.
+        """
+        async with self.recovering:
+            return await self._recover_pass(adopt)
+
+    async def _recover_pass(self, adopt: bool) -> list[str]:
+        done = []
+        try:
+            findings = await recovery.plan(can_adopt=adopt, can_watch=adopt)
+            for finding in findings:
+                if finding.lease and finding.lease.execution_id in self.context.live:
+                    continue
+                if finding.backend not in self.context.backends and finding.action in (recovery.ADOPT, recovery.WATCH):
+                    continue  # another worker, which serves that backend, will take it
+                done.append(f"{finding}: {await self._recover(finding)}")
+            for finding in await recovery.find_orphan_sessions():
+                done.append(f"{finding}: {await recovery.remove_orphan(finding)}")
+        except Exception:
+            log.exception("recovery pass failed; the next one tries again")
+        for line in done:
+            log.info("recovery: %s", line)
+        return done
+
+    async def watch_siblings(self) -> None:
+        """Watch the other workers on this host: one that dies (kill -9, a crash) is seen at once through
+        its pidfd, and its sessions are recovered the moment its leases expire, not at the next
+        periodic pass (workers on other hosts are left to that pass)."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                try:
+                    siblings = await db(recovery.sibling_workers)(self.context.worker)
+                except Exception as error:  # the database is away: the periodic pass still recovers
+                    log.info("cannot list the workers here (%r)", error)
+                    siblings = []
+                for pk, pid, started_at in siblings:
+                    if pk not in self.siblings:
+                        self._watch_sibling(loop, pk, ProcessIdentity(pid, started_at, boot_id()))
+                await asyncio.sleep(settings.TETHER_HEARTBEAT_SECONDS)
+        finally:
+            for fd in self.siblings.values():
+                if fd is not None:
+                    loop.remove_reader(fd)
+                    os.close(fd)
+
+    def _watch_sibling(self, loop, pk: int, identity: ProcessIdentity) -> None:
+        try:
+            fd = os.pidfd_open(identity.pid)
+        except ProcessLookupError:
+            fd = None
+        if fd is not None and identity.is_alive():  # checked after opening: the pidfd is that very process
+            self.siblings[pk] = fd
+            loop.add_reader(fd, self._sibling_ended, loop, pk)
+            return
+        if fd is not None:
+            os.close(fd)
+        self.siblings[pk] = None
+        self.context.tasks.start(self._recover_after(pk))
+
+    def _sibling_ended(self, loop, pk: int) -> None:
+        fd = self.siblings.get(pk)
+        if fd is not None:
+            loop.remove_reader(fd)
+            os.close(fd)
+            self.siblings[pk] = None
+            log.info("worker #%s on this host ended; recovering its sessions when its leases expire", pk)
+            self.context.tasks.start(self._recover_after(pk))
+
+    async def _recover_after(self, worker_pk: int) -> None:
+        try:
+            left = await db(recovery.seconds_until_leases_expire)(worker_pk)
+        except Exception as error:  # the periodic pass will find them
+            log.info("cannot read worker #%s's leases (%r)", worker_pk, error)
+            return
+        if left is None:
+            return  # it held nothing (a worker that died long ago was settled by earlier passes)
+        await asyncio.sleep(left + 0.05)
+        if not self.context.draining:
+            await self.recover_once()
+
+    async def _recover(self, finding: recovery.Finding) -> str:
+        if finding.action == recovery.WAIT:
+            return "left for a later pass"
+        if finding.action == recovery.ADOPT:
+            return await self.adopt(finding)
+        if finding.action == recovery.WATCH:
+            token = await db(recovery.take_over)(finding.lease, self.context.worker)
+            if token is None:
+                return "skipped: another worker moved first"
+            self.leases.give(finding.lease.execution_id, token)
+            self.context.tasks.start(self._watch_exit(finding, token))
+            return f"watching under token {token}"
+        return await recovery.settle(finding, self.context.worker)
+
+    async def adopt(self, finding: recovery.Finding) -> str:
+        """Take over a live tmux session under a new token: same shell, viewers reattach to it."""
+        lease = finding.lease
+        token = await db(recovery.take_over)(lease, self.context.worker)
+        if token is None:
+            return "skipped: another worker moved first"
+        self.leases.give(lease.execution_id, token)
+        execution = await db(load_execution)(lease.execution_id)
+        backend = backend_for(execution.machine)
+        try:
+            if finding.handle != lease.handle:  # found from its owner's intent: keep where it is now
+                await db(actions.save_handle)(lease.execution_id, self.context.worker, token, finding.handle)
+            process = await backend.attach(finding.handle)
+            await backend.tag(
+                finding.handle,
+                owner_pid=self.context.me.pid,
+                owner_started_at=self.context.me.start_time,
+                heartbeat=int(time.time()),
+            )
+            screen = (await process.snapshot()).render()
+        except Exception as error:
+            finding.detail = f"{finding.detail}; adopting failed ({error!r})"
+            finding.action = recovery.UNKNOWN
+            await self.host.record_unknown(execution, token, f"recovery: {finding.detail}")
+            return "unknown: could not adopt"
+        await db(recovery.record_adoption)(lease, self.context.worker, token, finding.detail)
+        session = await db(session_for)(execution.pk)
+        self.host.hold(
+            await db(load_execution)(execution.pk), token, process, session, execution.machine.backend, screen
+        )
+        return f"adopted under token {token}"
+
+    async def _watch_exit(self, finding: recovery.Finding, token: int) -> None:
+        """A docker command whose owner died: wait for docker to report its exit, then record it. A cancel
+        (or kill, fail) requested meanwhile, which the heartbeat hands over, ends its tree instead."""
+        pk = finding.lease.execution_id
+        execution = await db(load_execution)(pk)
+        backend = backend_for(execution.machine)
+        self.watched[pk] = ""
+        try:
+            while True:
+                if not self.leases.holds(pk, token):
+                    log.warning("%s: lease lost while watching it; letting go", finding.label)
+                    return
+                if request := self.watched.get(pk):
+                    await self._end_watched(finding, token, backend, request)
+                    return
+                try:
+                    seen = await backend.inspect(finding.handle)
+                except Exception as error:
+                    log.warning("watching %s: %r", finding.label, error)
+                    seen = None
+                if seen is not None and seen.status != Status.ALIVE and seen.status != Status.UNKNOWN:
+                    break
+                await asyncio.sleep(0.5)
+        finally:
+            self.watched.pop(pk, None)
+        finding.action = recovery.EXITED if seen.status == Status.EXITED else recovery.UNKNOWN
+        finding.exit = seen.exit
+        finding.detail = f"{finding.detail}; {seen.detail or seen.status}"
+        await self._settle_watched(finding, token)
+
+    async def _end_watched(self, finding: recovery.Finding, token: int, backend, request: str) -> None:
+        """End a watched command's tree on request; killed once it is proven gone, else unknown."""
+        log.info("%s: %s requested; ending the command it watches", finding.label, request)
+        try:
+            async with self.context.ending:
+                await backend.remove(finding.handle, grace=1.0)
+        except Exception as error:
+            finding.action, finding.still_running = recovery.UNKNOWN, False
+            finding.detail = f"{request} requested, but ending it failed ({error!r}): it may still run"
+        else:
+            finding.action = recovery.ENDED
+            finding.detail = f"{request} requested: its watcher ended it, and none of its processes is left"
+        await self._settle_watched(finding, token)
+
+    async def _settle_watched(self, finding: recovery.Finding, token: int) -> None:
+        try:
+            log.info("recovery: %s: %s", finding, await recovery.settle(finding, self.context.worker, token=token))
+        except actions.LeaseLost as error:
+            log.warning("%s", error)

@@ -1,0 +1,259 @@
+"""How the owner worker serves viewers: attach, input, resize, acks, resends, detach and reset.
+
+Messages arrive on the worker's own channel from viewers (terminals.owner_client); answers and output go
+to the viewer's channel. Only the current viewer may type, resize or reset; a new attach supersedes the
+old viewer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from channels.db import database_sync_to_async as db
+from django.conf import settings
+
+from terminals import actions
+from terminals.layers import MessageTooLarge
+from terminals.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Viewer
+from terminals.models import ProcessState
+from terminals.owner.context import WorkerContext
+from terminals.owner.leases import LeaseKeeper
+from terminals.protocol import (
+    MAX_COLS,
+    MAX_ROWS,
+    Ack,
+    Attach,
+    Attached,
+    Detach,
+    ErrorCode,
+    Gap,
+    Input,
+    Keepalive,
+    Message,
+    Output,
+    ProtocolError,
+    Reason,
+    Refusal,
+    Resend,
+    ResetShell,
+    Resize,
+    Superseded,
+    ToOwner,
+    decode_to_owner,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Outbox:
+    """Messages to viewers. A full or vanished channel is not an error here: the viewer resyncs by offset."""
+
+    def __init__(self, context: WorkerContext):
+        self.layer = context.layer
+
+    async def send(self, channel: str, message: Message) -> bool:
+        try:
+            await self.layer.send(channel, message.encode())
+        except Exception as error:
+            log.info("could not reach viewer %s: %r", channel, error)
+            return False
+        return True
+
+    async def to_viewer(self, live: LiveProcess, message: Message) -> None:
+        if live.viewer is not None:
+            await self.send(live.viewer.channel, message)
+
+    async def output(self, live: LiveProcess, offset: int, data: bytes) -> None:
+        if live.viewer is None:
+            return
+        for start in range(0, len(data), OUTPUT_MESSAGE_BYTES):
+            piece = data[start : start + OUTPUT_MESSAGE_BYTES]
+            await self.send(live.viewer.channel, Output(offset + start, piece, live.token))
+
+
+class ViewerService:
+    """``host`` is the session host (terminals.owner.host): it ends or lets go of what a viewer's message
+    says must end."""
+
+    def __init__(self, context: WorkerContext, leases: LeaseKeeper, outbox: Outbox, host):
+        self.context, self.leases, self.outbox, self.host = context, leases, outbox, host
+        self.handlers = {
+            Attach: self.on_attach,
+            Input: self.on_input,
+            Keepalive: self.on_keepalive,
+            Resize: self.on_resize,
+            Ack: self.on_ack,
+            Resend: self.on_resend,
+            Detach: self.on_detach,
+            ResetShell: self.on_reset,
+        }
+
+    async def run(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                raw = await self.context.layer.receive(self.context.channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # Redis restarting: keep trying, the database holds every fact
+                log.warning("channel layer receive failed (%r); retrying in %.1fs", error, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.1
+            await self.handle(raw)
+
+    async def handle(self, raw: dict) -> None:
+        try:
+            message = decode_to_owner(raw)
+        except ProtocolError as error:
+            log.warning("dropped a message: %s", error)
+            return
+        if not await self.leases.confirmed():
+            # Woken after a long stall, our leases may have passed to another worker: act on nothing we
+            # cannot vouch for.
+            log.warning("leases unconfirmed; dropping a %s", message.TYPE)
+            return
+        try:
+            await self.handlers[type(message)](message)
+        except Exception:
+            log.exception("handling %s failed", message.TYPE)
+
+    def _held(self, message: ToOwner) -> LiveProcess | None:
+        return self.context.live.get(message.execution)
+
+    def _viewing(self, message: ToOwner) -> LiveProcess | None:
+        """The process the message is about, when its sender is that process's current viewer."""
+        live = self._held(message)
+        return live if live and live.viewer and live.viewer.viewer_id == message.viewer else None
+
+    async def _refuse(self, message: ToOwner, code: ErrorCode, text: str) -> None:
+        await self.outbox.send(message.reply, Refusal(code, text))
+
+    async def on_attach(self, message: Attach) -> None:
+        live = self._held(message)
+        if live is None or live.closing:
+            await self._refuse(message, ErrorCode.ATTACH_REFUSED, "this worker does not hold that session")
+            return
+        old = live.viewer
+        if old and message.attach is not None and (old.viewer_id, old.attach_id) == (message.viewer, message.attach):
+            return  # the same attach delivered twice: it was answered already
+        if live.session_id:
+            # Recorded first: a superseded window that misses the message below finds out from the
+            # database on its next owner check, and the new one never sees itself as superseded.
+            try:
+                held = await db(actions.note_viewer)(live.session_id, self.context.worker, live.token, message.viewer)
+            except Exception as error:  # the database is away: the message below still tells the old one
+                log.info("could not record the new viewer: %r", error)
+            else:
+                if not held:  # our lease moved on: let go now; the viewer looks for the new owner
+                    await self._refuse(message, ErrorCode.ATTACH_REFUSED, "this worker no longer holds that session")
+                    await self.host.let_go(live, "lease lost")
+                    return
+        if old and old.viewer_id != message.viewer:
+            await self.outbox.send(old.channel, Superseded(live.token, message.by))
+        cols, rows = message.cols, message.rows
+        if isinstance(cols, int) and isinstance(rows, int) and 1 <= cols <= MAX_COLS and 1 <= rows <= MAX_ROWS:
+            await live.process.resize(cols, rows)
+        # Offsets count within one owner's stream (its epoch: the lease token). After an adoption the
+        # stream restarts with the screen as it is, so a cursor from the old owner means nothing here.
+        same_stream = message.generation == live.generation and (message.epoch or 1) == live.token
+        asked = max(int(message.since or 0), 0)
+        since = asked if same_stream else 0
+        async with live.send_lock:
+            first, data, lost = live.buffer.since(since)
+            screen = None
+            # The screen as adopted was drawn for the grid the shell had then: a viewer that would replay it
+            # gets the screen as it is now, after the resize above, drawn for its own grid.
+            redraw = bool(live.adopted_screen) and live.buffer.start == 0 and first < live.adopted_screen
+            if (lost or redraw) and live.process.can_snapshot:
+                # tmux knows the screen as it is now: a labelled fresh screen beats a torn tail.
+                try:
+                    screen = (await live.process.snapshot()).render()
+                    if len(screen) > settings.TETHER_LAYER_MESSAGE_BYTES - 64 * 1024:  # room for the rest
+                        raise MessageTooLarge(f"a screen of {len(screen)} bytes")
+                except Exception as error:  # fall back to the retained tail
+                    log.info("execution %s: no snapshot (%r); replaying the tail", live.execution_pk, error)
+                    screen = None
+                else:
+                    lost = live.buffer.end - since if lost else 0
+                    first, data = live.buffer.end, b""
+            live.viewer = Viewer(
+                channel=message.reply,
+                viewer_id=message.viewer,
+                attach_id=message.attach,
+                input_seq=old.input_seq if old and old.viewer_id == message.viewer else 0,
+            )
+            live.acked = first
+            live.touch()
+            await self.outbox.send(
+                message.reply,
+                Attached(
+                    attach=message.attach,
+                    offset=first,
+                    end=first + len(data),
+                    lost=lost,
+                    generation=live.generation,
+                    epoch=live.token,
+                    execution=live.execution_pk,
+                    # The viewer's screen is of this shell, but the stream restarted (adopted): redraw it.
+                    screen=screen,
+                    fresh=message.generation == live.generation and not same_stream and asked > 0,
+                    process_state=ProcessState.LIVE,
+                ),
+            )
+            await self.outbox.output(live, first, data)
+        live.update_flow()
+
+    async def on_input(self, message: Input) -> None:
+        live = self._held(message)
+        if live is None or live.closing:
+            await self._refuse(message, ErrorCode.NOT_HELD, "the session is not running")
+        elif live.viewer is None or live.viewer.viewer_id != message.viewer:
+            await self._refuse(message, ErrorCode.SUPERSEDED, "another window owns this session's input")
+        else:
+            if isinstance(message.seq, int):
+                if message.seq <= live.viewer.input_seq:
+                    log.info(
+                        "execution %s: input %s delivered twice; not written again", live.execution_pk, message.seq
+                    )
+                    return
+                live.viewer.input_seq = message.seq
+            live.touch()
+            await live.process.write(message.data)
+
+    async def on_keepalive(self, message: Keepalive) -> None:
+        if live := self._viewing(message):
+            live.touch()
+
+    async def on_resize(self, message: Resize) -> None:
+        if (live := self._viewing(message)) and not live.closing:
+            await live.process.resize(message.cols, message.rows)
+
+    async def on_ack(self, message: Ack) -> None:
+        if live := self._held(message):
+            live.ack(message.viewer, int(message.offset))
+
+    async def on_resend(self, message: Resend) -> None:
+        if live := self._viewing(message):
+            async with live.send_lock:
+                first, data, lost = live.buffer.since(int(message.since))
+                if lost:
+                    await self.outbox.to_viewer(live, Gap(first, lost, live.token))
+                await self.outbox.output(live, first, data)
+
+    async def on_detach(self, message: Detach) -> None:
+        if live := self._viewing(message):
+            live.viewer_left()
+            if live.session_id and not await db(actions.note_viewer)(live.session_id, self.context.worker, live.token):
+                await self.host.let_go(live, "lease lost")
+
+    async def on_reset(self, message: ResetShell) -> None:
+        live = self._held(message)
+        if live is None:
+            await self._refuse(message, ErrorCode.NOT_HELD, "the session is not running")
+        elif live.viewer is None or live.viewer.viewer_id != message.viewer:
+            await self._refuse(message, ErrorCode.SUPERSEDED, "another window owns this session")
+        else:
+            await self.host.end(live, Reason.RESET)

@@ -1,0 +1,82 @@
+"""The one client of the owner worker's messages: where a session's process is held, and what to send it.
+
+The WebSocket consumer, the demo's console viewer, the tests and the benchmarks all speak to a worker
+through this, so the worker's side of the protocol has one caller to keep in step with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from terminals.models import ProcessLease, TerminalSession, WorkerState
+from terminals.protocol import Ack, Attach, Detach, Input, Keepalive, Resend, ResetShell, Resize, ToOwner
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The worker holding a session's started process: its channel, and the stream (lease token) it serves."""
+
+    channel: str
+    token: int
+    execution: int
+
+
+def owner_of_execution(execution_pk: int) -> Owner | None:
+    """Only a worker that holds a started process can attach a viewer: one still launching it (its lease's
+    handle says how far it got) would refuse, so a viewer waits as for a shell that is starting."""
+    lease = (
+        ProcessLease.objects.select_related("worker")
+        .filter(execution_id=execution_pk, released_at__isnull=True)
+        .exclude(worker__state=WorkerState.STOPPED)
+        .exclude(handle={})
+        .exclude(handle__has_key="launch")
+        .first()
+    )
+    if lease is None or lease.worker is None:
+        return None
+    return Owner(lease.worker.channel_name, lease.token, execution_pk)
+
+
+def owner_of_session(session_pk) -> Owner | None:
+    execution_pk = TerminalSession.objects.filter(pk=session_pk).values_list("execution_id", flat=True).first()
+    return owner_of_execution(execution_pk) if execution_pk else None
+
+
+class OwnerClient:
+    """One viewer's messages to the owner it is attached to (``owner``, None until one is found)."""
+
+    def __init__(self, layer, reply: str, viewer: str):
+        self.layer, self.reply, self.viewer = layer, reply, viewer
+        self.owner: Owner | None = None
+
+    async def _send(self, kind: type[ToOwner], **fields) -> None:
+        if self.owner is None:
+            return
+        message = kind(execution=self.owner.execution, viewer=self.viewer, reply=self.reply, **fields)
+        await self.layer.send(self.owner.channel, message.encode())
+
+    async def attach(self, owner: Owner, **fields) -> None:
+        """Ask ``owner`` to make this viewer its session's viewer (see protocol.Attach for the fields)."""
+        self.owner = owner
+        await self._send(Attach, **fields)
+
+    async def input(self, data: bytes, seq: int) -> None:
+        await self._send(Input, data=data, seq=seq)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        await self._send(Resize, cols=cols, rows=rows)
+
+    async def ack(self, offset: int) -> None:
+        await self._send(Ack, offset=offset)
+
+    async def resend(self, since: int) -> None:
+        await self._send(Resend, since=since)
+
+    async def keepalive(self) -> None:
+        await self._send(Keepalive)
+
+    async def reset(self) -> None:
+        await self._send(ResetShell)
+
+    async def detach(self) -> None:
+        await self._send(Detach)

@@ -1,0 +1,81 @@
+"""The viewer's stream with no socket: what reaches the browser is every byte once, in order, or a said gap."""
+
+from __future__ import annotations
+
+from terminals.protocol import Attached, Gap, Output
+from terminals.stream import ACK_BATCH_BYTES, Deliver, FetchFrom, ViewerStream
+
+
+def attached(stream: ViewerStream, offset: int = 0, generation: int = 1, epoch: int = 9) -> ViewerStream:
+    attach, _ = stream.next_attach(generation)
+    assert stream.confirmed(Attached(attach, offset, offset, 0, generation, epoch, execution=1))
+    return stream
+
+
+def test_each_byte_reaches_the_browser_once_and_a_hole_is_fetched_again():
+    stream = attached(ViewerStream())
+    assert stream.output(Output(0, b"hello", 9)) == Deliver(b"hello")
+    assert stream.output(Output(0, b"hello", 9)) is None  # a repeat
+    assert stream.output(Output(3, b"lo world", 9)) == Deliver(b" world")  # overlapping: only the new part
+    assert stream.output(Output(20, b"late", 9)) == FetchFrom(11)  # 11..20 went missing
+    assert stream.expected == 11
+    assert stream.output(Output(11, b"x" * 9, 9)) == Deliver(b"x" * 9)
+    assert stream.output(Output(20, b"late", 9)) == Deliver(b"late")
+
+
+def test_a_left_behind_owner_and_an_unconfirmed_attach_send_nothing():
+    stream = ViewerStream()
+    assert stream.output(Output(0, b"early", 9)) is None  # not attached: the attach replays it
+    attached(stream, epoch=9)
+    assert stream.output(Output(0, b"dead owner", 8)) is None
+    assert not stream.gap(Gap(100, 100, 8))
+
+
+def test_a_repeated_or_replaced_attach_answer_cannot_rewind_the_stream():
+    stream = ViewerStream()
+    first, _ = stream.next_attach(1)
+    second, _ = stream.next_attach(1)
+    assert not stream.confirmed(Attached(first, 0, 0, 0, 1, 9, execution=1))  # answers an attach since replaced
+    assert stream.confirmed(Attached(second, 0, 0, 0, 1, 9, execution=1))
+    stream.output(Output(0, b"abc", 9))
+    assert not stream.confirmed(Attached(second, 0, 0, 0, 1, 9, execution=1))  # delivered twice
+    assert stream.expected == 3
+
+
+def test_offsets_of_another_generation_replay_the_new_one_from_its_start():
+    stream = ViewerStream()
+    stream.want(since=500, generation=1, epoch=9)
+    assert stream.next_attach(1) == (1, 500)
+    stream.want(since=500, generation=1, epoch=9)
+    assert stream.next_attach(2) == (2, 0)
+    stream.next_generation()
+    assert (stream.generation, stream.expected, stream.attached) == (None, 0, False)
+
+
+def test_a_gap_moves_the_stream_forward_only():
+    stream = attached(ViewerStream())
+    stream.output(Output(0, b"abcd", 9))
+    assert stream.gap(Gap(100, 96, 9)) and stream.expected == 100
+    assert not stream.gap(Gap(50, 46, 9))  # a repeated delivery of an older gap
+    assert stream.output(Output(100, b"z", 9)) == Deliver(b"z")
+
+
+def test_acks_are_coalesced_and_never_move_backwards():
+    stream = attached(ViewerStream(), offset=1000)
+    assert stream.ack(1010) is False  # a little: forwarded a moment later
+    assert stream.ack(900) is False  # an older ack adds nothing
+    assert stream.take_ack() == 1010
+    assert stream.take_ack() is None  # nothing new since
+    assert stream.ack(1010 + ACK_BATCH_BYTES) is True  # frees a good part of the window: at once
+    assert stream.take_ack() == 1010 + ACK_BATCH_BYTES
+    stream.leave()
+    assert stream.ack(10**9) is None  # not attached: the next attach restarts the window
+
+
+def test_a_short_replay_is_noticed_and_input_is_numbered():
+    stream = attached(ViewerStream())
+    stream.output(Output(0, b"abc", 9))
+    assert stream.missing(end=10) == 3
+    stream.output(Output(3, b"defghij", 9))
+    assert stream.missing(end=10) is None
+    assert [stream.next_input() for _ in range(3)] == [1, 2, 3]
