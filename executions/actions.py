@@ -32,6 +32,7 @@ from executions.models import (
     MachineState,
     State,
 )
+from executions.signals import execution_submitted
 from executions.spec import ExecutionSpec, SpecError
 
 # The allowed execution transitions. Anything else is refused.
@@ -202,23 +203,15 @@ def submit_execution(
         if Execution.objects.filter(machine=machine, state__in=sorted(SLOT_STATES)).exists():
             _raise_slot_refusal(machine.pk, f"submit {scope}/{execution_id}")
         raise
-    transaction.on_commit(wake_workers)
+    transaction.on_commit(lambda: _announce_submission(execution))
     execution.refresh_from_db()
     return execution, True
 
 
-WAKE_CHANNEL = "tether.worker.wake"
-
-
-def wake_workers() -> None:
-    """Nudge idle owner workers; a lost wake-up only costs one poll interval."""
-    from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
-
-    try:
-        async_to_sync(get_channel_layer().send)(WAKE_CHANNEL, {"type": "wake"})
-    except Exception:  # a full wake channel already holds a wake-up
-        pass
+def _announce_submission(execution: Execution) -> None:
+    # After commit the submission stands: a failing receiver is logged (django.dispatch), never raised
+    # into a caller that would take it for a failed submit.
+    execution_submitted.send_robust(sender=Execution, execution=execution)
 
 
 def _same_submission(existing: Execution, spec: ExecutionSpec, machine_name: str, kind: str) -> Execution:

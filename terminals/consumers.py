@@ -20,7 +20,6 @@ from channels.db import database_sync_to_async as db
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from executions.actions import WAKE_CHANNEL
 from executions.models import State
 from terminals import actions
 from terminals.layers import forget_channel, keep_receiving
@@ -34,6 +33,7 @@ from terminals.protocol import (
     STRIKE_WINDOW_SECONDS,
     CloseCode,
 )
+from terminals.wake import WAKE_CHANNEL
 
 log = logging.getLogger(__name__)
 

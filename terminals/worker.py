@@ -19,7 +19,6 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
-from executions.actions import WAKE_CHANNEL
 from executions.models import Backend as BackendKind
 from executions.models import Evidence, Execution, Kind, State
 from executions.spec import ExecutionSpec
@@ -31,6 +30,7 @@ from terminals.live import FlowBudget, LiveProcess
 from terminals.models import CloseReason, TerminalSession, Worker, WorkerState
 from terminals.registry import available_backends, backend_for
 from terminals.viewing import ViewerHandlers
+from terminals.wake import WAKE_CHANNEL
 
 log = logging.getLogger(__name__)
 
