@@ -84,18 +84,6 @@ class Actor:
         return cls(f"worker:{worker_id}")
 
 
-def can_transition(execution: Execution, to_state: str) -> bool:
-    return to_state in TRANSITIONS.get(execution.state, frozenset())
-
-
-def can_resolve(execution: Execution) -> bool:
-    return can_transition(execution, State.RESOLVED)
-
-
-def can_cancel(execution: Execution) -> bool:
-    return can_transition(execution, State.CANCELLED)
-
-
 # --- lookups -------------------------------------------------------------------------------
 
 
