@@ -41,6 +41,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     # dispatched -> completed: the process ended (or never started) before we saw it run.
     State.DISPATCHED: frozenset({State.RUNNING, State.COMPLETED, State.UNKNOWN}),
     State.RUNNING: frozenset({State.COMPLETED, State.UNKNOWN}),
+    # Only once checks by the app that runs the processes prove nothing of it can still run.
     State.UNKNOWN: frozenset({State.RESOLVED}),
 }
 
@@ -304,26 +305,6 @@ def record_fact(execution: Execution, *, actor: Actor, reason: str, evidence: st
 def cancel_execution(execution: Execution, *, actor: Actor, reason: str = "") -> Execution:
     """Cancel an execution that has not been dispatched: nothing ran, so the slot is freed."""
     return transition(execution, State.CANCELLED, evidence=Evidence.CANCELLED, actor=actor, reason=reason)
-
-
-def resolve_execution(execution: Execution, *, actor: Actor, note: str, detail: dict | None = None) -> Execution:
-    """Close an ``unknown`` execution (the guarded transition; terminals.resolution runs the checks first).
-
-    It stays an unknown outcome, never a success. ``detail`` (the checks' evidence) goes into the event.
-    """
-    note = (note or "").strip()
-    if not note:
-        raise UsageError("a resolution note is required: say what evidence shows the process is gone")
-    return transition(
-        execution,
-        State.RESOLVED,
-        evidence=Evidence.OPERATOR_RESOLVED,
-        actor=actor,
-        reason=note,
-        detail=detail,
-        resolution_note=note,
-        resolved_by=actor.user,
-    )
 
 
 # --- machines ------------------------------------------------------------------------------
