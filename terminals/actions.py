@@ -457,23 +457,25 @@ def settle_execution(
     that moment is refused, as it would be a moment before.
     """
     actor = Actor.worker(worker.worker_id)
+    # The execution keeps why its process was closed too: a command has no session to say so.
+    close_reason = close_reason or CloseReason.EXITED
     with fenced(execution.pk, worker, token):
         execution = exec_actions.transition(
-            execution, to_state, evidence=evidence, actor=actor, reason=reason, **fields
+            execution, to_state, evidence=evidence, actor=actor, reason=reason, close_reason=close_reason, **fields
         )
         ProcessLease.objects.filter(execution_id=execution.pk).update(released_at=Now())
         session = TerminalSession.objects.select_related("machine").filter(execution=execution).first()
         if session is not None:
             close_session(
                 session,
-                reason=close_reason or CloseReason.EXITED,
+                reason=close_reason,
                 actor=actor,
                 snapshot=snapshot,
                 output_offset=output_offset,
             )
             # Only a proven end frees the slot for a fresh shell; unknown keeps it until resolved.
             if restart_session and execution.state == State.COMPLETED:
-                start_next_generation(session, actor, close_reason or "reset")
+                start_next_generation(session, actor, close_reason)
     return execution
 
 
