@@ -1,5 +1,6 @@
 """The apps are layered: executions (records) knows nothing of terminals (processes), which reacts to its
-signals. A submission wakes the owner workers only once it has committed."""
+signals; within terminals, recovery decides and actions write. A submission wakes the owner workers only
+once it has committed."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from executions.signals import execution_submitted
 from terminals.wake import WAKE_CHANNEL
 from tests.factories import make_execution, make_machine, make_spec
 
-EXECUTIONS = Path(__file__).resolve().parent.parent / "executions"
+ROOT = Path(__file__).resolve().parent.parent
+EXECUTIONS = ROOT / "executions"
 
 
 def _imported_modules(source: Path) -> set[str]:
@@ -44,6 +46,22 @@ def test_the_import_check_sees_imports_in_functions_too(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def later():\n    from terminals.resolution import resolve\n    import terminals.wake\n")
     assert _imported_modules(probe) == {"terminals.resolution", "terminals.wake"}
+
+
+def test_recovery_decides_and_leaves_every_write_to_actions():
+    tree = ast.parse((ROOT / "terminals" / "recovery.py").read_text())
+    writes = {"update", "create", "delete", "save", "select_for_update", "bulk_create", "get_or_create"}
+    called = {
+        node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    }
+    assert called & writes == set()
+    assert "django.db" not in _imported_modules(ROOT / "terminals" / "recovery.py")  # no transaction of its own
+    through_actions = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "actions"
+    }
+    assert "filter" in called and {"take_over_lease", "settle_execution", "release_lease"} <= through_actions
 
 
 @pytest.mark.django_db
