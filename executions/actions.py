@@ -32,6 +32,7 @@ from executions.models import (
     MachineState,
     State,
 )
+from executions.signals import execution_submitted
 from executions.spec import ExecutionSpec, SpecError
 
 # The allowed execution transitions. Anything else is refused.
@@ -40,6 +41,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     # dispatched -> completed: the process ended (or never started) before we saw it run.
     State.DISPATCHED: frozenset({State.RUNNING, State.COMPLETED, State.UNKNOWN}),
     State.RUNNING: frozenset({State.COMPLETED, State.UNKNOWN}),
+    # Only once checks by the app that runs the processes prove nothing of it can still run.
     State.UNKNOWN: frozenset({State.RESOLVED}),
 }
 
@@ -81,18 +83,6 @@ class Actor:
     @classmethod
     def worker(cls, worker_id: str) -> Actor:
         return cls(f"worker:{worker_id}")
-
-
-def can_transition(execution: Execution, to_state: str) -> bool:
-    return to_state in TRANSITIONS.get(execution.state, frozenset())
-
-
-def can_resolve(execution: Execution) -> bool:
-    return can_transition(execution, State.RESOLVED)
-
-
-def can_cancel(execution: Execution) -> bool:
-    return can_transition(execution, State.CANCELLED)
 
 
 # --- lookups -------------------------------------------------------------------------------
@@ -202,23 +192,15 @@ def submit_execution(
         if Execution.objects.filter(machine=machine, state__in=sorted(SLOT_STATES)).exists():
             _raise_slot_refusal(machine.pk, f"submit {scope}/{execution_id}")
         raise
-    transaction.on_commit(wake_workers)
+    transaction.on_commit(lambda: _announce_submission(execution))
     execution.refresh_from_db()
     return execution, True
 
 
-WAKE_CHANNEL = "tether.worker.wake"
-
-
-def wake_workers() -> None:
-    """Nudge idle owner workers; a lost wake-up only costs one poll interval."""
-    from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
-
-    try:
-        async_to_sync(get_channel_layer().send)(WAKE_CHANNEL, {"type": "wake"})
-    except Exception:  # a full wake channel already holds a wake-up
-        pass
+def _announce_submission(execution: Execution) -> None:
+    # After commit the submission stands: a failing receiver is logged (django.dispatch), never raised
+    # into a caller that would take it for a failed submit.
+    execution_submitted.send_robust(sender=Execution, execution=execution)
 
 
 def _same_submission(existing: Execution, spec: ExecutionSpec, machine_name: str, kind: str) -> Execution:
@@ -323,26 +305,6 @@ def record_fact(execution: Execution, *, actor: Actor, reason: str, evidence: st
 def cancel_execution(execution: Execution, *, actor: Actor, reason: str = "") -> Execution:
     """Cancel an execution that has not been dispatched: nothing ran, so the slot is freed."""
     return transition(execution, State.CANCELLED, evidence=Evidence.CANCELLED, actor=actor, reason=reason)
-
-
-def resolve_execution(execution: Execution, *, actor: Actor, note: str, detail: dict | None = None) -> Execution:
-    """Close an ``unknown`` execution (the guarded transition; terminals.resolution runs the checks first).
-
-    It stays an unknown outcome, never a success. ``detail`` (the checks' evidence) goes into the event.
-    """
-    note = (note or "").strip()
-    if not note:
-        raise UsageError("a resolution note is required: say what evidence shows the process is gone")
-    return transition(
-        execution,
-        State.RESOLVED,
-        evidence=Evidence.OPERATOR_RESOLVED,
-        actor=actor,
-        reason=note,
-        detail=detail,
-        resolution_note=note,
-        resolved_by=actor.user,
-    )
 
 
 # --- machines ------------------------------------------------------------------------------

@@ -1,12 +1,11 @@
-"""Admin for inspection and rare intervention. State fields are read-only; actions go through actions.py."""
+"""Admin for inspection and rare intervention. State fields are read-only; actions go through actions.py.
+
+Resolving an unknown execution needs checks only the terminals app can run; its admin adds that page.
+"""
 
 from __future__ import annotations
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
-from django.shortcuts import get_object_or_404, redirect
-from django.template.response import TemplateResponse
-from django.urls import path, reverse
 from django.utils.html import format_html
 
 from executions import actions
@@ -211,43 +210,4 @@ class ExecutionAdmin(NothingEditableOnChange, admin.ModelAdmin):
 
     @admin.display(description="resolution")
     def resolution(self, obj: Execution):
-        if obj.state != State.UNKNOWN:
-            return obj.outcome_label
-        url = reverse("admin:executions_execution_resolve", args=[obj.pk])
-        return format_html('{} — <a href="{}">check and resolve…</a>', obj.outcome_label, url)
-
-    def get_urls(self):
-        resolve = self.admin_site.admin_view(self.resolve_view)
-        return [path("<int:pk>/resolve/", resolve, name="executions_execution_resolve"), *super().get_urls()]
-
-    def resolve_view(self, request, pk: int):
-        """The resolution procedure: the checks shown as Tether ran them; a POST runs them again and resolves."""
-        from terminals.resolution import ResolveRefused, resolve, run_checks
-
-        if not request.user.has_perm("executions.resolve_execution"):
-            raise PermissionDenied
-        execution = get_object_or_404(Execution.objects.select_related("machine"), pk=pk)
-        note = request.POST.get("note", "") if request.method == "POST" else ""
-        if request.method == "POST":
-            try:
-                resolve(execution, actor=actions.Actor.for_user(request.user), note=note, via="admin")
-            except ResolveRefused as refused:
-                failed = ", ".join(c.name for c in refused.checks if not c.ok)
-                self.message_user(request, f"Refused: check failed: {failed}", messages.ERROR)
-                checks = refused.checks
-            except ExecutionError as error:
-                self.message_user(request, str(error), messages.ERROR)
-                return redirect("admin:executions_execution_change", pk)
-            else:
-                self.message_user(request, f"{execution} resolved: outcome unknown, slot freed", messages.SUCCESS)
-                return redirect("admin:executions_execution_change", pk)
-        elif execution.state != State.UNKNOWN:
-            self.message_user(
-                request, f"{execution} is {execution.state}: only unknown can be resolved", messages.ERROR
-            )
-            return redirect("admin:executions_execution_change", pk)
-        else:
-            checks = run_checks(execution, note)
-        context = {**self.admin_site.each_context(request), "execution": execution, "checks": checks, "note": note}
-        context["title"] = f"Resolve {execution}"
-        return TemplateResponse(request, "admin/executions/resolve.html", context)
+        return obj.outcome_label

@@ -219,6 +219,8 @@ class Execution(models.Model):
     evidence = models.CharField(max_length=32, choices=Evidence.choices, default=Evidence.SUBMITTED)
     exit_code = models.IntegerField(null=True, blank=True)
     exit_signal = models.IntegerField(null=True, blank=True)
+    # Why its process was closed (exited, killed, idle, ...), in the words of the app that ran it; written
+    # when the outcome is settled, so a command, which has no terminal session, keeps it too.
     close_reason = models.CharField(max_length=64, blank=True)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
     requested_by = models.ForeignKey(

@@ -1,20 +1,28 @@
-"""Admin for sessions, leases and workers: inspection, and operator actions behind confirmation and permissions."""
+"""Admin for sessions, leases and workers: inspection, and operator actions behind confirmation and permissions.
+Also the executions' resolve page, since its checks are this app's."""
 
 from __future__ import annotations
 
 import re
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.timesince import timesince
 
+from executions import admin as executions_admin
 from executions.actions import Actor
 from executions.admin import NothingEditableOnChange, apply_each, badge
+from executions.errors import ExecutionError
+from executions.models import Execution, State
 from terminals import actions
 from terminals.models import ProcessLease, SessionEvent, TerminalSession, Worker
+from terminals.resolution import ResolveRefused, resolve, run_checks
 
 # Terminal control sequences: CSI (colours, cursor moves, modes), OSC (titles), and two-byte escapes.
 _ESCAPES = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -213,3 +221,52 @@ class WorkerAdmin(NothingEditableOnChange, admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         return  # a worker's state moves only through drain and its own stop
+
+
+# The executions app registers its admin first (it is imported above); this one adds the resolution
+# procedure, whose checks look at this app's workers and backends.
+admin.site.unregister(Execution)
+
+
+@admin.register(Execution)
+class ExecutionAdmin(executions_admin.ExecutionAdmin):
+    @admin.display(description="resolution")
+    def resolution(self, obj: Execution):
+        if obj.state != State.UNKNOWN:
+            return obj.outcome_label
+        url = reverse("admin:executions_execution_resolve", args=[obj.pk])
+        return format_html('{} — <a href="{}">check and resolve…</a>', obj.outcome_label, url)
+
+    def get_urls(self):
+        resolve_page = self.admin_site.admin_view(self.resolve_view)
+        return [path("<int:pk>/resolve/", resolve_page, name="executions_execution_resolve"), *super().get_urls()]
+
+    def resolve_view(self, request, pk: int):
+        """The resolution procedure: the checks shown as Tether ran them; a POST runs them again and resolves."""
+        if not request.user.has_perm("executions.resolve_execution"):
+            raise PermissionDenied
+        execution = get_object_or_404(Execution.objects.select_related("machine"), pk=pk)
+        note = request.POST.get("note", "") if request.method == "POST" else ""
+        if request.method == "POST":
+            try:
+                resolve(execution, actor=Actor.for_user(request.user), note=note, via="admin")
+            except ResolveRefused as refused:
+                failed = ", ".join(c.name for c in refused.checks if not c.ok)
+                self.message_user(request, f"Refused: check failed: {failed}", messages.ERROR)
+                checks = refused.checks
+            except ExecutionError as error:
+                self.message_user(request, str(error), messages.ERROR)
+                return redirect("admin:executions_execution_change", pk)
+            else:
+                self.message_user(request, f"{execution} resolved: outcome unknown, slot freed", messages.SUCCESS)
+                return redirect("admin:executions_execution_change", pk)
+        elif execution.state != State.UNKNOWN:
+            self.message_user(
+                request, f"{execution} is {execution.state}: only unknown can be resolved", messages.ERROR
+            )
+            return redirect("admin:executions_execution_change", pk)
+        else:
+            checks = run_checks(execution, note)
+        context = {**self.admin_site.each_context(request), "execution": execution, "checks": checks, "note": note}
+        context["title"] = f"Resolve {execution}"
+        return TemplateResponse(request, "admin/executions/resolve.html", context)

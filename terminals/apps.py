@@ -5,4 +5,4 @@ class TerminalsConfig(AppConfig):
     name = "terminals"
 
     def ready(self) -> None:
-        from terminals import signals  # noqa: F401 - connects the logout receiver
+        from terminals import signals  # noqa: F401 - connects the submission and logout receivers

@@ -20,7 +20,6 @@ from channels.db import database_sync_to_async as db
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from executions.actions import WAKE_CHANNEL
 from executions.models import State
 from terminals import actions
 from terminals.layers import forget_channel, keep_receiving
@@ -49,6 +48,7 @@ from terminals.protocol import (
     integer,
 )
 from terminals.stream import Deliver, FetchFrom, ViewerStream
+from terminals.wake import WAKE_CHANNEL
 
 log = logging.getLogger(__name__)
 

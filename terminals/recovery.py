@@ -20,6 +20,9 @@ counts as dead once its heartbeat has expired). For each orphaned lease:
 
 Then tagged tmux sessions that no unreleased lease claims and whose owner is
 dead are removed. Untagged sessions, and those of a live owner, are never touched.
+
+This module decides and looks at backends; the records change only through
+``terminals.actions`` (taking a lease over, adoption, settling, release).
 """
 
 from __future__ import annotations
@@ -29,11 +32,9 @@ from dataclasses import dataclass
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
-from django.db import transaction
 from django.db.models import F, Max, Q
 from django.db.models.functions import Now
 
-from executions.actions import Actor
 from executions.models import Backend as BackendKind
 from executions.models import Evidence, Kind, Machine, MachineState, State
 from terminals import actions
@@ -249,62 +250,18 @@ async def plan(*, can_adopt: bool, can_watch: bool) -> list[Finding]:
     return findings
 
 
-# --- acting ---------------------------------------------------------------------------------
-
-
-def take_over(lease: ProcessLease, worker: Worker) -> int | None:
-    """Compare-and-set the lease to ``worker`` with the next fencing token; None when someone else moved first."""
-    with transaction.atomic():
-        # A frozen owner may hold the row locked mid-transaction: skip it this pass rather than wait on it
-        # (PostgreSQL ends that transaction after TETHER_DB_IDLE_TRANSACTION_SECONDS).
-        row = (
-            ProcessLease.objects.select_for_update(skip_locked=True)
-            .filter(pk=lease.pk, token=lease.token, released_at__isnull=True, expires_at__lt=Now())
-            .first()
-        )
-        if row is None:
-            return None
-        changed = ProcessLease.objects.filter(pk=lease.pk).update(
-            worker=worker,
-            token=F("token") + 1,
-            heartbeat_at=Now(),
-            expires_at=actions._in(settings.TETHER_LEASE_TTL_SECONDS),
-        )
-        if changed != 1:
-            return None
-    return lease.token + 1
-
-
-def record_adoption(lease: ProcessLease, worker: Worker, token: int, detail: str) -> None:
-    """The new owner holds the process: the execution stays running, with an ``adopted`` event."""
-    actor = Actor.worker(worker.worker_id)
-    facts = {"token": token, "previous_worker": lease.worker.worker_id if lease.worker else None}
-    with actions.fenced(lease.execution_id, worker, token):
-        execution = lease.execution
-        execution.refresh_from_db()
-        if execution.state == State.DISPATCHED:  # its owner froze before it could say so: running now
-            actions.exec_actions.transition(
-                execution, State.RUNNING, evidence=Evidence.ADOPTED, actor=actor, reason=detail, detail=facts
-            )
-            return
-        actions.exec_actions.record_fact(execution, actor=actor, evidence=Evidence.ADOPTED, reason=detail, detail=facts)
-
-
-def release_settled(lease: ProcessLease, worker: Worker, token: int) -> None:
-    with actions.fenced(lease.execution_id, worker, token):
-        ProcessLease.objects.filter(pk=lease.pk).update(released_at=Now())
-
+# --- acting: every write goes through actions ---------------------------------------------------
 
 async def settle(finding: Finding, worker: Worker, token: int | None = None) -> str:
     """Carry out an exited, unknown or release finding, taking the lease over unless ``token`` is held already.
 
     Returns what was done."""
     lease = finding.lease
-    token = token or await db(take_over)(lease, worker)
+    token = token or await db(actions.take_over_lease)(lease, worker)
     if token is None:
         return "skipped: another worker moved first"
     if finding.action == RELEASE:
-        await db(release_settled)(lease, worker, token)
+        await db(actions.release_lease)(lease, worker, token)
         return "lease released"
     execution = lease.execution
     backend = backend_for(execution.machine)

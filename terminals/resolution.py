@@ -231,15 +231,24 @@ def run_checks(execution: Execution, note: str) -> list[Check]:
 
 
 def resolve(execution: Execution, *, actor: Actor, note: str, via: str = "") -> tuple[Execution, list[Check]]:
-    """Check everything, then unknown -> resolved (compare-and-set, the slot freed, the event naming the
-    operator, the evidence and ``via`` what they did it: the admin, a command). Raises ResolveRefused naming
-    the failed checks."""
+    """The only way to resolve: check everything, then unknown -> resolved (compare-and-set, the slot freed,
+    the event naming the operator, the evidence and ``via`` what they did it: the admin, a command). Raises
+    ResolveRefused naming the failed checks."""
     execution = Execution.objects.select_related("machine").get(pk=execution.pk)
     if execution.state != State.UNKNOWN:
         raise TransitionRefused(str(execution), execution.state, State.RESOLVED)
     checks = run_checks(execution, note)
     if not all(check.ok for check in checks):
         raise ResolveRefused(execution, checks)
-    detail = {"checks": [asdict(check) for check in checks], **({"via": via} if via else {})}
-    resolved = exec_actions.resolve_execution(execution, actor=actor, note=note, detail=detail)
+    note = note.strip()
+    resolved = exec_actions.transition(
+        execution,
+        State.RESOLVED,
+        evidence=Evidence.OPERATOR_RESOLVED,  # still an unknown outcome, never a success
+        actor=actor,
+        reason=note,
+        detail={"checks": [asdict(check) for check in checks], **({"via": via} if via else {})},
+        resolution_note=note,
+        resolved_by=actor.user,
+    )
     return resolved, checks

@@ -1,4 +1,5 @@
-"""Logging out closes that user's terminal sockets at once, wherever they are connected."""
+"""The terminals app's answers to other apps' signals: a submission wakes the owner workers; logging out
+closes that user's terminal sockets at once, wherever they are connected."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ from channels.layers import get_channel_layer
 from django.contrib.auth.signals import user_logged_out
 from django.dispatch import receiver
 
+from executions.signals import execution_submitted
+from terminals.wake import wake_workers
+
 log = logging.getLogger(__name__)
+
+
+@receiver(execution_submitted)
+def wake_on_submission(sender, execution, **kwargs) -> None:
+    wake_workers()
 
 
 @receiver(user_logged_out)

@@ -24,7 +24,6 @@ from channels.db import database_sync_to_async as db
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from executions.actions import WAKE_CHANNEL
 from terminals import actions
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.models import WorkerState
@@ -35,6 +34,7 @@ from terminals.owner.leases import LeaseKeeper
 from terminals.owner.recoverer import Recoverer
 from terminals.owner.viewers import Outbox, ViewerService
 from terminals.registry import available_backends
+from terminals.wake import WAKE_CHANNEL
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from executions.actions import Actor, add_machine, submit_execution
-from executions.models import Backend, Execution, Machine
+from executions.actions import Actor, add_machine, submit_execution, transition
+from executions.models import Backend, Evidence, Execution, Machine, State
 from executions.spec import ExecutionSpec
 
 _counter = itertools.count(1)
@@ -37,3 +37,16 @@ def make_execution(
         **kwargs,
     )
     return execution
+
+
+def mark_resolved(execution: Execution, note: str, actor: Actor = TEST_ACTOR) -> Execution:
+    """What ``terminals.resolution.resolve`` writes once its checks pass, for tests of the records alone."""
+    return transition(
+        execution,
+        State.RESOLVED,
+        evidence=Evidence.OPERATOR_RESOLVED,
+        actor=actor,
+        reason=note,
+        resolution_note=note,
+        resolved_by=actor.user,
+    )

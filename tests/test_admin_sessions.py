@@ -84,7 +84,7 @@ def test_admin_kill_ends_the_process_and_archives_a_failed_capture(stack, client
     assert (closed.snapshot_kind, closed.close_reason) == (SnapshotKind.ARCHIVED, "killed")
     assert bytes(closed.snapshot)  # the last screen is kept
     execution = Execution.objects.get(pk=session.execution_id)
-    assert (execution.state, execution.evidence) == (State.COMPLETED, Evidence.KILLED)
+    assert (execution.state, execution.evidence, execution.close_reason) == (State.COMPLETED, Evidence.KILLED, "killed")
     assert execution.events.filter(actor="user:admin", reason="operator says so").exists()
     detail = client.get(reverse("admin:terminals_terminalsession_change", args=[session.pk]))
     assert "Archived" in detail.text and "Killed" in detail.text

@@ -12,7 +12,7 @@ from django.db.models.functions import Now
 from executions import actions
 from executions.errors import IdentityConflict, NotFound, Refused, SlotTaken, TransitionRefused, UsageError
 from executions.models import Evidence, Execution, ExecutionEvent, Kind, Machine, MachineEvent, MachineState, State
-from tests.factories import TEST_ACTOR, make_execution, make_machine, make_spec
+from tests.factories import TEST_ACTOR, make_execution, make_machine, make_spec, mark_resolved
 
 pytestmark = pytest.mark.django_db
 
@@ -147,7 +147,7 @@ def test_unknown_keeps_the_slot_until_resolved():
     with pytest.raises(SlotTaken):
         actions.set_machine_state(machine, MachineState.DELETED, actor=TEST_ACTOR)
 
-    resolved = actions.resolve_execution(execution, actor=TEST_ACTOR, note="container removed by hand")
+    resolved = mark_resolved(execution, "container removed by hand")
     assert resolved.state == State.RESOLVED
     assert resolved.exit_code is None
     assert resolved.outcome_label == "Resolved: outcome unknown"
@@ -156,14 +156,16 @@ def test_unknown_keeps_the_slot_until_resolved():
     assert actions.set_machine_state(machine, MachineState.DELETED, actor=TEST_ACTOR).state == MachineState.DELETED
 
 
-def test_resolve_refuses_anything_but_unknown_and_needs_a_note():
+def test_only_unknown_can_be_resolved_and_never_without_a_note():
     execution = make_execution()
     with pytest.raises(TransitionRefused, match="is pending; cannot move it to resolved"):
-        actions.resolve_execution(execution, actor=TEST_ACTOR, note="looked fine")
+        mark_resolved(execution, "looked fine")
     execution = actions.transition(execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR)
     execution = actions.transition(execution, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
-    with pytest.raises(UsageError, match="note is required"):
-        actions.resolve_execution(execution, actor=TEST_ACTOR, note="   ")
+    with pytest.raises(IntegrityError, match="execution_resolved_has_note"):
+        mark_resolved(execution, "")
+    execution.refresh_from_db()
+    assert execution.state == State.UNKNOWN and _events(execution)[-1][1] == State.UNKNOWN
 
 
 @pytest.mark.parametrize(
@@ -402,7 +404,7 @@ def _dispatch(execution: Execution) -> Execution:
             _dispatch,
             lambda e: actions.transition(e, State.COMPLETED, evidence=Evidence.EXITED, exit_code=0, actor=TEST_ACTOR),
         ),
-        (_to_unknown, lambda e: actions.resolve_execution(e, actor=TEST_ACTOR, note="container removed")),
+        (_to_unknown, lambda e: mark_resolved(e, "container removed")),
     ],
     ids=["dispatch", "cancel", "complete", "resolve"],
 )

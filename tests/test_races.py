@@ -12,7 +12,7 @@ from django.db.models.functions import Now
 from executions import actions
 from executions.errors import ExecutionError, SlotTaken, TransitionRefused
 from executions.models import Evidence, Execution, ExecutionEvent, Machine, State
-from tests.factories import TEST_ACTOR, make_execution, make_machine, make_spec
+from tests.factories import TEST_ACTOR, make_execution, make_machine, make_spec, mark_resolved
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -95,7 +95,7 @@ def test_two_operators_resolving_at_once_one_wins_one_gets_a_clear_error():
 
     def resolve(index: int, mine: Execution):
         assert mine.state == State.UNKNOWN
-        return actions.resolve_execution(mine, actor=actions.Actor(f"user:op{index}"), note=f"checked by op{index}")
+        return mark_resolved(mine, f"checked by op{index}", actor=actions.Actor(f"user:op{index}"))
 
     results = run_together(2, resolve, prepare=read)
     wins = [result for result in results if isinstance(result, Execution)]
@@ -146,7 +146,7 @@ def test_database_refuses_a_second_live_execution_on_one_machine():
     holder = actions.transition(holder, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
     with pytest.raises(IntegrityError, match="execution_one_live_per_machine"):
         _raw_execution(machine, "while-unknown", State.PENDING)
-    actions.resolve_execution(holder, actor=TEST_ACTOR, note="container removed")
+    mark_resolved(holder, "container removed")
     assert make_execution(machine, execution_id="next").state == State.PENDING
 
 

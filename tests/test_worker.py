@@ -246,7 +246,11 @@ def test_sigterm_stops_the_worker_and_records_what_it_ended(operator):
         stack.stop()
     execution = Execution.objects.get(pk=session.execution_id)
     # A local PTY cannot outlive its owner: it was ended, proven gone, and recorded as killed, never "failed".
-    assert (execution.state, execution.evidence) == (State.COMPLETED, Evidence.KILLED)
+    assert (execution.state, execution.evidence, execution.close_reason) == (
+        State.COMPLETED,
+        Evidence.KILLED,
+        "server_restart",
+    )
     session = TerminalSession.objects.get(pk=session.pk)
     assert (session.process_state, session.close_reason) == (ProcessState.CLOSED, "server_restart")
     assert Worker.objects.get().state == WorkerState.STOPPED
@@ -274,6 +278,7 @@ async def test_command_output_keeps_its_last_bytes_and_counts_what_it_dropped(se
     assert len(output) == 1000 and output.endswith(b"000000499\r\nEND")
     # The PTY turns each \n into \r\n: 500 lines of 11 bytes and END were produced.
     assert done.output_truncated == 500 * 11 + 3 - 1000
+    assert done.close_reason == "exited"  # a command has no session: its record says why it closed
     await worker.shutdown()
 
 
@@ -378,6 +383,8 @@ def test_a_reset_hands_the_slot_straight_to_the_fresh_shell(operator):
     )
     session.refresh_from_db()
     machine.refresh_from_db()
+    execution.refresh_from_db()
+    assert (execution.state, execution.close_reason) == (State.COMPLETED, "reset")
     # The old shell's record is settled and the fresh one already holds the slot: no moment in between
     # when a command could slip in and leave the reset with nowhere to start.
     assert session.generation == 2 and session.process_state == ProcessState.LIVE

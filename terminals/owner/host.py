@@ -15,7 +15,6 @@ import time
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 
-from executions.actions import WAKE_CHANNEL
 from executions.models import Backend as BackendKind
 from executions.models import Evidence, Execution, Kind, State
 from executions.spec import ExecutionSpec
@@ -29,6 +28,7 @@ from terminals.owner.leases import LeaseKeeper
 from terminals.owner.outcome import Outcome
 from terminals.owner.viewers import Outbox
 from terminals.protocol import Closed, ClosingSoon, Exited, NextGeneration, Reason, Request
+from terminals.wake import WAKE_CHANNEL
 
 log = logging.getLogger(__name__)
 

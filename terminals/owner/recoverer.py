@@ -150,7 +150,7 @@ class Recoverer:
         if finding.action == recovery.ADOPT:
             return await self.adopt(finding)
         if finding.action == recovery.WATCH:
-            token = await db(recovery.take_over)(finding.lease, self.context.worker)
+            token = await db(actions.take_over_lease)(finding.lease, self.context.worker)
             if token is None:
                 return "skipped: another worker moved first"
             self.leases.give(finding.lease.execution_id, token)
@@ -161,7 +161,7 @@ class Recoverer:
     async def adopt(self, finding: recovery.Finding) -> str:
         """Take over a live tmux session under a new token: same shell, viewers reattach to it."""
         lease = finding.lease
-        token = await db(recovery.take_over)(lease, self.context.worker)
+        token = await db(actions.take_over_lease)(lease, self.context.worker)
         if token is None:
             return "skipped: another worker moved first"
         self.leases.give(lease.execution_id, token)
@@ -183,7 +183,7 @@ class Recoverer:
             finding.action = recovery.UNKNOWN
             await self.host.record_unknown(execution, token, f"recovery: {finding.detail}")
             return "unknown: could not adopt"
-        await db(recovery.record_adoption)(lease, self.context.worker, token, finding.detail)
+        await db(actions.record_adoption)(lease, self.context.worker, token, finding.detail)
         session = await db(session_for)(execution.pk)
         self.host.hold(
             await db(load_execution)(execution.pk), token, process, session, execution.machine.backend, screen

@@ -1,0 +1,93 @@
+"""Every operation that changes worker, lease or terminal-session state; each is a guarded write with its
+audit event. One module per domain; callers use ``from terminals import actions`` and ``actions.X``.
+
+- ``workers``: register, heartbeat, drain, stop;
+- ``leases``: claim, fenced writes, the launch's steps, settling, taking over a dead owner's lease;
+- ``sessions``: open, next generation, close, viewers, take-overs, preferences;
+- ``operator``: requests to a process's owner and operator actions on sessions;
+- ``permissions``: who may open, view or take over a shell (checks only);
+- ``retention``: removing long-closed sessions' screens.
+"""
+
+from executions.actions import Actor
+from terminals.actions.leases import (
+    LeaseLost,
+    begin_spawn,
+    claim_next_execution,
+    exit_record,
+    fenced,
+    fenced_transition,
+    lease_expiry,
+    lease_follows,
+    record_adoption,
+    release_lease,
+    save_handle,
+    settle_execution,
+    take_over_lease,
+)
+from terminals.actions.operator import (
+    OPERATOR_ACTIONS,
+    REQUESTABLE,
+    closed_by,
+    operator_session_action,
+    request_process_action,
+)
+from terminals.actions.permissions import (
+    TAKEOVER_PERMISSION,
+    in_use_refusal,
+    may_take_over,
+    may_use_machine,
+    may_view_session,
+)
+from terminals.actions.retention import expire_closed_sessions
+from terminals.actions.sessions import (
+    close_session,
+    font_size_of,
+    note_takeover,
+    note_viewer,
+    open_terminal,
+    session_event,
+    set_font_size,
+    start_next_generation,
+)
+from terminals.actions.workers import drain_worker, register_worker, stop_worker, worker_heartbeat
+
+__all__ = [
+    "OPERATOR_ACTIONS",
+    "REQUESTABLE",
+    "TAKEOVER_PERMISSION",
+    "Actor",
+    "LeaseLost",
+    "begin_spawn",
+    "claim_next_execution",
+    "close_session",
+    "closed_by",
+    "drain_worker",
+    "exit_record",
+    "expire_closed_sessions",
+    "fenced",
+    "fenced_transition",
+    "font_size_of",
+    "in_use_refusal",
+    "lease_expiry",
+    "lease_follows",
+    "may_take_over",
+    "may_use_machine",
+    "may_view_session",
+    "note_takeover",
+    "note_viewer",
+    "open_terminal",
+    "operator_session_action",
+    "record_adoption",
+    "register_worker",
+    "release_lease",
+    "request_process_action",
+    "save_handle",
+    "session_event",
+    "set_font_size",
+    "settle_execution",
+    "start_next_generation",
+    "stop_worker",
+    "take_over_lease",
+    "worker_heartbeat",
+]

@@ -1,0 +1,217 @@
+"""Leases: claiming an execution, every write a worker makes about the process it holds, settling it, and
+taking over a dead owner's lease (recovery decides when; these write it).
+
+Fencing: a worker's writes about a process go through ``fenced()``, which locks
+the lease row only if it still names this worker and token. A worker that finds
+zero rows has lost the lease and must let go of the process at once.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
+from django.db.models.functions import Now
+
+from executions import actions as exec_actions
+from executions.actions import Actor
+from executions.errors import Refused
+from executions.models import Evidence, Execution, Machine, State
+from terminals.actions.sessions import close_session, start_next_generation
+from terminals.backends.base import Launch
+from terminals.models import CloseReason, ProcessLease, TerminalSession, Worker
+
+
+class LeaseLost(Refused):
+    """This worker no longer owns the process: another claim bumped the token, or the lease was released."""
+
+
+def lease_expiry():
+    """When a lease taken or extended now expires: the database clock plus the TTL, never a worker's clock."""
+    ttl = timedelta(seconds=settings.TETHER_LEASE_TTL_SECONDS)
+    return ExpressionWrapper(Now() + Value(ttl), output_field=DateTimeField())
+
+
+def claim_next_execution(worker: Worker, backends: set[str]) -> tuple[Execution, ProcessLease] | None:
+    """Take the oldest pending execution this worker can run: pending -> dispatched, with a lease (token 1).
+
+    ``dispatched`` is written before the process starts, so a crash from here on
+    leaves a record that says the command may have run.
+    """
+    actor = Actor.worker(worker.worker_id)
+    # A machine's processes live on its host: only a worker there may start them. One with no host yet (a
+    # local, tmux or socket-docker machine from before hosts were recorded) is pinned to the first to claim.
+    here = Q(machine__host=worker.host) | Q(machine__host="")
+    with transaction.atomic():
+        execution = (
+            Execution.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("machine")
+            .filter(here, state=State.PENDING, machine__backend__in=sorted(backends))
+            .order_by("created_at", "id")
+            .first()
+        )
+        if execution is None:
+            return None
+        machine = execution.machine
+        if machine.needs_host and not machine.host:
+            if not Machine.objects.filter(pk=machine.pk, host="").update(host=worker.host):
+                return None  # pinned elsewhere a moment ago: not ours
+            exec_actions.note_machine(machine, actor, f"pinned to host {worker.host}, whose worker claimed it first")
+            machine.host = worker.host
+        execution = exec_actions.transition(
+            execution,
+            State.DISPATCHED,
+            evidence=Evidence.CLAIMED,
+            actor=actor,
+            detail={"worker": worker.worker_id, "machine_ref": machine.ref, "incarnation": machine.incarnation},
+            ran_on_ref=machine.ref,
+            ran_on_incarnation=machine.incarnation,
+        )
+        lease = ProcessLease.objects.create(
+            execution=execution,
+            worker=worker,
+            token=1,
+            handle={"launch": Launch.CLAIMED},  # a crash from here to begin_spawn provably started nothing
+            heartbeat_at=Now(),
+            expires_at=lease_expiry(),
+        )
+    lease.refresh_from_db()
+    return execution, lease
+
+
+@contextmanager
+def fenced(execution_pk: int, worker: Worker, token: int):
+    """A transaction in which this worker provably still holds the lease (row locked until commit)."""
+    with transaction.atomic():
+        lease = (
+            ProcessLease.objects.select_for_update()
+            .filter(execution_id=execution_pk, worker=worker, token=token, released_at__isnull=True)
+            .first()
+        )
+        if lease is None:
+            raise LeaseLost(f"worker {worker.worker_id} lost the lease on execution {execution_pk} (token {token})")
+        yield lease
+
+
+def fenced_transition(execution: Execution, to_state: str, *, worker: Worker, token: int, **kwargs) -> Execution:
+    with fenced(execution.pk, worker, token):
+        return exec_actions.transition(execution, to_state, actor=Actor.worker(worker.worker_id), **kwargs)
+
+
+def save_handle(execution_pk: int, worker: Worker, token: int, handle: dict) -> None:
+    with fenced(execution_pk, worker, token):
+        ProcessLease.objects.filter(execution_id=execution_pk).update(handle=handle)
+
+
+def lease_follows(execution_pk: int, worker: Worker, marker: str) -> bool:
+    """Whether another worker now holds this execution's process by its marker: it found (adopted, watches)
+    what ``worker`` started. If not, nobody observes that process and whoever started it must end it."""
+    lease = ProcessLease.objects.filter(execution_id=execution_pk, released_at__isnull=True).first()
+    return lease is not None and lease.worker_id != worker.pk and (lease.handle or {}).get("marker") == marker
+
+
+def begin_spawn(execution: Execution, worker: Worker, token: int, intent: dict, instance: str) -> Execution:
+    """Before the backend is asked to start anything: the intent (``launch``: spawning, with the tags'
+    marker) and where it will run, in one fenced transaction. Recovery reads the intent if we die next."""
+    with fenced(execution.pk, worker, token):
+        execution = exec_actions.record_placement(execution, instance=instance, actor=Actor.worker(worker.worker_id))
+        ProcessLease.objects.filter(execution_id=execution.pk).update(handle=intent)
+    return execution
+
+
+def exit_record(exit) -> tuple[str, dict]:
+    """The evidence and fields that record an observed exit (a ``backends.base.Exit``)."""
+    if exit.code is None:
+        return Evidence.SIGNALED, {"exit_signal": exit.signal}
+    return (Evidence.EXIT_STATUS if exit.ambiguous else Evidence.EXITED), {"exit_code": exit.code}
+
+
+def settle_execution(
+    execution: Execution,
+    *,
+    worker: Worker,
+    token: int,
+    to_state: str,
+    evidence: str,
+    reason: str = "",
+    close_reason: str = "",
+    snapshot: bytes | None = None,
+    output_offset: int = 0,
+    restart_session: bool = False,
+    **fields,
+) -> Execution:
+    """Record how a held process ended, release its lease and close its session: one fenced transaction.
+
+    ``restart_session`` (a reset) starts the session's next generation in the same transaction, so the
+    machine's slot passes straight from the ended shell to the fresh one: a command submitted at
+    that moment is refused, as it would be a moment before.
+    """
+    actor = Actor.worker(worker.worker_id)
+    # The execution keeps why its process was closed too: a command has no session to say so.
+    close_reason = close_reason or CloseReason.EXITED
+    with fenced(execution.pk, worker, token):
+        execution = exec_actions.transition(
+            execution, to_state, evidence=evidence, actor=actor, reason=reason, close_reason=close_reason, **fields
+        )
+        ProcessLease.objects.filter(execution_id=execution.pk).update(released_at=Now())
+        session = TerminalSession.objects.select_related("machine").filter(execution=execution).first()
+        if session is not None:
+            close_session(
+                session,
+                reason=close_reason,
+                actor=actor,
+                snapshot=snapshot,
+                output_offset=output_offset,
+            )
+            # Only a proven end frees the slot for a fresh shell; unknown keeps it until resolved.
+            if restart_session and execution.state == State.COMPLETED:
+                start_next_generation(session, actor, close_reason)
+    return execution
+
+
+# --- taking over a dead owner's lease (recovery decides; these write) -------------------------------
+
+
+def take_over_lease(lease: ProcessLease, worker: Worker) -> int | None:
+    """Compare-and-set an expired lease to ``worker`` with the next fencing token; None when someone else
+    moved first."""
+    with transaction.atomic():
+        # A frozen owner may hold the row locked mid-transaction: skip it this pass rather than wait on it
+        # (PostgreSQL ends that transaction after TETHER_DB_IDLE_TRANSACTION_SECONDS).
+        row = (
+            ProcessLease.objects.select_for_update(skip_locked=True)
+            .filter(pk=lease.pk, token=lease.token, released_at__isnull=True, expires_at__lt=Now())
+            .first()
+        )
+        if row is None:
+            return None
+        changed = ProcessLease.objects.filter(pk=lease.pk).update(
+            worker=worker, token=F("token") + 1, heartbeat_at=Now(), expires_at=lease_expiry()
+        )
+        if changed != 1:
+            return None
+    return lease.token + 1
+
+
+def record_adoption(lease: ProcessLease, worker: Worker, token: int, detail: str) -> None:
+    """The new owner holds the process: the execution stays running, with an ``adopted`` event."""
+    actor = Actor.worker(worker.worker_id)
+    facts = {"token": token, "previous_worker": lease.worker.worker_id if lease.worker else None}
+    with fenced(lease.execution_id, worker, token):
+        execution = lease.execution
+        execution.refresh_from_db()
+        if execution.state == State.DISPATCHED:  # its owner froze before it could say so: running now
+            exec_actions.transition(
+                execution, State.RUNNING, evidence=Evidence.ADOPTED, actor=actor, reason=detail, detail=facts
+            )
+            return
+        exec_actions.record_fact(execution, actor=actor, evidence=Evidence.ADOPTED, reason=detail, detail=facts)
+
+
+def release_lease(lease: ProcessLease, worker: Worker, token: int) -> None:
+    """Let go of a lease whose execution is already settled: there is nothing left to record."""
+    with fenced(lease.execution_id, worker, token):
+        ProcessLease.objects.filter(pk=lease.pk).update(released_at=Now())

@@ -1,0 +1,93 @@
+"""Workers: registering, the heartbeat that extends the leases a worker holds, draining and stopping."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from executions import actions as exec_actions
+from executions.actions import Actor
+from executions.errors import TransitionRefused
+from terminals.actions.leases import lease_expiry
+from terminals.models import ProcessLease, Worker, WorkerEvent, WorkerState
+
+
+def register_worker(*, worker_id: str, host: str, pid: int, started_at: int, boot_id: str, channel_name: str) -> Worker:
+    return Worker.objects.create(
+        worker_id=worker_id,
+        host=host,
+        pid=pid,
+        process_started_at=started_at,
+        boot_id=boot_id,
+        channel_name=channel_name,
+        heartbeat_at=Now(),
+    )
+
+
+def worker_heartbeat(worker: Worker, tokens: dict[int, int]) -> tuple[str, dict[int, tuple[int, str]]]:
+    """Beat for the worker and extend the leases it holds under the tokens it was given.
+
+    ``tokens`` is {execution id: token} as the worker knows them. A lease whose
+    token moved on (another claim) is fenced off like any other write: it is not
+    extended, so it expires and recovery can act on it.
+
+    Returns the worker's state (``draining`` once drain_worker asked) and
+    {execution id: (token, requested action)} for the leases in its name.
+    """
+    with transaction.atomic():
+        Worker.objects.filter(pk=worker.pk).exclude(state=WorkerState.STOPPED).update(heartbeat_at=Now())
+        state = Worker.objects.filter(pk=worker.pk).values_list("state", flat=True).get()
+        # Locked, so no token can move between the comparison and the update.
+        held = list(
+            ProcessLease.objects.select_for_update()
+            .filter(worker=worker, released_at__isnull=True)
+            .values_list("pk", "execution_id", "token", "requested_action")
+        )
+        ours = [pk for pk, execution_pk, token, _request in held if tokens.get(execution_pk) == token]
+        if ours:
+            ProcessLease.objects.filter(pk__in=ours).update(heartbeat_at=Now(), expires_at=lease_expiry())
+        return state, {execution_pk: (token, request) for _pk, execution_pk, token, request in held}
+
+
+def _worker_event(worker: Worker, from_state: str, to_state: str, actor: Actor, reason: str = "", **detail) -> None:
+    WorkerEvent.objects.create(
+        worker=worker,
+        from_state=from_state,
+        to_state=to_state,
+        actor=actor.label,
+        user=actor.user,
+        reason=reason,
+        detail=detail,
+    )
+
+
+def stop_worker(worker: Worker, reason: str = "shut down") -> None:
+    """running|draining -> stopped, with its event: the worker holds nothing it has not left for a later owner."""
+    with transaction.atomic():
+        current = Worker.objects.select_for_update().filter(pk=worker.pk).values_list("state", flat=True).first()
+        if current is None or current == WorkerState.STOPPED:
+            return
+        Worker.objects.filter(pk=worker.pk).update(state=WorkerState.STOPPED, heartbeat_at=Now())
+        # It has let go of what it leaves: expire those leases now, so the next recovery pass (a new
+        # worker's first) takes them over at once instead of a TTL later.
+        left = ProcessLease.objects.filter(worker=worker, released_at__isnull=True).update(expires_at=Now())
+        _worker_event(
+            worker, current, WorkerState.STOPPED, Actor.worker(worker.worker_id), reason, left_for_adoption=left
+        )
+
+
+def drain_worker(worker_id: str, *, actor: Actor, reason: str = "") -> Worker:
+    """running -> draining (compare-and-set): the worker stops claiming, releases everything and stops."""
+    matches = list(Worker.objects.filter(worker_id__startswith=worker_id)[:2]) if worker_id else []
+    if len(matches) != 1:
+        raise exec_actions.UsageError(
+            f"no worker matches {worker_id!r}" if not matches else f"{worker_id!r} matches several workers"
+        )
+    worker = matches[0]
+    with transaction.atomic():
+        if Worker.objects.filter(pk=worker.pk, state=WorkerState.RUNNING).update(state=WorkerState.DRAINING) != 1:
+            worker.refresh_from_db()
+            raise TransitionRefused(f"worker {worker.worker_id}", worker.state, WorkerState.DRAINING)
+        _worker_event(worker, WorkerState.RUNNING, WorkerState.DRAINING, actor, reason)
+    worker.refresh_from_db()
+    return worker
