@@ -23,7 +23,8 @@ from collections.abc import Callable
 from channels.db import database_sync_to_async as db
 from channels.layers import get_channel_layer
 
-from terminals.models import ProcessLease, TerminalSession, WorkerState
+from terminals.models import TerminalSession
+from terminals.owner_client import OwnerClient, owner_of_session
 
 ESCAPE_SEQUENCE = re.compile(rb"\x1b(\[[0-?]*[ -/]*[@-~]|O.|.)", re.DOTALL)
 # What a program asks its terminal (device status and cursor position reports, device attributes). A tmux
@@ -36,21 +37,9 @@ class ViewerLost(Exception):
     """No worker answered for the session in time."""
 
 
-def _lease_of(session_pk) -> tuple[str, int] | None:
-    """Where the session's process is held now: a running worker's channel, once the process is started."""
-    session = TerminalSession.objects.get(pk=session_pk)
-    lease = (
-        ProcessLease.objects.select_related("worker")
-        .filter(execution_id=session.execution_id, released_at__isnull=True)
-        .exclude(worker__state=WorkerState.STOPPED)
-        .exclude(handle={})
-        .exclude(handle__has_key="launch")
-        .first()
-    )
-    return (lease.worker.channel_name, lease.execution_id) if lease and lease.worker else None
-
-
 class LayerViewer:
+    """A viewer of one session over the channel layer, through the same OwnerClient as the WebSocket consumer."""
+
     def __init__(self, session: TerminalSession):
         self.session = session
         self.layer = get_channel_layer()
@@ -60,14 +49,13 @@ class LayerViewer:
     async def attach(self, timeout: float = 45.0) -> dict:
         """Attach to whichever worker holds the session, following it when it moves (an adoption)."""
         self.reply = await self.layer.new_channel("demo.viewer.")
+        self.client = OwnerClient(self.layer, self.reply, "demo")
         deadline = time.monotonic() + timeout
         attach = 0
         while time.monotonic() < deadline:
-            lease = await db(_lease_of)(self.session.pk)
-            if lease:
-                self.worker_channel, self.execution = lease
+            if owner := await db(owner_of_session)(self.session.pk):
                 attach += 1
-                await self._send("session.attach", attach=attach, since=0, generation=None, cols=None, rows=None)
+                await self.client.attach(owner, attach=attach, since=0)
                 try:
                     answer = await self._receive_until({"terminal.attached", "terminal.error"}, 5)
                 except TimeoutError:
@@ -77,22 +65,18 @@ class LayerViewer:
             await asyncio.sleep(0.2)
         raise ViewerLost(f"no worker took session {self.session.pk} within {timeout:.0f}s")
 
-    async def _send(self, kind: str, **fields) -> None:
-        message = {"type": kind, "execution": self.execution, "viewer": "demo", "reply": self.reply, **fields}
-        await self.layer.send(self.worker_channel, message)
-
     async def type(self, data: bytes | str) -> None:
         self.seq += 1
-        await self._send("session.input", data=data.encode() if isinstance(data, str) else data, seq=self.seq)
+        await self.client.input(data.encode() if isinstance(data, str) else data, self.seq)
 
     async def resize(self, cols: int, rows: int) -> None:
-        await self._send("session.resize", cols=cols, rows=rows)
+        await self.client.resize(cols, rows)
 
     async def take(self, message: dict) -> dict:
         """Keep what a message carries: output is kept and acknowledged, as the page does."""
         if message["type"] == "terminal.output":
             self.output += message["data"]
-            await self._send("session.ack", offset=message["offset"] + len(message["data"]))
+            await self.client.ack(message["offset"] + len(message["data"]))
         return message
 
     async def _receive_until(self, kinds: set[str], timeout: float) -> dict:
@@ -120,7 +104,7 @@ class LayerViewer:
             return None
 
     async def detach(self) -> None:
-        await self._send("session.detach")
+        await self.client.detach()
 
 
 class Keys:

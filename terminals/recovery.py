@@ -252,6 +252,7 @@ async def plan(*, can_adopt: bool, can_watch: bool) -> list[Finding]:
 
 # --- acting: every write goes through actions ---------------------------------------------------
 
+
 async def settle(finding: Finding, worker: Worker, token: int | None = None) -> str:
     """Carry out an exited, unknown or release finding, taking the lease over unless ``token`` is held already.
 
