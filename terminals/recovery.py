@@ -40,9 +40,8 @@ from executions.models import Evidence, Kind, Machine, MachineState, State
 from terminals import actions
 from terminals.backends.base import Exit, Launch, Status
 from terminals.backends.procfs import ProcessIdentity, boot_id
-from terminals.backends.tmux import TmuxBackend
 from terminals.models import CloseReason, ProcessLease, Worker, WorkerState
-from terminals.registry import backend_for
+from terminals.registry import backend_for, tmux_backend
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +216,7 @@ async def find_orphan_sessions() -> list[Finding]:
     claimed = await db(_claimed_markers)()
     found = []
     for name in await db(_tmux_sockets)():
-        for tagged in await TmuxBackend(name or settings.TETHER_TMUX_SOCKET).list_tagged():
+        for tagged in await tmux_backend(name).list_tagged():
             tags = tagged.tags
             if tags["marker"] in claimed:
                 continue
@@ -267,7 +266,7 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
     execution = lease.execution
     backend = backend_for(execution.machine)
     snapshot = None
-    if finding.handle and isinstance(backend, TmuxBackend):
+    if finding.handle and backend.can_snapshot:
         try:
             snapshot = (await backend.snapshot(finding.handle)).render()
         except Exception:  # no screen left to keep; the session keeps its last one
@@ -329,6 +328,6 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
 
 
 async def remove_orphan(finding: Finding) -> str:
-    backend = TmuxBackend(finding.handle["socket"])
+    backend = tmux_backend(finding.handle["socket"])
     await backend.remove(finding.handle, grace=1.0)
     return "removed"

@@ -11,15 +11,24 @@ from executions.models import Machine
 from terminals.backends.base import Backend
 
 
+def tmux_socket(ref: str) -> str:
+    """The tmux socket a tmux machine's ``ref`` names; an empty ref is the default (TETHER_TMUX_SOCKET)."""
+    return ref or settings.TETHER_TMUX_SOCKET
+
+
+def tmux_backend(ref: str = ""):
+    from terminals.backends.tmux import TmuxBackend
+
+    return TmuxBackend(socket=tmux_socket(ref))
+
+
 def backend_for(machine: Machine) -> Backend:
     if machine.backend == BackendKind.LOCAL:
         from terminals.backends.local import LocalBackend
 
         return LocalBackend()
     if machine.backend == BackendKind.TMUX:
-        from terminals.backends.tmux import TmuxBackend
-
-        return TmuxBackend(socket=machine.ref or settings.TETHER_TMUX_SOCKET)
+        return tmux_backend(machine.ref)
     from terminals.backends.docker import DockerBackend
 
     return DockerBackend(container=machine.ref, engine=machine.engine)

@@ -156,6 +156,7 @@ class Process(abc.ABC):
 class Backend(abc.ABC):
     name: str
     can_adopt = False  # whether ``attach`` can take over a live process from a dead owner
+    can_snapshot = False  # whether ``snapshot(handle)`` can tell a session's screen as it is now
 
     @abc.abstractmethod
     async def spawn(
@@ -199,6 +200,10 @@ class Backend(abc.ABC):
     async def list_tagged(self) -> list[TaggedSession]:
         """Every tagged process this backend can see; untagged ones are never listed."""
         return []
+
+    async def snapshot(self, handle: dict):
+        """A session's screen as it is now (``can_snapshot``), read without holding it."""
+        raise BackendError(f"the {self.name} backend keeps no screen")
 
     async def remove(self, handle: dict, grace: float = 2.0) -> None:
         """End a process found through its handle (recovery of a dead owner's leftovers)."""

@@ -35,7 +35,7 @@ class Command(BaseCommand):
             add_machine(
                 name="this-host",
                 backend=kind,
-                ref=settings.TETHER_TMUX_SOCKET if kind == "tmux" else "",
+                ref="",  # a tmux machine's empty ref is the default socket (terminals.registry.tmux_socket)
                 actor=Actor.command("tether_serve"),
             )
             self.stdout.write(f"added machine this-host ({kind})")
