@@ -28,53 +28,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
-import ssl
 import time
-from typing import Any
 
 import docker
-import requests
-from docker.errors import APIError, DockerException, NotFound
+from docker.errors import APIError, NotFound
 
-from executions.outcomes import AMBIGUOUS_STATUSES
 from terminals.backends import procfs
 from terminals.backends.base import (
-    READ_CHUNK,
     Backend,
     BackendError,
     BeforeStart,
-    Exit,
     Inspection,
     Launch,
-    Process,
     SpawnError,
     SpawnSpec,
     Status,
     Tags,
     child_env,
 )
-from terminals.backends.docker_tree import run_tree_script
+from terminals.backends.docker_exec import (
+    DROPPED_CODE,
+    ENGINE_ERRORS,
+    doubt,
+    end_tree,
+    exec_state,
+    exit_of,
+    host_identity,
+    settled,
+    survivors,
+)
+from terminals.backends.docker_process import DockerProcess
 
 log = logging.getLogger(__name__)
-
-SOURCE = "docker exec inspect"
-LAST_OUTPUT_LIMIT = 8 * 1024 * 1024  # what the terminal and dockerd still buffer once the tree is gone
-ENGINE_ERRORS = (DockerException, requests.RequestException)
-DROPPED_CODE = 126  # a program's exit code, and what docker records when it drops an exec (see the module doc)
-
-
-def _exit_of(code: int) -> Exit:
-    """Docker's exit code as an Exit: 128+N may be the program's exit or its death by signal N."""
-    return Exit(code=code, source=SOURCE, ambiguous=code in AMBIGUOUS_STATUSES)
-
-
-def _host_identity(handle: dict) -> procfs.ProcessIdentity | None:
-    """The exec's process as seen in this host's /proc, if it was seen there at spawn and this is the same boot."""
-    data = handle.get("process")
-    if not data or data["boot_id"] != procfs.boot_id():
-        return None
-    return procfs.ProcessIdentity.from_json(data)
 
 
 async def _our_process(pid: int, marker: str) -> procfs.ProcessIdentity | None:
@@ -87,170 +72,6 @@ async def _our_process(pid: int, marker: str) -> procfs.ProcessIdentity | None:
             return None
         await asyncio.sleep(0.01)
     return None
-
-
-def _loop_can_drive(raw: Any) -> bool:
-    """Whether the loop's socket calls can drive the stream; TLS and ssh streams take a thread per call."""
-    return isinstance(raw, socket.socket) and not isinstance(raw, ssl.SSLSocket)
-
-
-class DockerProcess(Process):
-    adoptable = False  # docker cannot attach a new client to a running exec
-
-    def __init__(self, backend: DockerBackend, api: docker.APIClient, handle: dict, conn: Any):
-        self.handle = handle
-        self._backend = backend
-        self._api = api
-        self._conn = conn
-        raw = conn._sock if isinstance(conn, socket.SocketIO) else conn
-        self._sock = raw
-        self._on_loop = _loop_can_drive(raw)
-        self._pending = bytearray()
-        if self._on_loop:
-            raw.setblocking(False)
-            buffered = getattr(getattr(conn, "_response", None), "raw", None)
-            reader = getattr(getattr(buffered, "_fp", None), "fp", None)
-            if reader is not None:
-                # http.client may have read output past the upgrade headers into its buffer.
-                with contextlib.suppress(OSError, ValueError):
-                    self._pending += reader.peek(READ_CHUNK) or b""
-                    reader.read(len(self._pending))
-        else:
-            # The client's request timeout is still set on the socket: a thread's recv would end an idle
-            # terminal's output after it (a timeout reads as EOF), and a long blocked write would fail.
-            with contextlib.suppress(OSError, AttributeError):
-                raw.settimeout(None)
-        self._eof = asyncio.Event()
-        self._reading = asyncio.Lock()
-        self._users = 0  # reads and writes in progress on the socket
-        self._closing = False
-        self._broken = False  # the stream ended in an error, not at its end
-        self._exit: Exit | None = None
-
-    @property
-    def exec_id(self) -> str:
-        return self.handle["exec_id"]
-
-    async def read(self) -> bytes:
-        # One read at a time: a second sock_recv on the same socket would orphan the first one's wakeup.
-        async with self._reading:
-            if self._pending:
-                chunk = bytes(self._pending[:READ_CHUNK])
-                del self._pending[:READ_CHUNK]
-                return chunk
-            return await self._receive()
-
-    async def _receive(self) -> bytes:
-        """The next chunk from the socket; the caller holds ``_reading``."""
-        if self._closing or self._eof.is_set():
-            return b""
-        self._users += 1
-        try:
-            if self._on_loop:
-                chunk = await asyncio.get_running_loop().sock_recv(self._sock, READ_CHUNK)
-            else:
-                chunk = await asyncio.to_thread(self._sock.recv, READ_CHUNK)
-        except OSError:
-            # A broken stream has ended just the same, but docker may have dropped the exec (recording 126).
-            self._broken = True
-            chunk = b""
-        finally:
-            self._done_with_socket()
-        if not chunk:
-            self._eof.set()
-        return chunk
-
-    async def write(self, data: bytes) -> None:
-        if self._closing:
-            raise BackendError("the exec's stream is closed")
-        self._users += 1
-        try:
-            if self._on_loop:
-                await asyncio.get_running_loop().sock_sendall(self._sock, data)
-            else:
-                await asyncio.to_thread(self._sock.sendall, data)
-        except OSError as error:
-            raise BackendError(f"cannot write to the exec's stream: {error}") from None
-        finally:
-            self._done_with_socket()
-
-    async def resize(self, cols: int, rows: int) -> None:
-        try:
-            await asyncio.to_thread(self._api.exec_resize, self.exec_id, height=rows, width=cols)
-        except ENGINE_ERRORS as error:
-            if (await self._backend._exec_state(self._api, self.exec_id)).get("Running"):
-                raise BackendError(f"docker could not resize the exec: {error}") from None
-
-    async def wait(self) -> Exit:
-        delay = 0.02
-        while self._exit is None:
-            info = await self._backend._exec_state(self._api, self.exec_id)
-            if info.get("Running") is False:
-                if info.get("ExitCode") is None:
-                    raise BackendError("docker says the exec is not running but records no exit code")
-                if info["ExitCode"] == DROPPED_CODE and self._broken:
-                    raise BackendError(
-                        f"docker records {DROPPED_CODE} for exec {self.exec_id[:12]} after its stream broke: "
-                        "it writes that itself when it drops an exec, so the program's own exit is unknown"
-                    )
-                if doubt := await self._backend._doubt(self._api, self.handle, info["ExitCode"], settle=1.0):
-                    raise BackendError(doubt)
-                self._exit = _exit_of(info["ExitCode"])
-                break
-            if not info:
-                raise BackendError("docker no longer knows the exec (container removed or daemon restarted)")
-            if self._eof.is_set():
-                # The stream has ended; the exec's state follows a moment later.
-                await asyncio.sleep(0.03)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._eof.wait(), delay)
-                delay = min(delay * 2, 1.0)
-        return self._exit
-
-    async def terminate(self, grace: float = 2.0) -> Exit | None:
-        await self._backend._end_tree(self._api, self.handle, grace)
-        # Take in the last output before hanging up: if docker is still writing it when the stream goes,
-        # docker overwrites the exit code it recorded with 126. It stays readable for the consumer.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(2):
-                while len(self._pending) < LAST_OUTPUT_LIMIT:
-                    async with self._reading:
-                        if not (chunk := await self._receive()):
-                            break
-                        self._pending += chunk
-        try:
-            info = await self._backend._settled(self._api, self.exec_id)
-        finally:
-            self._close()
-        if info and info.get("ExitCode") is not None:
-            self._exit = self._exit or _exit_of(info["ExitCode"])
-        return self._exit
-
-    async def detach(self) -> None:
-        """Drop the stream only. The exec keeps running unobserved (see the module doc); prefer ``abandon()``."""
-        self._close()
-
-    async def abandon(self, grace: float = 2.0) -> None:
-        """Give the process up for good: a docker exec cannot be adopted, so nothing may be left behind."""
-        await self.terminate(grace)
-
-    def _close(self) -> None:
-        if self._closing:
-            return
-        self._closing = True
-        # shutdown() wakes a pending read (EOF) or write (EPIPE); closing the fd under them would strand them.
-        with contextlib.suppress(OSError, AttributeError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._users += 1
-        self._done_with_socket()
-
-    def _done_with_socket(self) -> None:
-        self._users -= 1
-        if self._closing and not self._users:
-            for closable in (self._conn, self._sock):
-                with contextlib.suppress(OSError, AttributeError):
-                    closable.close()
 
 
 class DockerBackend(Backend):
@@ -278,24 +99,6 @@ class DockerBackend(Backend):
             except ENGINE_ERRORS as error:
                 raise BackendError(f"{self._where(engine)} is unreachable: {error}") from None
         return self._clients[engine]
-
-    async def _exec_state(self, api: docker.APIClient, exec_id: str) -> dict:
-        """exec inspect's answer; {} when docker no longer knows the exec."""
-        try:
-            return await asyncio.to_thread(api.exec_inspect, exec_id)
-        except NotFound:
-            return {}
-        except ENGINE_ERRORS as error:
-            raise BackendError(f"cannot inspect exec {exec_id[:12]}: {error}") from None
-
-    async def _settled(self, api: docker.APIClient, exec_id: str, timeout: float = 10.0) -> dict:
-        """exec inspect once it no longer says running ({} if the exec is unknown)."""
-        deadline = time.monotonic() + timeout
-        while (info := await self._exec_state(api, exec_id)).get("Running"):
-            if time.monotonic() > deadline:
-                raise BackendError(f"exec {exec_id[:12]} still running {timeout}s after its tree was ended")
-            await asyncio.sleep(0.05)
-        return info
 
     @contextlib.contextmanager
     def _spawn_errors(self, program: str):
@@ -338,7 +141,7 @@ class DockerBackend(Backend):
             conn = await asyncio.to_thread(api.exec_start, created["Id"], tty=True, socket=True)
         except (APIError, *ENGINE_ERRORS) as error:
             await self._failed_start(api, created["Id"], program, error)
-        process = DockerProcess(self, api, handle, conn)
+        process = DockerProcess(api, handle, conn)
         try:
             info = await self._started(api, created["Id"])
             if not info["Pid"]:
@@ -363,7 +166,7 @@ class DockerBackend(Backend):
         """exec_start failed: a refusal proves nothing started only if the exec is still unstarted; a broken
         connection or a timeout may have come after docker started it."""
         try:
-            info = await self._exec_state(api, exec_id)
+            info = await exec_state(api, exec_id)
         except BackendError:
             info = None
         explanation = getattr(error, "explanation", None) or error
@@ -375,7 +178,7 @@ class DockerBackend(Backend):
         """exec inspect once the exec has a pid or an exit code (Pid stays 0 if it could not start)."""
         deadline = time.monotonic() + timeout
         # Docker answers the start request before it marks the exec running: not running, no code, no pid yet.
-        while (info := await self._exec_state(api, exec_id)) and not info["Pid"] and info["ExitCode"] is None:
+        while (info := await exec_state(api, exec_id)) and not info["Pid"] and info["ExitCode"] is None:
             if time.monotonic() > deadline:  # asked to start: it may yet, so this is no proof it did not
                 raise BackendError(f"exec {exec_id[:12]} did not start within {timeout}s")
             await asyncio.sleep(0.01)
@@ -391,7 +194,7 @@ class DockerBackend(Backend):
                 await asyncio.to_thread(api.exec_resize, exec_id, height=rows, width=cols)
                 return
             except APIError as error:
-                if not (await self._exec_state(api, exec_id)).get("Running"):
+                if not (await exec_state(api, exec_id)).get("Running"):
                     return  # already over: there is no terminal left to size
                 if time.monotonic() > deadline:  # it runs at another size: worse than it should be, not fatal
                     log.warning("docker would not set exec %s's terminal size: %s", exec_id[:12], error.explanation)
@@ -402,7 +205,7 @@ class DockerBackend(Backend):
     async def inspect(self, handle: dict) -> Inspection:
         try:
             api = await self._client(handle["engine"])
-            info = await self._exec_state(api, handle["exec_id"])
+            info = await exec_state(api, handle["exec_id"])
             if not info:
                 try:
                     await asyncio.to_thread(api.inspect_container, handle["container"])
@@ -413,7 +216,7 @@ class DockerBackend(Backend):
             return Inspection(Status.UNKNOWN, detail=str(error))
         if info["Running"]:
             return Inspection(Status.ALIVE, detail=f"exec {handle['exec_id'][:12]} is running")
-        identity = _host_identity(handle)
+        identity = host_identity(handle)
         if identity is not None and identity.is_alive():
             # Docker stops tracking an exec whose client vanished mid-write; its process may well go on.
             return Inspection(
@@ -427,8 +230,8 @@ class DockerBackend(Backend):
         if info["ExitCode"] is None:
             return Inspection(Status.UNKNOWN, detail="docker says the exec is not running but records no exit code")
         try:
-            if doubt := await self._doubt(api, handle, info["ExitCode"]):
-                return Inspection(Status.ALIVE, detail=doubt)
+            if doubted := await doubt(api, handle, info["ExitCode"]):
+                return Inspection(Status.ALIVE, detail=doubted)
         except BackendError as error:
             return Inspection(Status.UNKNOWN, detail=f"docker says {info['ExitCode']}, but: {error}")
         if info["ExitCode"] == DROPPED_CODE:
@@ -439,7 +242,7 @@ class DockerBackend(Backend):
                 detail=f"docker records {DROPPED_CODE}, which it writes itself when it drops an exec whose client "
                 "went away: the program's own exit is unknown",
             )
-        return Inspection(Status.EXITED, exit=_exit_of(info["ExitCode"]))
+        return Inspection(Status.EXITED, exit=exit_of(info["ExitCode"]))
 
     async def inspect_launch(self, intent: dict) -> Inspection:
         if "exec_id" not in intent:
@@ -489,46 +292,9 @@ class DockerBackend(Backend):
 
     async def survivors(self, handle: dict) -> int:
         api = await self._client(handle.get("engine", self.engine))
-        return await self._survivors(api, {"container": self.container, **handle})
+        return await survivors(api, {"container": self.container, **handle})
 
     async def remove(self, handle: dict, grace: float = 2.0) -> None:
         api = await self._client(handle["engine"])
-        await self._end_tree(api, handle, grace)
-        await self._settled(api, handle["exec_id"])
-
-    async def _end_tree(self, api: docker.APIClient, handle: dict, grace: float) -> None:
-        """End the exec's process and every process of its tree; return once none is left."""
-        identity = _host_identity(handle)
-        if identity is not None:
-            # Our /proc shows the container's processes: the exec leads its own session there.
-            await procfs.terminate_tree(marker=handle["marker"], leader=identity, grace=grace)
-            return
-        container = handle["container"]
-        if left := await run_tree_script(api, container, handle["marker"], "HUP TERM", grace):
-            raise BackendError(f"{left} process(es) still alive in {container!r} after SIGKILL")
-
-    async def _doubt(self, api: docker.APIClient, handle: dict, code: int, settle: float = 0.0) -> str:
-        """Why docker's recorded exit code is not the program's exit, or "" when nothing says otherwise.
-
-        Docker records 126 for an exec whose client went away while docker was writing to it, and hangs
-        up its terminal; processes that ignore SIGHUP go on. So a 126 is believed only once no process
-        of the exec's tree is left, given up to ``settle`` seconds for hung-up ones to finish dying.
-        """
-        if code != DROPPED_CODE:
-            return ""
-        deadline = time.monotonic() + settle
-        while left := await self._survivors(api, handle):
-            if time.monotonic() >= deadline:
-                return (
-                    f"docker records {code} for exec {handle['exec_id'][:12]}, as it does when it drops an"
-                    f" exec whose client went away, but {left} of its processes still run"
-                )
-            await asyncio.sleep(0.2)
-        return ""
-
-    async def _survivors(self, api: docker.APIClient, handle: dict) -> int:
-        """How many processes of the exec's tree are alive, where docker says the exec has ended."""
-        identity = _host_identity(handle)
-        if identity is not None:
-            return len(await asyncio.to_thread(procfs.find_tree, marker=handle["marker"], leader=identity))
-        return await run_tree_script(api, handle["container"], handle["marker"], "0")
+        await end_tree(api, handle, grace)
+        await settled(api, handle["exec_id"])

@@ -18,7 +18,7 @@ import pytest
 
 from executions.actions import Actor, add_machine
 from executions.models import Machine
-from terminals.backends import docker as docker_backend
+from terminals.backends import docker_process
 from terminals.backends.base import BackendError, Exit, SpawnError, SpawnSpec, Status
 from terminals.backends.docker import DockerBackend
 from terminals.backends.procfs import find_tree
@@ -363,7 +363,7 @@ async def test_ending_from_inside_the_container_takes_session_members_without_th
 async def test_an_idle_stream_read_on_a_thread_outlasts_the_clients_timeout(container, monkeypatch):
     """TLS and ssh engine streams are read and written on threads, on a socket that still had the client's
     request timeout: an idle terminal's output ended after it, as if the program had closed it."""
-    monkeypatch.setattr(docker_backend, "_loop_can_drive", lambda raw: False)
+    monkeypatch.setattr(docker_process, "_loop_can_drive", lambda raw: False)
     process = await DockerBackend(container=container, timeout=1.0).spawn(shell(), make_tags())
     assert not process._on_loop
     try:

@@ -1,0 +1,94 @@
+"""One docker exec as its engine tells it: its recorded state, its process tree, and whether a recorded exit
+code is the program's own (see terminals.backends.docker for what docker does when a stream drops)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import docker
+import requests
+from docker.errors import DockerException, NotFound
+
+from executions.outcomes import AMBIGUOUS_STATUSES
+from terminals.backends import procfs
+from terminals.backends.base import BackendError, Exit
+from terminals.backends.docker_tree import run_tree_script
+
+SOURCE = "docker exec inspect"
+LAST_OUTPUT_LIMIT = 8 * 1024 * 1024  # what the terminal and dockerd still buffer once the tree is gone
+ENGINE_ERRORS = (DockerException, requests.RequestException)
+DROPPED_CODE = 126  # a program's exit code, and what docker records when it drops an exec (see the module doc)
+
+
+def exit_of(code: int) -> Exit:
+    """Docker's exit code as an Exit: 128+N may be the program's exit or its death by signal N."""
+    return Exit(code=code, source=SOURCE, ambiguous=code in AMBIGUOUS_STATUSES)
+
+
+def host_identity(handle: dict) -> procfs.ProcessIdentity | None:
+    """The exec's process as seen in this host's /proc, if it was seen there at spawn and this is the same boot."""
+    data = handle.get("process")
+    if not data or data["boot_id"] != procfs.boot_id():
+        return None
+    return procfs.ProcessIdentity.from_json(data)
+
+
+async def exec_state(api: docker.APIClient, exec_id: str) -> dict:
+    """exec inspect's answer; {} when docker no longer knows the exec."""
+    try:
+        return await asyncio.to_thread(api.exec_inspect, exec_id)
+    except NotFound:
+        return {}
+    except ENGINE_ERRORS as error:
+        raise BackendError(f"cannot inspect exec {exec_id[:12]}: {error}") from None
+
+
+async def settled(api: docker.APIClient, exec_id: str, timeout: float = 10.0) -> dict:
+    """exec inspect once it no longer says running ({} if the exec is unknown)."""
+    deadline = time.monotonic() + timeout
+    while (info := await exec_state(api, exec_id)).get("Running"):
+        if time.monotonic() > deadline:
+            raise BackendError(f"exec {exec_id[:12]} still running {timeout}s after its tree was ended")
+        await asyncio.sleep(0.05)
+    return info
+
+
+async def end_tree(api: docker.APIClient, handle: dict, grace: float) -> None:
+    """End the exec's process and every process of its tree; return once none is left."""
+    identity = host_identity(handle)
+    if identity is not None:
+        # Our /proc shows the container's processes: the exec leads its own session there.
+        await procfs.terminate_tree(marker=handle["marker"], leader=identity, grace=grace)
+        return
+    container = handle["container"]
+    if left := await run_tree_script(api, container, handle["marker"], "HUP TERM", grace):
+        raise BackendError(f"{left} process(es) still alive in {container!r} after SIGKILL")
+
+
+async def doubt(api: docker.APIClient, handle: dict, code: int, settle: float = 0.0) -> str:
+    """Why docker's recorded exit code is not the program's exit, or "" when nothing says otherwise.
+
+    Docker records 126 for an exec whose client went away while docker was writing to it, and hangs
+    up its terminal; processes that ignore SIGHUP go on. So a 126 is believed only once no process
+    of the exec's tree is left, given up to ``settle`` seconds for hung-up ones to finish dying.
+    """
+    if code != DROPPED_CODE:
+        return ""
+    deadline = time.monotonic() + settle
+    while left := await survivors(api, handle):
+        if time.monotonic() >= deadline:
+            return (
+                f"docker records {code} for exec {handle['exec_id'][:12]}, as it does when it drops an"
+                f" exec whose client went away, but {left} of its processes still run"
+            )
+        await asyncio.sleep(0.2)
+    return ""
+
+
+async def survivors(api: docker.APIClient, handle: dict) -> int:
+    """How many processes of the exec's tree are alive, where docker says the exec has ended."""
+    identity = host_identity(handle)
+    if identity is not None:
+        return len(await asyncio.to_thread(procfs.find_tree, marker=handle["marker"], leader=identity))
+    return await run_tree_script(api, handle["container"], handle["marker"], "0")
