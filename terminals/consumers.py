@@ -3,7 +3,8 @@
 Binary frames carry terminal bytes both ways; text frames carry JSON control messages with a ``type``
 (docs/protocol.md). A frame is decoded here and handed to the viewer's stream (terminals.stream), which
 says what to send; messages go to the worker through the one client of its protocol
-(terminals.owner_client). Every task this consumer starts is its own and ends with it.
+(terminals.owner_client), and finding that worker and staying attached to it is the Attacher's
+(terminals.attaching). Every task this consumer starts is its own and ends with it.
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ from channels.db import database_sync_to_async as db
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from executions.models import State
 from terminals import actions
+from terminals.attaching import Attacher, Tasks
 from terminals.layers import forget_channel, keep_receiving
-from terminals.models import ProcessState, TerminalSession
-from terminals.owner_client import OwnerClient, owner_of_execution
+from terminals.models import TerminalSession
+from terminals.owner_client import OwnerClient
 from terminals.protocol import (
-    ATTACH_WAIT_SECONDS,
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     STRIKE_WINDOW_SECONDS,
@@ -42,13 +42,11 @@ from terminals.protocol import (
     ProtocolError,
     Reason,
     Refusal,
-    StatusCode,
     Superseded,
     grid,
     integer,
 )
 from terminals.stream import Deliver, FetchFrom, ViewerStream
-from terminals.wake import WAKE_CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -60,72 +58,6 @@ def _load_session(session_id: str, user) -> TerminalSession | None:
     if session is None or not actions.may_view_session(user, session):
         return None
     return session
-
-
-def _attach_target(session_id) -> dict:
-    """The session as a viewer needs it now, as plain data: its shell's state and who holds it."""
-    # The archived screen (up to 64 KiB) is only needed once the process has closed: not on every attach.
-    session = TerminalSession.objects.select_related("execution").defer("snapshot").get(pk=session_id)
-    execution = session.execution
-    closed = session.process_state == ProcessState.CLOSED
-    return {
-        "process_state": session.process_state,
-        "close_reason": session.close_reason,
-        "generation": session.generation,
-        "execution": execution.pk,
-        "state": execution.state,
-        "outcome": execution.outcome_label,
-        "exit_code": execution.exit_code,
-        "owner": owner_of_execution(execution.pk),
-        "viewer": session.viewer_id,
-        "snapshot": bytes(session.snapshot) if closed else b"",
-        "expired": session.expired_at is not None,
-        # Who asked for it to end (an operator's Complete, Kill...), once it has.
-        "closed_by": actions.closed_by(execution.pk) if closed else {},
-    }
-
-
-def _still_signed_in(session) -> bool:
-    """Whether the browser's login session still exists (logging out deletes it)."""
-    return session is None or not session.session_key or session.exists(session.session_key)
-
-
-def _restart(session_id, user, reason: str) -> None:
-    session = TerminalSession.objects.select_related("machine").get(pk=session_id)
-    if session.process_state == ProcessState.CLOSED:
-        actions.start_next_generation(session, actions.Actor.for_user(user), reason)
-
-
-def _auto_resets(reason: str) -> bool:
-    try:
-        return Reason(reason).auto_reset
-    except ValueError:
-        return False
-
-
-class Tasks:
-    """The consumer's background tasks by name: starting one replaces (and ends) the one before it."""
-
-    def __init__(self) -> None:
-        self.running: dict[str, asyncio.Task] = {}
-
-    def start(self, name: str, work) -> None:
-        if (old := self.running.pop(name, None)) is not None and old is not asyncio.current_task():
-            old.cancel()
-        task = asyncio.create_task(work)
-        self.running[name] = task
-        task.add_done_callback(lambda done: self.running.get(name) is done and self.running.pop(name))
-
-    def has(self, name: str) -> bool:
-        return name in self.running
-
-    async def end_all(self) -> None:
-        current = asyncio.current_task()
-        running = [task for task in self.running.values() if task is not current]
-        self.running.clear()
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
 
 
 class TerminalConsumer(AsyncWebsocketConsumer):
@@ -160,9 +92,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.viewer_id = uuid.uuid4().hex
         self.stream = ViewerStream()
         self.owner = OwnerClient(self.channel_layer, self.channel_name, self.viewer_id)
-        self.grid: tuple[int, int] | None = None
+        self.attacher = Attacher(self, self.session.id, self.stream, self.owner, self.tasks)
         self.strikes: list[float] = []
-        self.refused_since: float | None = None  # when the worker first refused this attach, if it did
         await keep_receiving(self.channel_layer)
         await self.accept()
         # Logging out anywhere closes this socket (terminals.signals); the owner check catches a lost message.
@@ -245,9 +176,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         generation, epoch = message.get("generation"), message.get("epoch")
         generation = None if generation is None else integer(generation, "generation")
         epoch = None if epoch is None else integer(epoch, "epoch")
-        self.grid = grid(message)
+        self.attacher.grid = grid(message)
         self.stream.want(since, generation, epoch)  # output meanwhile is replayed by the attach
-        self.tasks.start("attach", self._attach())
+        self.attacher.start()
 
     client_takeover = client_attach
 
@@ -255,7 +186,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         size = grid(message)
         if size is None:
             raise ProtocolError("resize needs cols and rows")
-        self.grid = size
+        self.attacher.grid = size
         if self.stream.attached:
             await self.owner.resize(*size)
 
@@ -286,117 +217,12 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     async def client_ping(self, message: dict) -> None:
         await self.send_json({"type": "pong"})
 
-    # --- attaching ---------------------------------------------------------------------------
-
-    async def _attach(self, delay: float = 0.0) -> None:
-        """Find the worker holding the session (waiting while it starts) and ask it to attach this viewer."""
-        await asyncio.sleep(delay)
-        deadline = time.monotonic() + ATTACH_WAIT_SECONDS
-        told_starting = False
-        while time.monotonic() < deadline:
-            target = await db(_attach_target)(self.session.id)
-            if target["process_state"] == ProcessState.CLOSED:
-                if not await self._closed_at_attach(target):
-                    return
-                continue
-            if owner := target["owner"]:
-                attach, since = self.stream.next_attach(target["generation"])
-                size = self.grid or (None, None)
-                await self.owner.attach(
-                    owner,
-                    attach=attach,
-                    since=since,
-                    generation=target["generation"],
-                    epoch=self.stream.epoch,
-                    cols=size[0],
-                    rows=size[1],
-                    by=self.username,
-                )
-                return
-            if not told_starting:
-                starting = {"process_state": "starting", "code": StatusCode.STARTING, "text": "Starting your session…"}
-                await self.send_json({"type": "status", **starting})
-                told_starting = True
-            await asyncio.sleep(0.1)
-        text = "No worker is serving this session right now"
-        await self.send_json({"type": "status", "code": StatusCode.NO_WORKER, "text": text})
-        await self.close(CloseCode.SERVER_RESTART)
-
-    async def _closed_at_attach(self, target: dict) -> bool:
-        """The process had ended: say how, then start a fresh shell if allowed. Returns whether to go on."""
-        await self.send_json(
-            {
-                "type": "exit",
-                "generation": target["generation"],
-                "state": target["state"],
-                "exit_code": target["exit_code"],
-                "outcome": target["outcome"],
-                "reason": target["close_reason"],
-                **target["closed_by"],
-            }
-        )
-        # A resolved outcome has freed the machine's slot, as a known one does: a fresh shell may start.
-        again = _auto_resets(target["close_reason"]) or target["state"] == State.RESOLVED
-        if settings.TETHER_AUTO_RESET and again:
-            await db(_restart)(self.session.id, self.user, f"auto-reset after {target['close_reason']}")
-            await self.channel_layer.send(WAKE_CHANNEL, {"type": "wake"})
-            await self.send_json({"type": "reset", "text": "Started a fresh session"})
-            self.stream.next_generation()
-            return True
-        if target["expired"]:
-            text = f"The final screen is no longer kept (closed sessions keep it {settings.TETHER_RETENTION_HOURS} h)"
-            await self.send_json({"type": "status", "code": StatusCode.NOT_KEPT, "text": text})
-        else:
-            await self.send(bytes_data=target["snapshot"])
-        await self.close(Reason.close_code_for(target["close_reason"]))
-        return False
-
-    async def _check_owner(self) -> None:
-        """Every few seconds, compare what this viewer is attached to with the database: a message that
-        never arrived (an exit, a supersede) or an owner that died and was replaced is noticed here."""
-        while True:
-            await asyncio.sleep(settings.TETHER_VIEWER_CHECK_SECONDS)
-            if not self.stream.attached:
-                continue
-            try:
-                signed_in = await db(_still_signed_in)(self.scope.get("session"))
-                target = await db(_attach_target)(self.session.id)
-            except Exception as error:  # PostgreSQL restarting: the stream itself needs no database
-                log.info("session %s: cannot check its owner now (%r)", self.session.id, error)
-                continue
-            if not signed_in:
-                await self.user_logged_out({})
-                return
-            if not self.stream.attached:
-                continue
-            if target["viewer"] and target["viewer"] != self.viewer_id:
-                log.info("session %s: another window took it over; this one missed the message", self.session.id)
-                await self._superseded(None)
-                return
-            held, owner = self.owner.owner, target["owner"]
-            moved = target["execution"] != held.execution or target["process_state"] == ProcessState.CLOSED
-            if moved or owner is None or (owner.channel, owner.token) != (held.channel, self.stream.epoch):
-                log.info("session %s: its owner changed under this viewer; attaching again", self.session.id)
-                self.stream.leave()
-                await self._attach()
-
-    async def _check_replay(self, end: int) -> None:
-        """Make sure the replay up to ``end`` arrived: channels-redis can drop a message while another
-        consumer in this process closes (django/channels_redis#366), and an idle shell sends nothing
-        after it that would reveal the gap."""
-        for _ in range(3):
-            await asyncio.sleep(0.5)
-            if (since := self.stream.missing(end)) is None:
-                return
-            await self.owner.resend(since)
-
     # --- worker -> browser -------------------------------------------------------------------
 
     async def terminal_attached(self, event: dict) -> None:
         message = Attached.decode(event)
         if not self.stream.confirmed(message):
             return  # a repeated delivery, or the answer to an attach this viewer has since replaced
-        self.refused_since = None
         await self.send_json(
             {
                 "type": "attached",
@@ -411,9 +237,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                 "process_state": message.process_state,
             }
         )
-        self.tasks.start("replay_check", self._check_replay(message.end))
-        if not self.tasks.has("owner_check"):
-            self.tasks.start("owner_check", self._check_owner())
+        self.attacher.confirmed(message.end)
 
     async def terminal_output(self, event: dict) -> None:
         said = self.stream.output(Output.decode(event))
@@ -429,14 +253,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
 
     async def terminal_error(self, event: dict) -> None:
         message = Refusal.decode(event)
-        if message.code == ErrorCode.ATTACH_REFUSED and not self.stream.attached:
-            # The lease moved (or the process is starting or closing) between our lookup and the worker:
-            # look again, quietly, as the protocol's own retry; the page hears only if it never settles.
-            now = time.monotonic()
-            self.refused_since = self.refused_since or now
-            if now - self.refused_since < ATTACH_WAIT_SECONDS:
-                self.tasks.start("attach", self._attach(delay=0.2))
-                return
+        if message.code == ErrorCode.ATTACH_REFUSED and not self.stream.attached and self.attacher.retry_refused():
+            return  # the page hears of it only if it never settles
         await self.send_json({"type": "error", "code": message.code, "message": message.message})
 
     async def terminal_warning(self, event: dict) -> None:
@@ -447,9 +265,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     async def terminal_superseded(self, event: dict) -> None:
         message = Superseded.decode(event)
         if self.stream.current(message.epoch):
-            await self._superseded(message.by)
+            await self.superseded(message.by)
 
-    async def _superseded(self, by: str | None) -> None:
+    async def superseded(self, by: str | None) -> None:
         self.stream.leave()
         # Someone else writing into this user's shell is said so, by name; another window of theirs is not.
         text = f"Taken over by {by}" if by and by != self.username else "Superseded by another window"
@@ -472,7 +290,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             return  # a repeated delivery: this viewer already moved on to the next generation
         self.stream.next_generation()
         await self.send_json({"type": "reset", "text": "Started a fresh session"})
-        self.tasks.start("attach", self._attach())
+        self.attacher.start()
 
     async def terminal_closed(self, event: dict) -> None:
         message = Closed.decode(event)

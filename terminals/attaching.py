@@ -1,0 +1,243 @@
+"""Keeping a viewer attached: finding the worker that holds its session (waiting while a shell starts, saying
+how a closed one ended, starting a fresh one when allowed), then checking that it stays attached to the
+owner the database names, and that a replay arrived whole.
+
+The consumer owns the socket; this owns the attach and the checks, run as the consumer's named tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+from channels.db import database_sync_to_async as db
+from django.conf import settings
+
+from executions.models import State
+from terminals import actions
+from terminals.models import ProcessState, TerminalSession
+from terminals.owner_client import OwnerClient, owner_of_execution
+from terminals.protocol import ATTACH_WAIT_SECONDS, CloseCode, Reason, StatusCode
+from terminals.stream import ViewerStream
+from terminals.wake import WAKE_CHANNEL
+
+log = logging.getLogger(__name__)
+
+
+class ViewerSocket(Protocol):
+    """What the attacher needs of the consumer."""
+
+    user: object
+    username: str
+    viewer_id: str
+    scope: dict
+    channel_layer: object
+
+    async def send_json(self, data: dict) -> None: ...
+
+    async def send(self, text_data=None, bytes_data=None) -> None: ...
+
+    async def close(self, code=None, reason=None) -> None: ...
+
+    async def superseded(self, by: str | None) -> None: ...
+
+    async def user_logged_out(self, event: dict) -> None: ...
+
+
+def _attach_target(session_id) -> dict:
+    """The session as a viewer needs it now, as plain data: its shell's state and who holds it."""
+    # The archived screen (up to 64 KiB) is only needed once the process has closed: not on every attach.
+    session = TerminalSession.objects.select_related("execution").defer("snapshot").get(pk=session_id)
+    execution = session.execution
+    closed = session.process_state == ProcessState.CLOSED
+    return {
+        "process_state": session.process_state,
+        "close_reason": session.close_reason,
+        "generation": session.generation,
+        "execution": execution.pk,
+        "state": execution.state,
+        "outcome": execution.outcome_label,
+        "exit_code": execution.exit_code,
+        "owner": owner_of_execution(execution.pk),
+        "viewer": session.viewer_id,
+        "snapshot": bytes(session.snapshot) if closed else b"",
+        "expired": session.expired_at is not None,
+        # Who asked for it to end (an operator's Complete, Kill...), once it has.
+        "closed_by": actions.closed_by(execution.pk) if closed else {},
+    }
+
+
+def _still_signed_in(session) -> bool:
+    """Whether the browser's login session still exists (logging out deletes it)."""
+    return session is None or not session.session_key or session.exists(session.session_key)
+
+
+def _restart(session_id, user, reason: str) -> None:
+    session = TerminalSession.objects.select_related("machine").get(pk=session_id)
+    if session.process_state == ProcessState.CLOSED:
+        actions.start_next_generation(session, actions.Actor.for_user(user), reason)
+
+
+def _auto_resets(reason: str) -> bool:
+    try:
+        return Reason(reason).auto_reset
+    except ValueError:
+        return False
+
+
+class Tasks:
+    """The consumer's background tasks by name: starting one replaces (and ends) the one before it."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, asyncio.Task] = {}
+
+    def start(self, name: str, work) -> None:
+        if (old := self.running.pop(name, None)) is not None and old is not asyncio.current_task():
+            old.cancel()
+        task = asyncio.create_task(work)
+        self.running[name] = task
+        task.add_done_callback(lambda done: self.running.get(name) is done and self.running.pop(name))
+
+    def has(self, name: str) -> bool:
+        return name in self.running
+
+    async def end_all(self) -> None:
+        current = asyncio.current_task()
+        running = [task for task in self.running.values() if task is not current]
+        self.running.clear()
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+
+class Attacher:
+    def __init__(self, socket: ViewerSocket, session_id, stream: ViewerStream, owner: OwnerClient, tasks: Tasks):
+        self.socket, self.session_id, self.stream, self.owner, self.tasks = socket, session_id, stream, owner, tasks
+        self.grid: tuple[int, int] | None = None
+        self.refused_since: float | None = None  # when the worker first refused this attach, if it did
+
+    def start(self, delay: float = 0.0) -> None:
+        """(Re)attach in the background, replacing an attach still looking for the owner."""
+        self.tasks.start("attach", self._attach(delay))
+
+    def confirmed(self, end: int) -> None:
+        """The owner attached this viewer, its replay running to ``end``: check that it arrives, and keep
+        checking the owner."""
+        self.refused_since = None
+        self.tasks.start("replay_check", self._check_replay(end))
+        if not self.tasks.has("owner_check"):
+            self.tasks.start("owner_check", self._check_owner())
+
+    def retry_refused(self) -> bool:
+        """The worker refused the attach (the lease moved, or the process is starting or closing): look
+        again, quietly, as the protocol's own retry. False once that has gone on too long to hide."""
+        now = time.monotonic()
+        self.refused_since = self.refused_since or now
+        if now - self.refused_since >= ATTACH_WAIT_SECONDS:
+            return False
+        self.start(delay=0.2)
+        return True
+
+    async def _attach(self, delay: float = 0.0) -> None:
+        """Find the worker holding the session (waiting while it starts) and ask it to attach this viewer."""
+        await asyncio.sleep(delay)
+        deadline = time.monotonic() + ATTACH_WAIT_SECONDS
+        told_starting = False
+        while time.monotonic() < deadline:
+            target = await db(_attach_target)(self.session_id)
+            if target["process_state"] == ProcessState.CLOSED:
+                if not await self._closed_at_attach(target):
+                    return
+                continue
+            if owner := target["owner"]:
+                attach, since = self.stream.next_attach(target["generation"])
+                size = self.grid or (None, None)
+                await self.owner.attach(
+                    owner,
+                    attach=attach,
+                    since=since,
+                    generation=target["generation"],
+                    epoch=self.stream.epoch,
+                    cols=size[0],
+                    rows=size[1],
+                    by=self.socket.username,
+                )
+                return
+            if not told_starting:
+                starting = {"process_state": "starting", "code": StatusCode.STARTING, "text": "Starting your session…"}
+                await self.socket.send_json({"type": "status", **starting})
+                told_starting = True
+            await asyncio.sleep(0.1)
+        text = "No worker is serving this session right now"
+        await self.socket.send_json({"type": "status", "code": StatusCode.NO_WORKER, "text": text})
+        await self.socket.close(CloseCode.SERVER_RESTART)
+
+    async def _closed_at_attach(self, target: dict) -> bool:
+        """The process had ended: say how, then start a fresh shell if allowed. Returns whether to go on."""
+        await self.socket.send_json(
+            {
+                "type": "exit",
+                "generation": target["generation"],
+                "state": target["state"],
+                "exit_code": target["exit_code"],
+                "outcome": target["outcome"],
+                "reason": target["close_reason"],
+                **target["closed_by"],
+            }
+        )
+        # A resolved outcome has freed the machine's slot, as a known one does: a fresh shell may start.
+        again = _auto_resets(target["close_reason"]) or target["state"] == State.RESOLVED
+        if settings.TETHER_AUTO_RESET and again:
+            await db(_restart)(self.session_id, self.socket.user, f"auto-reset after {target['close_reason']}")
+            await self.socket.channel_layer.send(WAKE_CHANNEL, {"type": "wake"})
+            await self.socket.send_json({"type": "reset", "text": "Started a fresh session"})
+            self.stream.next_generation()
+            return True
+        if target["expired"]:
+            text = f"The final screen is no longer kept (closed sessions keep it {settings.TETHER_RETENTION_HOURS} h)"
+            await self.socket.send_json({"type": "status", "code": StatusCode.NOT_KEPT, "text": text})
+        else:
+            await self.socket.send(bytes_data=target["snapshot"])
+        await self.socket.close(Reason.close_code_for(target["close_reason"]))
+        return False
+
+    async def _check_owner(self) -> None:
+        """Every few seconds, compare what this viewer is attached to with the database: a message that
+        never arrived (an exit, a supersede) or an owner that died and was replaced is noticed here."""
+        while True:
+            await asyncio.sleep(settings.TETHER_VIEWER_CHECK_SECONDS)
+            if not self.stream.attached:
+                continue
+            try:
+                signed_in = await db(_still_signed_in)(self.socket.scope.get("session"))
+                target = await db(_attach_target)(self.session_id)
+            except Exception as error:  # PostgreSQL restarting: the stream itself needs no database
+                log.info("session %s: cannot check its owner now (%r)", self.session_id, error)
+                continue
+            if not signed_in:
+                await self.socket.user_logged_out({})
+                return
+            if not self.stream.attached:
+                continue
+            if target["viewer"] and target["viewer"] != self.socket.viewer_id:
+                log.info("session %s: another window took it over; this one missed the message", self.session_id)
+                await self.socket.superseded(None)
+                return
+            held, owner = self.owner.owner, target["owner"]
+            moved = target["execution"] != held.execution or target["process_state"] == ProcessState.CLOSED
+            if moved or owner is None or (owner.channel, owner.token) != (held.channel, self.stream.epoch):
+                log.info("session %s: its owner changed under this viewer; attaching again", self.session_id)
+                self.stream.leave()
+                await self._attach()
+
+    async def _check_replay(self, end: int) -> None:
+        """Make sure the replay up to ``end`` arrived: channels-redis can drop a message while another
+        consumer in this process closes (django/channels_redis#366), and an idle shell sends nothing
+        after it that would reveal the gap."""
+        for _ in range(3):
+            await asyncio.sleep(0.5)
+            if (since := self.stream.missing(end)) is None:
+                return
+            await self.owner.resend(since)
