@@ -27,7 +27,7 @@ from django.conf import settings
 from terminals import actions
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.models import WorkerState
-from terminals.owner.context import DB_OUTAGE, WorkerContext
+from terminals.owner.context import DB_OUTAGE, WorkerContext, receive_forever
 from terminals.owner.host import SessionHost
 from terminals.owner.launch import Launcher
 from terminals.owner.leases import LeaseKeeper
@@ -182,16 +182,11 @@ class OwnerWorker:
 
     async def _wake_loop(self) -> None:
         """Listen for wake-ups all the time (a pub/sub layer drops what nobody is listening for)."""
-        while True:
-            try:
-                await self.context.layer.receive(WAKE_CHANNEL)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # Redis restarting: the poll interval still finds the work
-                log.info("wake-up channel: %r", error)
-                await asyncio.sleep(1)
-                continue
+
+        async def woken(message: dict) -> None:
             self.woken.set()
+
+        await receive_forever(self.context.layer, WAKE_CHANNEL, woken)
 
     async def _sleep_until_woken(self, stop: asyncio.Event) -> None:
         waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.woken.wait())]

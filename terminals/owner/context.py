@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 
 from channels.layers import BaseChannelLayer
@@ -71,3 +71,36 @@ async def until_recorded(write):
             log.warning("cannot record yet (%r); retrying in %.1fs", error, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+
+async def every(seconds: float, step: Callable[[], Awaitable[None]], what: str, *, at_once: bool = False) -> None:
+    """The one shape of a worker's periodic loops: ``step`` every ``seconds``, for ever. A step that fails
+    is logged and tried at the next turn: a database or Redis restart is waited out, never a reason to stop."""
+    if not at_once:
+        await asyncio.sleep(seconds)
+    while True:
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.warning("%s failed (%r); trying again in %.1fs", what, error, seconds)
+        await asyncio.sleep(seconds)
+
+
+async def receive_forever(layer: BaseChannelLayer, channel: str, handle: Callable[[dict], Awaitable[None]]) -> None:
+    """Hand each message on ``channel`` to ``handle``, for ever. A receive that fails (Redis restarting) is
+    tried again after a pause that grows to 5 s; the database holds every fact, so nothing is decided here."""
+    backoff = 0.1
+    while True:
+        try:
+            message = await layer.receive(channel)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.warning("receiving on %s failed (%r); retrying in %.1fs", channel, error, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+            continue
+        backoff = 0.1
+        await handle(message)

@@ -23,7 +23,7 @@ from terminals.backends.base import Exit, Process
 from terminals.lifetimes import CHECK_SECONDS, Limits, judge
 from terminals.live import LiveProcess
 from terminals.models import TerminalSession
-from terminals.owner.context import WorkerContext, until_recorded
+from terminals.owner.context import WorkerContext, every, until_recorded
 from terminals.owner.leases import LeaseKeeper
 from terminals.owner.outcome import Outcome
 from terminals.owner.viewers import Outbox
@@ -216,9 +216,10 @@ class SessionHost:
     # --- lifetimes ---------------------------------------------------------------------------
 
     async def run_lifetimes(self) -> None:
-        while True:
-            await asyncio.sleep(CHECK_SECONDS)
+        async def check() -> None:
             self.check_lifetimes()
+
+        await every(CHECK_SECONDS, check, "lifetime check")
 
     def check_lifetimes(self) -> None:
         """Warn the viewer before an idle or deadline close; close what is past its limits."""

@@ -7,7 +7,6 @@ heartbeat confirms the leases again, nothing acts on a session, so two owners ne
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -16,7 +15,7 @@ from channels.db import database_sync_to_async as db
 from django.conf import settings
 
 from terminals import actions
-from terminals.owner.context import WorkerContext
+from terminals.owner.context import WorkerContext, every
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +60,5 @@ class LeaseKeeper:
         return True
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(settings.TETHER_HEARTBEAT_SECONDS)
-            try:
-                await self.beat()
-            except Exception as error:  # PostgreSQL restarting: beat again next time; stale leases stop output
-                log.warning("heartbeat failed (%r); retrying", error)
+        # While PostgreSQL is away the beats fail; once the leases are stale, output waits (``confirmed``).
+        await every(settings.TETHER_HEARTBEAT_SECONDS, self.beat, "heartbeat")

@@ -18,7 +18,7 @@ from django.conf import settings
 from terminals import actions, recovery
 from terminals.backends.base import Status
 from terminals.backends.procfs import ProcessIdentity, boot_id
-from terminals.owner.context import WorkerContext
+from terminals.owner.context import WorkerContext, every
 from terminals.owner.host import SessionHost
 from terminals.owner.launch import load_execution, session_for
 from terminals.owner.leases import LeaseKeeper
@@ -43,23 +43,21 @@ class Recoverer:
                 self.watched[pk] = request
 
     async def run(self) -> None:
+        """The periodic pass, and now and then the retention cleanup of closed sessions' final screens."""
         last_cleanup = 0.0
-        while True:
-            await asyncio.sleep(settings.TETHER_RECOVERY_SECONDS)
+
+        async def step() -> None:
+            nonlocal last_cleanup
             if self.context.draining:
-                continue
+                return
             await self.recover_once()
             if time.monotonic() - last_cleanup > CLEANUP_SECONDS:
                 last_cleanup = time.monotonic()
-                try:
-                    expired = await db(actions.expire_closed_sessions)(
-                        actor=actions.Actor.worker(self.context.worker.worker_id)
-                    )
-                except Exception as error:
-                    log.warning("retention cleanup failed (%r); next time", error)
-                else:
-                    if expired:
-                        log.info("retention: expired the final screens of %d closed session(s)", len(expired))
+                actor = actions.Actor.worker(self.context.worker.worker_id)
+                if expired := await db(actions.expire_closed_sessions)(actor=actor):
+                    log.info("retention: expired the final screens of %d closed session(s)", len(expired))
+
+        await every(settings.TETHER_RECOVERY_SECONDS, step, "recovery pass")
 
     async def recover_once(self, *, adopt: bool = True) -> list[str]:
         """Settle what dead owners left behind (see terminals.recovery). Returns what was done.
@@ -92,17 +90,15 @@ class Recoverer:
         its pidfd, and its sessions are recovered the moment its leases expire, not at the next
         periodic pass (workers on other hosts are left to that pass)."""
         loop = asyncio.get_running_loop()
+
+        async def look() -> None:
+            siblings = await db(recovery.sibling_workers)(self.context.worker)  # failing: the periodic pass recovers
+            for pk, pid, started_at in siblings:
+                if pk not in self.siblings:
+                    self._watch_sibling(loop, pk, ProcessIdentity(pid, started_at, boot_id()))
+
         try:
-            while True:
-                try:
-                    siblings = await db(recovery.sibling_workers)(self.context.worker)
-                except Exception as error:  # the database is away: the periodic pass still recovers
-                    log.info("cannot list the workers here (%r)", error)
-                    siblings = []
-                for pk, pid, started_at in siblings:
-                    if pk not in self.siblings:
-                        self._watch_sibling(loop, pk, ProcessIdentity(pid, started_at, boot_id()))
-                await asyncio.sleep(settings.TETHER_HEARTBEAT_SECONDS)
+            await every(settings.TETHER_HEARTBEAT_SECONDS, look, "listing the workers here", at_once=True)
         finally:
             for fd in self.siblings.values():
                 if fd is not None:

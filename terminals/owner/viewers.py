@@ -7,7 +7,6 @@ old viewer.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from channels.db import database_sync_to_async as db
@@ -17,7 +16,7 @@ from terminals import actions
 from terminals.layers import MessageTooLarge
 from terminals.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Viewer
 from terminals.models import ProcessState
-from terminals.owner.context import WorkerContext
+from terminals.owner.context import WorkerContext, receive_forever
 from terminals.owner.leases import LeaseKeeper
 from terminals.protocol import (
     MAX_COLS,
@@ -90,19 +89,7 @@ class ViewerService:
         }
 
     async def run(self) -> None:
-        backoff = 0.1
-        while True:
-            try:
-                raw = await self.context.layer.receive(self.context.channel)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # Redis restarting: keep trying, the database holds every fact
-                log.warning("channel layer receive failed (%r); retrying in %.1fs", error, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
-            backoff = 0.1
-            await self.handle(raw)
+        await receive_forever(self.context.layer, self.context.channel, self.handle)
 
     async def handle(self, raw: dict) -> None:
         try:
