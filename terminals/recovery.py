@@ -36,11 +36,12 @@ from django.db.models import F, Max, Q
 from django.db.models.functions import Now
 
 from executions.models import Backend as BackendKind
-from executions.models import Evidence, Kind, Machine, MachineState, State
+from executions.models import Kind, Machine, MachineState, State
 from terminals import actions
 from terminals.backends.base import Exit, Launch, Status
 from terminals.backends.procfs import ProcessIdentity, boot_id
-from terminals.models import CloseReason, ProcessLease, Worker, WorkerState
+from terminals.models import ProcessLease, Worker, WorkerState
+from terminals.outcome import Outcome
 from terminals.registry import backend_for, tmux_backend
 
 log = logging.getLogger(__name__)
@@ -273,15 +274,9 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
             snapshot = None
     if finding.action in (NEVER_STARTED, ENDED):
         never = finding.action == NEVER_STARTED
-        await db(actions.settle_execution)(
-            execution,
-            worker=worker,
-            token=token,
-            to_state=State.COMPLETED,
-            evidence=Evidence.NEVER_STARTED if never else Evidence.KILLED,
-            reason=f"recovery: {finding.detail}",
-            close_reason=CloseReason.NEVER_STARTED if never else CloseReason.KILLED,
-        )
+        note = f"recovery: {finding.detail}"
+        outcome = Outcome.never_started(note) if never else Outcome.ended_by_recovery(note)
+        await db(actions.settle_execution)(execution, outcome, worker=worker, token=token)
         return "completed: never started" if never else "completed: killed"
     if finding.action == EXITED:
         exit = finding.exit
@@ -294,18 +289,8 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
             except Exception as error:
                 log.warning("could not end what is left of %s after reading its exit: %r", finding.label, error)
                 ended = f"; ending what was left of it failed ({error!r}): some of it may still run"
-        evidence, fields = actions.exit_record(exit)
-        await db(actions.settle_execution)(
-            execution,
-            worker=worker,
-            token=token,
-            to_state=State.COMPLETED,
-            evidence=evidence,
-            reason=f"{exit.describe()}: read back from {exit.source} by recovery{ended}",
-            close_reason=CloseReason.EXITED,
-            snapshot=snapshot,
-            **fields,
-        )
+        outcome = Outcome.read_back(exit, f"{exit.describe()}: read back from {exit.source} by recovery{ended}")
+        await db(actions.settle_execution)(execution, outcome, worker=worker, token=token, snapshot=snapshot)
         return f"completed: {exit.describe()}"
     ended = ""
     if finding.still_running:
@@ -314,16 +299,8 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
             ended = "; the unobservable process was ended"
         except Exception as error:
             ended = f"; ending it failed ({error!r}): it may still run"
-    await db(actions.settle_execution)(
-        execution,
-        worker=worker,
-        token=token,
-        to_state=State.UNKNOWN,
-        evidence=Evidence.CONTROLLER_LOST,
-        reason=f"recovery: {finding.detail}{ended}",
-        close_reason=CloseReason.CONTROLLER_LOST,
-        snapshot=snapshot,
-    )
+    outcome = Outcome.unknown(f"recovery: {finding.detail}{ended}")
+    await db(actions.settle_execution)(execution, outcome, worker=worker, token=token, snapshot=snapshot)
     return f"unknown (controller_lost){ended}"
 
 

@@ -26,6 +26,8 @@ from executions.models import Evidence, Execution, ExecutionEvent, State
 from terminals import actions
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.models import ProcessLease, ProcessState, TerminalSession, Worker, WorkerState
+from terminals.outcome import Outcome
+from terminals.protocol import Reason
 from terminals.worker import OwnerWorker
 from tests.bridge.harness import Stack
 from tests.factories import TEST_ACTOR, make_machine, make_spec
@@ -371,16 +373,8 @@ def test_a_reset_hands_the_slot_straight_to_the_fresh_shell(operator):
     execution = actions.fenced_transition(
         execution, State.RUNNING, worker=worker, token=lease.token, evidence=Evidence.OBSERVED
     )
-    actions.settle_execution(
-        execution,
-        worker=worker,
-        token=lease.token,
-        to_state=State.COMPLETED,
-        evidence=Evidence.RESET,
-        close_reason="reset",
-        restart_session=True,
-        exit_signal=signal.SIGHUP,
-    )
+    reset = Outcome(State.COMPLETED, Evidence.RESET, "", Reason.RESET, {"exit_signal": signal.SIGHUP})
+    actions.settle_execution(execution, reset, worker=worker, token=lease.token, restart_session=True)
     session.refresh_from_db()
     machine.refresh_from_db()
     execution.refresh_from_db()

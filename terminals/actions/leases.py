@@ -22,7 +22,8 @@ from executions.errors import Refused
 from executions.models import Evidence, Execution, Machine, State
 from terminals.actions.sessions import close_session, start_next_generation
 from terminals.backends.base import Launch
-from terminals.models import CloseReason, ProcessLease, TerminalSession, Worker
+from terminals.models import ProcessLease, TerminalSession, Worker
+from terminals.outcome import Outcome
 
 
 class LeaseLost(Refused):
@@ -122,39 +123,40 @@ def begin_spawn(execution: Execution, worker: Worker, token: int, intent: dict, 
     return execution
 
 
-def exit_record(exit) -> tuple[str, dict]:
-    """The evidence and fields that record an observed exit (a ``backends.base.Exit``)."""
-    if exit.code is None:
-        return Evidence.SIGNALED, {"exit_signal": exit.signal}
-    return (Evidence.EXIT_STATUS if exit.ambiguous else Evidence.EXITED), {"exit_code": exit.code}
-
-
 def settle_execution(
     execution: Execution,
+    outcome: Outcome,
     *,
     worker: Worker,
     token: int,
-    to_state: str,
-    evidence: str,
-    reason: str = "",
-    close_reason: str = "",
     snapshot: bytes | None = None,
     output_offset: int = 0,
     restart_session: bool = False,
-    **fields,
+    output: bytes | None = None,
+    output_truncated: int = 0,
 ) -> Execution:
-    """Record how a held process ended, release its lease and close its session: one fenced transaction.
+    """Record ``outcome``, release the lease and close the session (with ``snapshot``, its final screen):
+    one fenced transaction. A command's captured ``output`` is kept with its record.
 
     ``restart_session`` (a reset) starts the session's next generation in the same transaction, so the
     machine's slot passes straight from the ended shell to the fresh one: a command submitted at
     that moment is refused, as it would be a moment before.
     """
     actor = Actor.worker(worker.worker_id)
+    fields = dict(outcome.fields)
+    if output is not None:
+        fields |= {"output": output, "output_truncated": max(output_truncated, 0)}
     # The execution keeps why its process was closed too: a command has no session to say so.
-    close_reason = close_reason or CloseReason.EXITED
+    close_reason = outcome.close_reason
     with fenced(execution.pk, worker, token):
         execution = exec_actions.transition(
-            execution, to_state, evidence=evidence, actor=actor, reason=reason, close_reason=close_reason, **fields
+            execution,
+            outcome.state,
+            evidence=outcome.evidence,
+            actor=actor,
+            reason=outcome.note,
+            close_reason=close_reason,
+            **fields,
         )
         ProcessLease.objects.filter(execution_id=execution.pk).update(released_at=Now())
         session = TerminalSession.objects.select_related("machine").filter(execution=execution).first()

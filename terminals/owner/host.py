@@ -16,16 +16,16 @@ from channels.db import database_sync_to_async as db
 from django.conf import settings
 
 from executions.models import Backend as BackendKind
-from executions.models import Evidence, Execution, Kind, State
+from executions.models import Execution, Kind, State
 from executions.spec import ExecutionSpec
 from terminals import actions
 from terminals.backends.base import Exit, Process
 from terminals.lifetimes import CHECK_SECONDS, Limits, judge
 from terminals.live import LiveProcess
 from terminals.models import TerminalSession
+from terminals.outcome import Outcome
 from terminals.owner.context import WorkerContext, every, until_recorded
 from terminals.owner.leases import LeaseKeeper
-from terminals.owner.outcome import Outcome
 from terminals.owner.viewers import Outbox
 from terminals.protocol import Closed, ClosingSoon, Exited, NextGeneration, Reason, Request
 from terminals.wake import WAKE_CHANNEL
@@ -68,15 +68,7 @@ class SessionHost:
 
     async def record_unknown(self, execution: Execution, token: int, reason: str) -> None:
         """No trustworthy exit can be had: unknown (controller_lost), the slot kept, the session closed."""
-        await db(actions.settle_execution)(
-            execution,
-            worker=self.context.worker,
-            token=token,
-            to_state=State.UNKNOWN,
-            evidence=Evidence.CONTROLLER_LOST,
-            reason=reason,
-            close_reason=Reason.CONTROLLER_LOST,
-        )
+        await db(actions.settle_execution)(execution, Outcome.unknown(reason), worker=self.context.worker, token=token)
 
     # --- supervising -------------------------------------------------------------------------
 
@@ -125,22 +117,18 @@ class SessionHost:
         outcome = Outcome.of(
             exit, ended_for=Reason(live.close_reason) if live.closing else None, lost=live.lost_observation
         )
-        fields = dict(outcome.fields)
-        if live.kind == Kind.COMMAND:
-            fields |= {"output": output, "output_truncated": max(truncated, 0)}
+        command = live.kind == Kind.COMMAND
         reset = outcome.close_reason == Reason.RESET
         execution = await db(actions.settle_execution)(
             execution,
+            outcome,
             worker=self.context.worker,
             token=live.token,
-            to_state=outcome.state,
-            evidence=outcome.evidence,
-            reason=outcome.note,
-            close_reason=outcome.close_reason,
             snapshot=live.buffer.tail(64 * 1024),
             output_offset=live.buffer.end,
             restart_session=bool(live.session_id) and reset,
-            **fields,
+            output=output if command else None,
+            output_truncated=truncated,
         )
         if live.viewer:
             asked = await db(actions.closed_by)(execution.pk) if live.handled_request else {}

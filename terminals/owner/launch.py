@@ -13,9 +13,9 @@ from executions.spec import ExecutionSpec
 from terminals import actions, faults
 from terminals.backends.base import BackendError, Launch, SpawnError, SpawnSpec, Tags
 from terminals.models import TerminalSession
+from terminals.outcome import Outcome
 from terminals.owner.context import WorkerContext, until_recorded
 from terminals.owner.host import SessionHost
-from terminals.protocol import Reason
 from terminals.registry import backend_for
 
 log = logging.getLogger(__name__)
@@ -98,12 +98,9 @@ class Launcher:
             # Proven: nothing started. A known outcome, said plainly.
             await db(actions.settle_execution)(
                 execution,
+                Outcome.spawn_failed(str(error)),
                 worker=self.context.worker,
                 token=token,
-                to_state=State.COMPLETED,
-                evidence=Evidence.SPAWN_FAILED,
-                reason=str(error),
-                close_reason=Reason.SPAWN_FAILED,
                 snapshot=str(error).encode(),
             )
             return  # the session is closed with the reason; viewers read it when they attach
