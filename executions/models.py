@@ -287,10 +287,6 @@ class Execution(models.Model):
         return f"{self.scope}/{self.execution_id}"
 
     @property
-    def is_final(self) -> bool:
-        return self.state in FINAL_STATES
-
-    @property
     def outcome_label(self) -> str:
         """The honest one-line outcome shown to people."""
         if self.state == State.COMPLETED:

@@ -140,7 +140,11 @@ class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
         return badge(obj.process_state, colour, obj.get_close_reason_display() or obj.process_state)
 
     def _lease(self, obj) -> ProcessLease | None:
-        return ProcessLease.objects.select_related("worker").filter(execution_id=obj.execution_id).first()
+        """The lease as the list's query brought it (``list_select_related``): no query per row and column."""
+        try:
+            return obj.execution.lease
+        except ProcessLease.DoesNotExist:
+            return None
 
     @admin.display(description="owner worker")
     def lease_owner(self, obj):

@@ -36,7 +36,7 @@ from django.contrib.auth import get_user_model
 from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.errors import Refused
-from executions.models import Evidence, Execution, ExecutionEvent, Machine, MachineState, State
+from executions.models import ENDED_STATES, Evidence, Execution, ExecutionEvent, Machine, MachineState, State
 from executions.spec import ExecutionSpec
 from terminals import actions
 from terminals.backends.procfs import ProcessIdentity
@@ -399,7 +399,7 @@ async def recover(backend: str) -> None:
             execution = await db(Execution.objects.select_related("machine").get)(pk=holder.pk)
             owner = await db(_owner_of)(execution.pk)
             ours = owner is not None and owner.pk == worker.worker.pk
-            if execution.is_final or execution.state == State.UNKNOWN or ours:
+            if execution.state in ENDED_STATES or ours:
                 break  # pending or dispatched: a worker (this one, say) has yet to take it
             if time.monotonic() > deadline:
                 where = f"worker pid {owner.pid} on {owner.host}" if owner else "no worker"

@@ -114,3 +114,29 @@ def test_the_sessions_list_shows_states_as_badges_and_messages_name_machines(cli
     assert re.search(r'<span style="background:#16a34a;[^"]*" title="[^"]*">live</span>', listed), listed[-3000:]
     page = _post_action(client, "kill", session)  # refused: no worker holds it yet; the reason names the machine
     assert f"erminal {session.id} on named-box: " in page.text  # not "on 1"
+
+
+@pytest.mark.django_db
+def test_the_sessions_list_costs_the_same_queries_for_one_session_or_many(client, admin_user, operator):
+    """Each row shows its lease's owner, token and heartbeat: read with the list, not once per row and column."""
+    from django.conf import settings
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def sessions_with_leases(names):
+        for name in names:
+            actions.open_terminal(make_machine(name), operator)
+            worker = actions.register_worker(
+                worker_id=f"w-{name}", host=settings.TETHER_HOST, pid=1, started_at=1, boot_id="b", channel_name=name
+            )
+            assert actions.claim_next_execution(worker, {"local"}) is not None
+
+    client.force_login(admin_user)
+    sessions_with_leases(["q-1"])
+    with CaptureQueriesContext(connection) as one:
+        assert client.get(reverse(CHANGELIST)).status_code == 200
+    sessions_with_leases(["q-2", "q-3", "q-4", "q-5"])
+    with CaptureQueriesContext(connection) as five:
+        page = client.get(reverse(CHANGELIST))
+    assert page.text.count("w-q-") >= 5  # every row names its owner worker
+    assert len(five.captured_queries) == len(one.captured_queries)
