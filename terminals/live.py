@@ -108,9 +108,8 @@ class LiveProcess:
             high = self.budget.window()
             low = min(low, high // 3)
         if self.closing:
-            # Ending on purpose: read on to EOF, whoever is (not) acknowledging, so the supervisor
-            # sees the end. Closing the window here left a killed session's pump waiting for acks
-            # from a viewer that had gone: the Kill never finished (tests/bridge/test_kill_streaming.py).
+            # Ending on purpose: read on to EOF, whoever is (not) acknowledging, so the supervisor sees the
+            # end; a viewer that has gone acknowledges nothing, and a closed window would wait for it.
             self.flow_open.set()
         elif self.viewer is None and (
             self.viewer_gone_at is None

@@ -100,8 +100,8 @@ class TmuxBackend(Backend):
         create = ["new-session", "-d", "-s", name, *size, "-c", cwd.replace("#", "##")]
         commands = [
             ["start-server"],
-            # A server that exits with its last session races the next spawn on the same socket (the
-            # churn benchmark hit "server exited unexpectedly"): keep it up; it costs one idle process.
+            # A server that exits with its last session races the next spawn on the same socket ("server
+            # exited unexpectedly"): keep it up; it costs one idle process.
             ["set-option", "-s", "exit-empty", "off"],
             ["set-option", "-s", "escape-time", "0"],
             ["set-option", "-g", "update-environment", ""],

@@ -157,7 +157,7 @@ class SessionHost:
         live.closing, live.close_reason = True, reason
         live.update_flow()  # a closing session reads on to EOF
         try:
-            # A few at a time: each end scans the host's processes, and a thousand at once ran out of time.
+            # A few at a time: each end scans the host's processes, so many at once would each take too long.
             async with self.context.ending:
                 await live.process.terminate(grace=1.0)
         except Exception as error:  # cannot prove it gone: the supervisor records unknown
