@@ -19,8 +19,6 @@ is open before it deletes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import secrets
 import signal
@@ -31,202 +29,37 @@ from pathlib import Path
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
-from django.contrib.auth import get_user_model
 
 from executions import actions as exec_actions
-from executions.actions import Actor
-from executions.errors import Refused
-from executions.models import ENDED_STATES, Evidence, Execution, ExecutionEvent, Machine, MachineState, State
+from executions.models import ENDED_STATES, Evidence, Execution, Machine, MachineState, State
 from executions.spec import ExecutionSpec
 from terminals import actions
 from terminals.backends.procfs import ProcessIdentity
-from terminals.demo_console import HELP, LayerViewer, ViewerLost, console
-from terminals.models import ProcessLease, TerminalSession, Worker
+from terminals.demo_console import HELP, LayerViewer, console
+from terminals.demo_world import (
+    ACTOR,
+    ROOT,
+    DemoFailed,
+    DemoState,
+    InProcessWorker,
+    adopted,
+    attached_shell,
+    counting_shell,
+    demo_file,
+    demo_machine,
+    demo_user,
+    ensure_machine,
+    launches,
+    open_session,
+    owner_of,
+    prove,
+    say,
+    slot_holder,
+    wait_state,
+)
+from terminals.models import ProcessLease, TerminalSession
 from terminals.resolution import resolve
 from terminals.worker import OwnerWorker
-
-ACTOR = Actor.command("terminal_demo")
-IMAGE = os.environ.get("TETHER_DEMO_IMAGE", "tether/busybox:test")
-PREFIX = os.environ.get("TETHER_DEMO_PREFIX", "tether-demo")  # machine, container and tmux socket names
-LABEL = os.environ.get("TETHER_DEMO_LABEL", "tether.demo=1")
-ROOT = Path(__file__).resolve().parent.parent
-
-
-class DemoFailed(Exception):
-    pass
-
-
-def prove(condition: bool, claim: str, detail: str = "") -> None:
-    if not condition:
-        raise DemoFailed(f"NOT PROVEN: {claim}{f' ({detail})' if detail else ''}")
-    print(f"  proven: {claim}{f' ({detail})' if detail else ''}", flush=True)
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
-
-
-# --- the demo's machine and its state between phases ------------------------------------------
-
-
-class DemoState:
-    """What one phase leaves for the next, in the data directory."""
-
-    path = Path(settings.DATA_DIR) / "terminal-demo.json"
-
-    @classmethod
-    def load(cls) -> dict:
-        try:
-            return json.loads(cls.path.read_text())
-        except FileNotFoundError:
-            return {}
-
-    @classmethod
-    def save(cls, **values) -> dict:
-        data = {**cls.load(), **values}
-        cls.path.parent.mkdir(parents=True, exist_ok=True)
-        cls.path.write_text(json.dumps(data))
-        return data
-
-
-def docker_usable() -> bool:
-    try:
-        found = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return found.returncode == 0
-
-
-def ensure_machine(backend: str) -> Machine:
-    """The demo machine: a fresh container (docker) or a tmux socket of its own."""
-    data = DemoState.load()
-    machine = Machine.objects.filter(name=data.get("machine", "")).exclude(state=MachineState.DELETED).first()
-    if machine is not None:
-        return machine
-    name = f"{PREFIX}-{secrets.token_hex(4)}"  # this run's own: concurrent runs share no container or file
-    if backend == "docker":
-        options = ["--network", "none", "--label", LABEL, "--name", name]
-        started = subprocess.run(
-            ["docker", "run", "-d", *options, IMAGE, "sleep", "inf"], capture_output=True, text=True
-        )
-        if started.returncode != 0:
-            raise DemoFailed(f"could not start a demo container from {IMAGE}: {started.stderr.strip()}")
-        ref, counter = name, "/tmp/tether-demo-launches"
-    else:
-        ref, counter = name, str(Path(settings.DATA_DIR) / f"{name}-launches")
-    machine = exec_actions.add_machine(name=name, backend=backend, ref=ref, scope="demo", actor=ACTOR)
-    DemoState.save(machine=name, backend=backend, counter=counter)
-    say(f"machine {name}: {backend} ({ref})")
-    return machine
-
-
-def demo_user():
-    user, _ = get_user_model().objects.get_or_create(username="tether-demo", defaults={"is_staff": True})
-    return user
-
-
-def launches(machine: Machine) -> int:
-    counter = DemoState.load()["counter"]
-    if machine.backend == "docker":
-        read = subprocess.run(["docker", "exec", machine.ref, "cat", counter], capture_output=True, text=True)
-        text = read.stdout
-    else:
-        text = Path(counter).read_text() if Path(counter).exists() else ""
-    return text.count("launched")
-
-
-def counting_shell(machine: Machine) -> list[str]:
-    """The shell, started through a line that appends to the launch counter: a relaunch would show."""
-    counter = DemoState.load()["counter"]
-    shell = "/bin/sh" if machine.backend == "docker" else "/bin/bash"
-    return ["/bin/sh", "-c", f"echo launched >> {counter}; exec {shell} -i"]
-
-
-# --- who holds what ------------------------------------------------------------------------------
-
-
-def _holder(machine_pk: int) -> Execution | None:
-    """The execution holding the demo machine's command slot, if any."""
-    machine = Machine.objects.select_related("active_execution__machine").get(pk=machine_pk)
-    return machine.active_execution
-
-
-def _owner_of(execution_pk: int) -> Worker | None:
-    """The worker whose unreleased lease holds the execution's process."""
-    lease = ProcessLease.objects.select_related("worker").filter(execution_id=execution_pk, released_at__isnull=True)
-    found = lease.first()
-    return found.worker if found else None
-
-
-def _open_session(machine_pk: int) -> TerminalSession | None:
-    return (
-        TerminalSession.objects.select_related("machine", "execution")
-        .filter(machine_id=machine_pk)
-        .exclude(process_state="closed")
-        .first()
-    )
-
-
-def _adopted(execution_pk: int) -> bool:
-    return ExecutionEvent.objects.filter(execution_id=execution_pk, evidence=Evidence.ADOPTED).exists()
-
-
-def _demo_machine() -> Machine | None:
-    name = DemoState.load().get("machine", "")
-    return Machine.objects.filter(name=name).exclude(state=MachineState.DELETED).first()
-
-
-async def wait_state(pk: int, states: set[str], timeout: float = 60.0) -> Execution:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        execution = await db(Execution.objects.select_related("machine").get)(pk=pk)
-        if execution.state in states:
-            return execution
-        await asyncio.sleep(0.2)
-    raise DemoFailed(f"execution {pk} never reached {'/'.join(sorted(states))}")
-
-
-class InProcessWorker:
-    """An owner worker in this process, for the phases that need one to hold the session."""
-
-    def __init__(self, backend: str):
-        self.worker = OwnerWorker(backends={backend}, poll_interval=0.2)
-        self.stop = asyncio.Event()
-
-    async def __aenter__(self) -> OwnerWorker:
-        await self.worker.start()
-        self.task = asyncio.create_task(self.worker.run(self.stop))
-        return self.worker
-
-    async def __aexit__(self, *exc) -> None:
-        self.stop.set()
-        await self.task
-
-
-@contextlib.asynccontextmanager
-async def attached_shell(backend: str):
-    """The demo machine's shell, held by a worker in this process, with a viewer attached to it. A shell
-    left by an earlier phase is adopted (tmux) by this worker first; a slot held by an unknown outcome is
-    refused with the phase that settles it."""
-    machine = await db(ensure_machine)(backend)
-    async with InProcessWorker(machine.backend):
-        try:
-            session, _ = await db(actions.open_terminal)(machine, await db(demo_user)())
-        except Refused as refused:
-            raise DemoFailed(f"{refused} (terminal_demo recover settles it)") from None
-        viewer = LayerViewer(session)
-        try:
-            await viewer.attach()
-        except ViewerLost as lost:
-            owner = await db(_owner_of)(session.execution_id)
-            held = f"; worker pid {owner.pid} on {owner.host} holds it" if owner else ""
-            raise DemoFailed(f"{lost}{held}") from None
-        yield machine, session, viewer
-
-
-def demo_file(machine: Machine) -> str:
-    """Where the run phase writes: inside the demo's own container, else a path of this run's machine."""
-    return "/tmp/tether-demo-file" if machine.backend == "docker" else f"/tmp/{machine.name}-file"
 
 
 async def run(backend: str) -> None:
@@ -269,12 +102,12 @@ async def run(backend: str) -> None:
 async def delete(backend: str) -> None:
     """Delete the demo machine: an open session is ended first (or, if its outcome is unknown, resolved
     through the checks), then the machine is marked deleted and its container or tmux server removed."""
-    machine = await db(_demo_machine)()
+    machine = await db(demo_machine)()
     if machine is None:
         say("delete: no demo machine")
         return
     say(f"delete: machine {machine.name}")
-    if await db(_open_session)(machine.pk) or await db(_holder)(machine.pk):
+    if await db(open_session)(machine.pk) or await db(slot_holder)(machine.pk):
         async with InProcessWorker(machine.backend) as worker:
             await _settle_everything(machine, worker)
     machine = await db(exec_actions.set_machine_state)(machine, MachineState.DELETED, actor=ACTOR, reason="demo done")
@@ -295,24 +128,24 @@ async def _settle_everything(machine: Machine, worker: OwnerWorker) -> None:
     """End what holds the demo machine's slot: a shell this worker holds (after adopting it) is killed; an
     unknown outcome is resolved through Tether's checks."""
     deadline = time.monotonic() + settings.TETHER_LEASE_TTL_SECONDS + 30
-    while (holder := await db(_holder)(machine.pk)) is not None:
+    while (holder := await db(slot_holder)(machine.pk)) is not None:
         if time.monotonic() > deadline:
-            owner = await db(_owner_of)(holder.pk)
+            owner = await db(owner_of)(holder.pk)
             where = f" by worker pid {owner.pid} on {owner.host}" if owner else ""
             raise DemoFailed(f"{holder} is still {holder.state}{where}: stop that worker, then delete again")
         if holder.state == State.UNKNOWN:
             await _resolve(holder, "terminal_demo delete: the demo's shell was lost; ending the demo machine")
             continue
-        owner = await db(_owner_of)(holder.pk)
+        owner = await db(owner_of)(holder.pk)
         if owner is not None and owner.pk == worker.worker.pk and holder.state == State.RUNNING:
-            session = await db(_open_session)(machine.pk)
+            session = await db(open_session)(machine.pk)
             if session is not None and not await db(_kill_requested)(holder.pk):
                 await db(actions.operator_session_action)(session, "kill", actor=ACTOR, reason="demo delete")
         else:
             for line in await worker.recover_once():
                 say(f"  recovery: {line}")
         await asyncio.sleep(0.5)
-    prove(await db(_holder)(machine.pk) is None, "nothing holds the machine's slot any more")
+    prove(await db(slot_holder)(machine.pk) is None, "nothing holds the machine's slot any more")
 
 
 def _kill_requested(execution_pk: int) -> bool:
@@ -339,7 +172,7 @@ def _worker_env() -> dict[str, str]:
 async def interrupt(backend: str) -> None:
     say("interrupt: a worker holds a shell; it is killed (SIGKILL) mid-session")
     machine = await db(ensure_machine)(backend)
-    if holder := await db(_holder)(machine.pk):
+    if holder := await db(slot_holder)(machine.pk):
         raise DemoFailed(f"{holder} ({holder.state}) holds the demo machine: terminal_demo recover or delete first")
     log = open(Path(settings.DATA_DIR) / "terminal-demo-worker.log", "ab")
     worker = subprocess.Popen(
@@ -354,7 +187,7 @@ async def interrupt(backend: str) -> None:
             machine, await db(demo_user)(), shell=await db(counting_shell)(machine)
         )
         execution = await wait_state(session.execution_id, {State.RUNNING, State.COMPLETED, State.UNKNOWN})
-        owner = await db(_owner_of)(execution.pk)
+        owner = await db(owner_of)(execution.pk)
         held_by = f"held by worker pid {owner.pid} on {owner.host}" if owner else "held by no worker"
         prove(
             execution.state == State.RUNNING and owner is not None and owner.pid == worker.pid,
@@ -373,7 +206,7 @@ async def interrupt(backend: str) -> None:
             worker.wait()
     DemoState.save(session=str(session.id), execution=session.execution_id, worker_pid=worker.pid)
     prove(worker.returncode == -signal.SIGKILL, f"worker pid {worker.pid} was killed with SIGKILL")
-    owner = await db(_owner_of)(execution.pk)
+    owner = await db(owner_of)(execution.pk)
     prove(
         owner is not None and owner.pid == worker.pid and not ProcessIdentity.of(worker.pid),
         "the session has no live owner now: its lease still names the dead worker",
@@ -384,8 +217,8 @@ async def interrupt(backend: str) -> None:
 async def recover(backend: str) -> None:
     """Settle whatever holds the demo machine: a new worker adopts a shell that lived on (tmux) and a viewer
     types into it, or records the outcome unknown, which is then resolved through Tether's checks."""
-    machine = await db(_demo_machine)()
-    holder = await db(_holder)(machine.pk) if machine else None
+    machine = await db(demo_machine)()
+    holder = await db(slot_holder)(machine.pk) if machine else None
     if holder is None:
         say("recover: nothing holds the demo machine: nothing to recover (next: run, shell, interrupt or delete)")
         return
@@ -397,7 +230,7 @@ async def recover(backend: str) -> None:
             for line in await worker.recover_once():
                 say(f"  recovery: {line}")
             execution = await db(Execution.objects.select_related("machine").get)(pk=holder.pk)
-            owner = await db(_owner_of)(execution.pk)
+            owner = await db(owner_of)(execution.pk)
             ours = owner is not None and owner.pk == worker.worker.pk
             if execution.state in ENDED_STATES or ours:
                 break  # pending or dispatched: a worker (this one, say) has yet to take it
@@ -405,7 +238,7 @@ async def recover(backend: str) -> None:
                 where = f"worker pid {owner.pid} on {owner.host}" if owner else "no worker"
                 raise DemoFailed(f"{execution} is still {execution.state}, held by {where}: drain or stop it first")
             await asyncio.sleep(1)
-        if ours and await db(_adopted)(execution.pk):
+        if ours and await db(adopted)(execution.pk):
             prove(execution.state == State.RUNNING, "the shell was adopted: still running, with an adopted event")
             session = await db(TerminalSession.objects.get)(execution=execution)
             viewer = LayerViewer(session)

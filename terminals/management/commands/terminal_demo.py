@@ -4,6 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from executions.errors import Refused
 from terminals import demo
+from terminals.demo_world import DemoFailed, docker_usable
 
 
 class Command(BaseCommand):
@@ -24,9 +25,9 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         backend = options["backend"]
         if backend == "auto":
-            backend = "docker" if demo.docker_usable() else "tmux"
+            backend = "docker" if docker_usable() else "tmux"
         phase = options["phase"]
         try:
             asyncio.run(getattr(demo, phase)(backend))
-        except (demo.DemoFailed, Refused) as failed:  # a refused resolve or delete is a failed proof too
+        except (DemoFailed, Refused) as failed:  # a refused resolve or delete is a failed proof too
             raise CommandError(str(failed), returncode=1) from None
