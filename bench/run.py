@@ -29,7 +29,7 @@ async def embedded_echo(ctx, samples: int) -> None:
     """The same echo through `tether_serve`: one process, in-memory channel layer, no Redis hop."""
     from asgiref.sync import sync_to_async
 
-    from bench.suite import RAW_CAT, _machine, _open, echo_latency
+    from bench.sessions import RAW_CAT, echo_latency, machine_for, terminal_for
     from tests.bridge.harness import Viewer, free_port
 
     port = free_port()
@@ -43,8 +43,8 @@ async def embedded_echo(ctx, samples: int) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        machine = await sync_to_async(_machine)("local")
-        session = await sync_to_async(_open)(machine, ctx.user, RAW_CAT)
+        machine = await sync_to_async(machine_for)("local")
+        session = await sync_to_async(terminal_for)(machine, ctx.user, RAW_CAT)
         for _ in range(300):
             try:
                 viewer = await Viewer.open(port, session.id, ctx.cookie)

@@ -1,0 +1,171 @@
+"""Keystroke to echo, idle and under other sessions' load, and the channel layer's own hop."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+
+from asgiref.sync import sync_to_async
+
+from bench.common import ROOT, Figure, summary, unique
+from bench.sessions import (
+    MIB,
+    RAW_CAT,
+    Context,
+    close_all,
+    close_session,
+    echo_latency,
+    machine_for,
+    open_session,
+    raw_echo_latency,
+    terminal_for,
+)
+
+
+async def bench_echo_other_layer(ctx: Context) -> None:
+    """The idle echo again through a second daphne and worker on the other channels-redis layer."""
+    from django.conf import settings as django_settings
+
+    other = "core" if django_settings.TETHER_CHANNEL_LAYER == "pubsub" else "pubsub"
+    from tests.bridge.harness import Stack
+
+    samples = 1000 if ctx.quick else 5000
+    stack = Stack(worker_poll=0.5)
+    stack.extra_env.update(TETHER_CHANNEL_LAYER=other, TETHER_SESSIONS_PER_USER="100000")
+    try:
+        await sync_to_async(stack.start_daphne)()
+        await sync_to_async(stack.start_worker)("local")
+        # Park the main worker's claims: only the other layer's worker may take this session.
+        ctx.stack.workers[-1].send_signal(signal.SIGSTOP)
+        try:
+            viewer, session = await open_session(ctx, RAW_CAT, port=stack.ports[0])
+        finally:
+            ctx.stack.workers[-1].send_signal(signal.SIGCONT)
+        await viewer.read_until(b"READY")
+        await echo_latency(viewer, 50)
+        stats = summary(await echo_latency(viewer, samples))
+        core = next((f for f in ctx.report.figures if f.name.startswith("echo p50, idle")), None)
+        ctx.report.add(
+            Figure(
+                f"echo p50, idle, {other} layer ({samples} samples, local)",
+                stats["p50"],
+                "ms",
+                core.value if core else None,
+                f"{django_settings.TETHER_CHANNEL_LAYER} layer (the default, above)",
+                note=f"p99 {stats['p99']:.2f} ms",
+            )
+        )
+        await viewer.close()
+        await close_session(session)
+    finally:
+        await sync_to_async(stack.stop)()
+
+
+async def bench_echo(ctx: Context) -> None:
+    samples = 1000 if ctx.quick else 5000
+    baseline = summary(raw_echo_latency(samples))
+    viewer, session = await open_session(ctx, RAW_CAT)
+    await viewer.read_until(b"READY")
+    await echo_latency(viewer, 50)  # warm up
+    idle = summary(await echo_latency(viewer, samples))
+    for p, goal in (("p50", 1.5), ("p95", None), ("p99", 5.0)):
+        ctx.report.add(
+            Figure(
+                f"echo {p}, idle ({samples} samples, local)",
+                idle[p],
+                "ms",
+                baseline[p],
+                "raw PTY",
+                f"≤ {goal} ms" if goal else "",
+                idle[p] <= goal if goal else None,
+            )
+        )
+    # Loaded: other sessions each streaming about 1 MB/s to their own viewers. The full run steps up to
+    # the issue's 100, so the point where their demand passes what this machine can move shows.
+    for count in (10,) if ctx.quick else (10, 25, 50, 100):
+        await _loaded_echo(ctx, viewer, count, 500 if ctx.quick else 1000, baseline)
+    await viewer.close()
+    await close_session(session)
+
+
+async def _loaded_echo(ctx: Context, viewer, count: int, samples: int, baseline: dict) -> None:
+    from tests.bridge.harness import STREAM_1MBS
+
+    stream = list(STREAM_1MBS)
+    others = [
+        await sync_to_async(terminal_for)(await sync_to_async(machine_for)("local"), ctx.user, stream)
+        for _ in range(count)
+    ]
+    # Their browsers are elsewhere: a process of their own, not this client's event loop.
+    drain = subprocess.Popen(
+        [sys.executable, "-m", "bench.drain", str(ctx.stack.ports[0]), ctx.cookie, *(str(s.id) for s in others)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        await asyncio.to_thread(drain.stdout.readline)  # "ready"
+        await asyncio.sleep(2)  # past the replay of what they printed before being viewed
+        drain.send_signal(signal.SIGUSR1)
+        mark = int(await asyncio.to_thread(drain.stdout.readline))
+        began = time.monotonic()
+        loaded = summary(await echo_latency(viewer, samples))
+        elapsed = time.monotonic() - began
+        drain.send_signal(signal.SIGTERM)
+        delivered = int((await asyncio.to_thread(drain.communicate, timeout=60))[0].split()[-1]) - mark
+    finally:
+        drain.kill()
+        await close_all(others)  # ended, not only asked to end: the next benchmark starts clean
+    ctx.report.add(
+        Figure(
+            f"echo p99, {count} other sessions streaming ~1 MB/s each ({samples} samples)",
+            loaded["p99"],
+            "ms",
+            baseline["p99"],
+            "raw PTY",
+            "≤ 20 ms",
+            loaded["p99"] <= 20,
+            note=f"p50 {loaded['p50']:.2f} ms; the {count} sessions got {delivered / MIB / elapsed:.1f} MB/s in all",
+        )
+    )
+
+
+async def bench_layers(ctx: Context) -> None:
+    """One message there and back between two channels: channels-redis core vs pub/sub."""
+    from channels_redis.core import RedisChannelLayer
+    from channels_redis.pubsub import RedisPubSubChannelLayer
+
+    samples = 500 if ctx.quick else 2000
+    results = {}
+    for name, layer in (
+        (
+            "core",
+            RedisChannelLayer(hosts=[{"address": ctx.stack.redis_url, "socket_timeout": 15}], prefix=unique("bench")),
+        ),
+        ("pubsub", RedisPubSubChannelLayer(hosts=[{"address": ctx.stack.redis_url}], prefix=unique("bench"))),
+    ):
+        a, b = await layer.new_channel(), await layer.new_channel()
+        times = []
+        for _ in range(samples):
+            began = time.perf_counter()
+            await layer.send(b, {"type": "ping", "data": b"x"})
+            await layer.receive(b)
+            await layer.send(a, {"type": "pong"})
+            await layer.receive(a)
+            times.append((time.perf_counter() - began) * 1000 / 2)
+        results[name] = summary(times)
+        if hasattr(layer, "flush"):
+            await layer.flush()
+    ctx.report.add(
+        Figure(
+            "channel layer one-way hop, core (BZPOPMIN), p50",
+            results["core"]["p50"],
+            "ms",
+            results["pubsub"]["p50"],
+            "pub/sub",
+            note=f"p99 {results['core']['p99']:.2f} vs {results['pubsub']['p99']:.2f} ms",
+        )
+    )

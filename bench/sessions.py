@@ -1,0 +1,132 @@
+"""What the benchmarks share: their context, sessions opened and closed through Tether, and echo timing."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from asgiref.sync import sync_to_async
+
+from bench.common import RawPty, Report, unique, wait_until
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class Context:
+    stack: object  # tests.bridge.harness.Stack
+    user: object
+    cookie: str
+    report: Report
+    quick: bool
+    workdir: Path
+
+
+def machine_for(backend: str, ref: str = ""):
+    from executions.actions import Actor, add_machine
+
+    return add_machine(
+        name=unique(f"bench-{backend}"), backend=backend, ref=ref, scope="bench", actor=Actor.command("bench")
+    )
+
+
+def terminal_for(machine, user, shell: list[str]):
+    from terminals.actions import open_terminal
+
+    return open_terminal(machine, user, shell=shell)[0]
+
+
+async def open_session(ctx: Context, shell: list[str], backend: str = "local", ref: str = "", port: int | None = None):
+    from tests.bridge.harness import Viewer
+
+    machine = await sync_to_async(machine_for)(backend, ref)
+    session = await sync_to_async(terminal_for)(machine, ctx.user, shell)
+    viewer = await Viewer.open(port or ctx.stack.ports[0], session.id, ctx.cookie)
+    await viewer.attach()
+    return viewer, session
+
+
+async def close_session(session) -> None:
+    from executions.actions import Actor
+    from terminals.actions import operator_session_action
+    from terminals.models import TerminalSession
+
+    def kill():
+        fresh = TerminalSession.objects.get(pk=session.pk)
+        if fresh.process_state != "closed":
+            operator_session_action(fresh, "kill", actor=Actor.command("bench"))
+
+    await sync_to_async(kill)()
+
+
+async def frame(viewer, timeout: float = 10.0) -> bytes:
+    """The next binary frame (control messages are kept on the viewer)."""
+    while True:
+        before = len(viewer.output)
+        await viewer._next(timeout)
+        if len(viewer.output) > before:
+            return bytes(viewer.output[before:])
+
+
+def worker_pid(ctx: Context) -> int:
+    return ctx.stack.workers[-1].pid
+
+
+def daphne_pid(ctx: Context) -> int:
+    return ctx.stack.processes[0].pid
+
+
+async def echo_latency(viewer, samples: int) -> list[float]:
+    """Send one byte at a time and time until it comes back (the program echoes it: cat in raw mode)."""
+    times = []
+    letters = b"abcdefghijklmnopqrstuvwxyz"
+    for i in range(samples):
+        byte = letters[i % 26 : i % 26 + 1]
+        began = time.perf_counter()
+        await viewer.type(byte)
+        while byte not in await frame(viewer):
+            pass
+        times.append((time.perf_counter() - began) * 1000)
+    return times
+
+
+RAW_CAT = ["/bin/sh", "-c", "stty raw -echo; echo READY; exec cat"]
+
+
+def raw_echo_latency(samples: int) -> list[float]:
+    raw = RawPty(RAW_CAT)
+    try:
+        buffered = b""
+        while b"READY" not in buffered:
+            buffered += raw.read()
+        times = []
+        letters = b"abcdefghijklmnopqrstuvwxyz"
+        for i in range(samples):
+            byte = letters[i % 26 : i % 26 + 1]
+            began = time.perf_counter()
+            raw.write(byte)
+            while byte not in raw.read():
+                pass
+            times.append((time.perf_counter() - began) * 1000)
+        return times
+    finally:
+        raw.close()
+
+
+async def close_all(sessions) -> None:
+    from terminals.models import TerminalSession
+
+    for session in sessions:
+        await close_session(session)
+    await wait_until(
+        lambda: sync_to_async(
+            lambda: (
+                not TerminalSession.objects.filter(pk__in=[s.pk for s in sessions])
+                .exclude(process_state="closed")
+                .exists()
+            )
+        )(),
+        timeout=900,
+        interval=0.5,
+    )
