@@ -19,7 +19,8 @@ from django.urls import path
 from django.utils.module_loading import import_string
 
 from terminals.consumers import TerminalConsumer
-from terminals.models import ProcessLease
+from terminals.owner_client import Owner, owner_of_session
+from terminals.protocol import Attach, Input
 from tests.bridge.harness import REDIS_URL, Stack
 
 pytestmark = [pytest.mark.continuity, pytest.mark.django_db(transaction=True)]
@@ -43,18 +44,11 @@ def layer_for(stack: Stack):
     return import_string(config["BACKEND"])(**config["CONFIG"])
 
 
-async def held_by_worker(session) -> tuple[int, str]:
-    """(execution pk, worker channel) once the owner worker has claimed the session's process."""
+async def held_by_worker(session) -> Owner:
+    """The owner worker, once it holds the session's started process (found as every viewer finds it)."""
     for _ in range(300):
-        lease = await sync_to_async(
-            lambda: (
-                ProcessLease.objects.select_related("worker")
-                .filter(execution_id=session.execution_id, released_at__isnull=True, handle__isnull=False)
-                .first()
-            )
-        )()
-        if lease and lease.worker.channel_name:
-            return lease.execution_id, lease.worker.channel_name
+        if owner := await sync_to_async(owner_of_session)(session.pk):
+            return owner
         await asyncio.sleep(0.1)
     raise AssertionError("the worker never took the session")
 
@@ -72,12 +66,13 @@ async def collect(layer, channel: str, until: bytes, timeout: float = 15) -> tup
 
 async def test_worker_answers_a_repeated_attach_once_and_writes_repeated_input_once(stack, terminal, operator):
     session, _cookie = await sync_to_async(terminal)(operator)
-    execution, worker_channel = await held_by_worker(session)
+    owner = await held_by_worker(session)
+    worker_channel = owner.channel
     layer = layer_for(stack)
     reply = await layer.new_channel()
-    base = {"execution": execution, "viewer": "repeat-test", "reply": reply}
+    base = {"execution": owner.execution, "viewer": "repeat-test", "reply": reply}
     for attach_id in range(1, 50):  # like the consumer: the worker may refuse until it has registered the process
-        attach = {**base, "type": "session.attach", "attach": attach_id, "since": 0, "generation": session.generation}
+        attach = Attach(**base, attach=attach_id, since=0, generation=session.generation).encode()
         await layer.send(worker_channel, attach)
         answer = await asyncio.wait_for(layer.receive(reply), 10)
         if answer["type"] == "terminal.attached":
@@ -85,10 +80,10 @@ async def test_worker_answers_a_repeated_attach_once_and_writes_repeated_input_o
         assert answer.get("code") == "attach_refused", answer
         await asyncio.sleep(0.2)
     await layer.send(worker_channel, attach)  # the same attach again, as a restored backup would deliver it
-    typed = {**base, "type": "session.input", "seq": 1, "data": b"echo ran-$((40+2))\r"}
+    typed = Input(**base, seq=1, data=b"echo ran-$((40+2))\r").encode()
     await layer.send(worker_channel, typed)
-    await layer.send(worker_channel, typed)
-    await layer.send(worker_channel, {**base, "type": "session.input", "seq": 2, "data": b"echo end-$((1+1))\r"})
+    await layer.send(worker_channel, typed)  # the same message delivered twice
+    await layer.send(worker_channel, Input(**base, seq=2, data=b"echo end-$((1+1))\r").encode())
 
     output, messages = await collect(layer, reply, until=b"end-2\r\n")
 
