@@ -100,6 +100,11 @@ class Tasks:
         self.running[name] = task
         task.add_done_callback(lambda done: self.running.get(name) is done and self.running.pop(name))
 
+    def done_with(self, name: str) -> None:
+        """The current task named ``name`` has done what it was for: a new one may start while it finishes."""
+        if self.running.get(name) is asyncio.current_task():
+            del self.running[name]
+
     def has(self, name: str) -> bool:
         return name in self.running
 
@@ -230,7 +235,7 @@ class Attacher:
             if moved or owner is None or (owner.channel, owner.token) != (held.channel, self.stream.epoch):
                 log.info("session %s: its owner changed under this viewer; attaching again", self.session_id)
                 self.stream.leave()
-                await self._attach()
+                self.start()
 
     async def _check_replay(self, end: int) -> None:
         """Make sure the replay up to ``end`` arrived: channels-redis can drop a message while another

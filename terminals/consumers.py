@@ -207,6 +207,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     async def _forward_ack(self, delay: float = 0.0) -> None:
         if delay:
             await asyncio.sleep(delay)
+            self.tasks.done_with("ack")  # an ack arriving during the send below gets a timer of its own
         if (offset := self.stream.take_ack()) is not None:
             await self.owner.ack(offset)
 

@@ -2,12 +2,14 @@
 
 ``TETHER_FAULT_POINTS=launch.claimed,launch.spawning`` (tests only) makes a worker SIGKILL itself when it
 reaches one of those points, as a power cut or the OOM killer would, with nothing cleaned up;
-``launch.spawning:stop`` freezes it there instead, as a debugger or a stalled VM would. Unset (the default)
-they cost a lookup or two.
+``launch.spawning:stop`` freezes it there instead, as a debugger or a stalled VM would, and
+``launch.spawning:slow`` makes that one launch wait ``SLOW_SECONDS``, as a slow remote engine would. Unset
+(the default) they cost a lookup or two.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -15,6 +17,8 @@ import signal
 from django.conf import settings
 
 log = logging.getLogger(__name__)
+
+SLOW_SECONDS = 4.0
 
 POINTS = frozenset(
     {
@@ -33,3 +37,10 @@ def reached(point: str) -> None:
     if f"{point}:stop" in settings.TETHER_FAULT_POINTS:
         log.warning("fault point %s reached: this worker stops itself (SIGSTOP)", point)
         os.kill(os.getpid(), signal.SIGSTOP)
+
+
+async def slowed(point: str) -> None:
+    """``point:slow`` holds the launch that reached it for SLOW_SECONDS; the rest of the worker goes on."""
+    if f"{point}:slow" in settings.TETHER_FAULT_POINTS:
+        log.warning("fault point %s reached: this launch waits %.0f s", point, SLOW_SECONDS)
+        await asyncio.sleep(SLOW_SECONDS)

@@ -51,27 +51,27 @@ class Reason(StrEnum):
     auto_reset: bool
     stored: bool
 
-    def __new__(cls, value: str, close_code: CloseCode, auto_reset: bool, stored: bool = True) -> Reason:
+    def __new__(cls, value: str, close_code: CloseCode, auto_reset: bool, stored: bool) -> Reason:
         member = str.__new__(cls, value)
         member._value_ = value
         member.close_code, member.auto_reset, member.stored = close_code, auto_reset, stored
         return member
 
-    EXITED = "exited", CloseCode.EXITED, True
-    RESET = "reset", CloseCode.CLOSED, True
-    KILLED = "killed", CloseCode.CLOSED, True
-    FAILED = "failed", CloseCode.CLOSED, True
-    COMPLETED = "completed", CloseCode.CLOSED, True
-    SPAWN_FAILED = "spawn_failed", CloseCode.CLOSED, True
-    NEVER_STARTED = "never_started", CloseCode.CLOSED, True
+    EXITED = "exited", CloseCode.EXITED, True, True
+    RESET = "reset", CloseCode.CLOSED, True, True
+    KILLED = "killed", CloseCode.CLOSED, True, True
+    FAILED = "failed", CloseCode.CLOSED, True, True
+    COMPLETED = "completed", CloseCode.CLOSED, True, True
+    SPAWN_FAILED = "spawn_failed", CloseCode.CLOSED, True, True
+    NEVER_STARTED = "never_started", CloseCode.CLOSED, True, True
     # The worker holding a shell that cannot outlive it was stopped: ended (and proven gone) by us.
-    SERVER_RESTART = "server_restart", CloseCode.SERVER_RESTART, True
-    IDLE = "idle", CloseCode.IDLE, False
-    DEADLINE = "deadline", CloseCode.DEADLINE, False
-    OUTPUT_LIMIT = "output_limit", CloseCode.OUTPUT_LIMIT, False
+    SERVER_RESTART = "server_restart", CloseCode.SERVER_RESTART, True, True
+    IDLE = "idle", CloseCode.IDLE, False, True
+    DEADLINE = "deadline", CloseCode.DEADLINE, False, True
+    OUTPUT_LIMIT = "output_limit", CloseCode.OUTPUT_LIMIT, False, True
     # Tether lost the process: unknown until an operator resolves it, so no fresh shell by itself.
-    CONTROLLER_LOST = "controller_lost", CloseCode.SERVER_RESTART, False
-    # Only ever said to a viewer: its socket, not the process, ends.
+    CONTROLLER_LOST = "controller_lost", CloseCode.SERVER_RESTART, False, True
+    # Only ever said to a viewer (not stored): its socket, not the process, ends.
     LET_GO = "let_go", CloseCode.SERVER_RESTART, False, False
     POLICY_VIOLATION = "policy_violation", CloseCode.POLICY_VIOLATION, False, False
     LOGGED_OUT = "logged_out", CloseCode.FORBIDDEN, False, False

@@ -48,7 +48,7 @@ class ViewerStream:
     def want(self, since: int, generation: int | None, epoch: int | None) -> None:
         """The browser asks to (re)join from ``since`` of ``generation`` under ``epoch``."""
         self.expected, self.generation, self.epoch = since, generation, epoch
-        self.attached = False
+        self.leave()
 
     def next_attach(self, generation: int) -> tuple[int, int]:
         """Number a new attach to the owner of ``generation``: (attach id, offset to replay from). Offsets of
@@ -68,12 +68,14 @@ class ViewerStream:
         return True
 
     def leave(self) -> None:
-        """Attached no more (superseded, ended, or about to attach again)."""
+        """Attached no more (superseded, ended, or about to attach again). An answer to an attach sent
+        before this moment is stale from now on, even before the next attach is numbered."""
         self.attached = False
+        self.attach_id += 1
 
     def next_generation(self) -> None:
         """A fresh shell replaced the one this viewer saw: the next attach starts it from its beginning."""
-        self.attached = False
+        self.leave()
         self.generation = None
         self.expected = 0
 

@@ -87,10 +87,10 @@ class OwnerWorker:
         self.stop = stop
         if self.worker is None:
             await self.start()
-        await self.recover_once()
         try:
             async with asyncio.TaskGroup() as group:
                 self.context.tasks.group = group
+                await self.recover_once()  # what it adopts or watches is owned by the group too
                 loops = [
                     group.create_task(work)
                     for work in (
@@ -105,20 +105,23 @@ class OwnerWorker:
                 try:
                     await self._claim_loop(stop)
                 finally:
+                    # Launches in flight end held (then shut down below) or recorded, while the heartbeat
+                    # still keeps their leases.
+                    await self.context.tasks.wait(list(self.launching))
                     for task in loops:
                         task.cancel()
-                    await self.context.tasks.wait(list(self.launching))  # each ends held, or recorded
                     await self.shutdown()
-                    await self.context.tasks.close()  # watchers and waits: what they watch stays recorded
         finally:
             self.context.tasks.group = None
 
     async def shutdown(self) -> None:
-        """Stop, releasing nothing we cannot prove finished (see SessionHost.shutdown)."""
+        """Stop, releasing nothing we cannot prove finished (see SessionHost.shutdown); then end what is
+        left of this worker's tasks (watchers, waits: what they watch stays recorded for the next owner)."""
         self.context.draining = True
         await self.host.shutdown()
         if self.worker is not None:
             await db(actions.stop_worker)(self.worker, "drained" if self.drain_requested else "shut down")
+        await self.context.tasks.close()
 
     async def _beaten(self, state: str, held: dict[int, tuple[int, str]]) -> None:
         if state == WorkerState.DRAINING and not self.drain_requested:
@@ -144,7 +147,8 @@ class OwnerWorker:
         """Claim one execution and start its launch beside this loop. Returns whether there was one."""
         await self.launch_slots.acquire()
         try:
-            claimed = await self._claim()
+            # Waiting for a slot may have outlasted a stop: claim nothing another worker could run.
+            claimed = None if self.stop is not None and self.stop.is_set() else await self._claim()
         except BaseException:
             self.launch_slots.release()
             raise

@@ -45,9 +45,9 @@ def test_a_repeated_or_replaced_attach_answer_cannot_rewind_the_stream():
 def test_offsets_of_another_generation_replay_the_new_one_from_its_start():
     stream = ViewerStream()
     stream.want(since=500, generation=1, epoch=9)
-    assert stream.next_attach(1) == (1, 500)
+    assert stream.next_attach(1)[1] == 500
     stream.want(since=500, generation=1, epoch=9)
-    assert stream.next_attach(2) == (2, 0)
+    assert stream.next_attach(2)[1] == 0
     stream.next_generation()
     assert (stream.generation, stream.expected, stream.attached) == (None, 0, False)
 
@@ -79,3 +79,14 @@ def test_a_short_replay_is_noticed_and_input_is_numbered():
     stream.output(Output(3, b"defghij", 9))
     assert stream.missing(end=10) is None
     assert [stream.next_input() for _ in range(3)] == [1, 2, 3]
+
+
+def test_an_answer_to_an_attach_sent_before_the_browser_asked_again_is_stale():
+    """The browser's new attach is numbered only once its owner is looked up: meanwhile a repeated answer to
+    the previous attach must not be taken for the answer to this one."""
+    stream = attached(ViewerStream(), generation=1)
+    previous = stream.attach_id
+    stream.want(since=0, generation=2, epoch=9)  # after a reset: the fresh shell's stream is wanted
+    assert not stream.confirmed(Attached(previous, 0, 40, 0, 1, 9, execution=1))
+    attach, _ = stream.next_attach(2)
+    assert stream.confirmed(Attached(attach, 0, 0, 0, 2, 9, execution=2)) and stream.generation == 2

@@ -31,7 +31,10 @@ class TaskOwner:
         self.running: set[asyncio.Task] = set()
 
     def start(self, work: Coroutine) -> asyncio.Task:
-        task = self.group.create_task(work) if self.group is not None else asyncio.create_task(work)
+        """Run ``work`` beside the worker's loops. Its failure is logged and stays its own: one session's
+        error must never cancel the task group, and with it every other session's supervision."""
+        guarded = _guarded(work)
+        task = self.group.create_task(guarded) if self.group is not None else asyncio.create_task(guarded)
         self.running.add(task)
         task.add_done_callback(self.running.discard)
         return task
@@ -44,6 +47,15 @@ class TaskOwner:
         for task in running:
             task.cancel()
         await self.wait(running)
+
+
+async def _guarded(work: Coroutine) -> None:
+    try:
+        await work
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("a worker task failed (%s); the others go on", getattr(work, "__qualname__", work))
 
 
 @dataclass

@@ -99,9 +99,8 @@ class SessionHost:
         except actions.LeaseLost as error:
             log.warning("%s; letting go", error)
             await self.let_go(live, "lease lost")
-        except Exception:
+        except Exception:  # its lease stays: recovery settles it when the lease expires, honestly
             log.exception("supervising execution %s failed", execution.pk)
-            raise
         finally:
             self.context.live.pop(live.execution_pk, None)
             live.forget_flow()
@@ -145,7 +144,10 @@ class SessionHost:
             await self.outbox.to_viewer(live, told)
         if live.session_id and reset and execution.state == State.COMPLETED:
             # The reset's next generation is pending (settle_execution started it): claim it, tell the viewer.
-            await self.context.layer.send(WAKE_CHANNEL, {"type": "wake"})
+            try:
+                await self.context.layer.send(WAKE_CHANNEL, {"type": "wake"})
+            except Exception as error:  # Redis away: the claim loop's poll finds the pending one anyway
+                log.info("could not wake the workers: %r", error)
             await self.outbox.to_viewer(live, NextGeneration(ended=live.generation, epoch=live.token))
 
     # --- ending and letting go ---------------------------------------------------------------
@@ -191,8 +193,10 @@ class SessionHost:
     async def shutdown(self) -> None:
         """Let go of what a later owner can take over: tmux sessions (adopted, screen and all) and docker
         commands (docker keeps the exec and reports its exit to whoever inspects it next). A local process
-        or a docker shell cannot be observed again by anyone: it is ended here, proven gone, and recorded."""
-        for live in list(self.context.live.values()):
+        or a docker shell cannot be observed again by anyone: it is ended here, proven gone, and recorded.
+        Sessions already ending (an operator's Kill, a lifetime) are waited for too."""
+        held = list(self.context.live.values())
+        for live in held:
             later = live.handle_backend == BackendKind.TMUX or (
                 live.handle_backend == BackendKind.DOCKER and live.kind == Kind.COMMAND
             )
@@ -200,6 +204,9 @@ class SessionHost:
                 await self.let_go(live, "left running for a later owner")
             else:
                 await self.end(live, Reason.SERVER_RESTART)
+        ending = [live.pump_task for live in held if live.pump_task and not live.let_go]
+        if ending:
+            await asyncio.wait(ending, timeout=15)
 
     # --- lifetimes ---------------------------------------------------------------------------
 

@@ -93,6 +93,7 @@ class Launcher:
                 lambda: db(actions.begin_spawn)(execution, self.context.worker, token, intent, instance)
             )
             faults.reached("launch.spawning")
+            await faults.slowed("launch.spawning")
             process = await backend.spawn(spec, tags, before_start=before_start, instance=instance)
         except SpawnError as error:
             # Proven: nothing started. A known outcome, said plainly.

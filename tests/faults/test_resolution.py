@@ -78,6 +78,10 @@ def test_each_failed_check_is_named_and_refuses(place, dead_worker):
         assert {c.name for c in refused.value.checks if not c.ok} == {"machine"}
         Machine.objects.filter(pk=execution.machine_id).update(incarnation=1)
 
+        with pytest.raises(ResolveRefused) as refused:  # a note of blanks says nothing either
+            resolve(execution, actor=TEST_ACTOR, note="  \t ")
+        assert {c.name for c in refused.value.checks if not c.ok} == {"note"}
+
         resolved, _ = resolve(execution, actor=TEST_ACTOR, note="sleep killed by hand")
         assert resolved.state == State.RESOLVED and resolved.outcome_label == "Resolved: outcome unknown"
         event = ExecutionEvent.objects.get(execution=execution, to_state=State.RESOLVED)
