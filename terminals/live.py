@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 from django.conf import settings
 
@@ -48,6 +49,14 @@ class FlowBudget:
         return max(MIN_WINDOW_BYTES, min(settings.TETHER_FLOW_HIGH_BYTES, share))
 
 
+class Phase(IntEnum):
+    """A held process's life as its owner sees it: one state that only moves forward."""
+
+    HELD = 1  # supervised: output pumped, exit awaited
+    CLOSING = 2  # being ended on purpose (``ended_for`` says why); reads on to EOF
+    LET_GO = 3  # observation handed back (lease lost, or left for a later owner); nothing more is written
+
+
 @dataclass
 class LiveProcess:
     execution_pk: int
@@ -62,8 +71,8 @@ class LiveProcess:
     exit: Exit | None = None
     lost_observation: str = ""  # why no trustworthy exit could be had
     pump_task: asyncio.Task | None = None
-    closing: bool = False
-    close_reason: str = ""
+    phase: Phase = Phase.HELD
+    ended_for: str = ""  # the reason it is being ended, once CLOSING
     handle_backend: str = ""
     limits: Limits = field(default_factory=Limits)
     started: float = field(default_factory=time.monotonic)
@@ -73,13 +82,24 @@ class LiveProcess:
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     acked: int = 0  # offset the last viewer confirmed rendering; kept while it is away
     viewer_gone_at: float | None = None
-    let_go: bool = False  # observation handed back (lease lost, or left for a later owner)
     budget: FlowBudget | None = None  # the worker's, shared with its other sessions
     # Bytes at the buffer's start that are the screen as adopted: drawn for the grid it had then.
     adopted_screen: int = 0
 
     def __post_init__(self) -> None:
         self.flow_open.set()
+
+    def advance(self, to: Phase) -> bool:
+        """Move on to ``to``; False (and nothing changes) if the process is there or past it already."""
+        if to <= self.phase:
+            return False
+        self.phase = to
+        return True
+
+    @property
+    def closing(self) -> bool:
+        """Being ended on purpose, or no longer ours to act on: no input, resize or new viewer."""
+        return self.phase >= Phase.CLOSING
 
     def touch(self) -> None:
         """Someone is here: input, a keep-alive or an attach resets the idle clock."""

@@ -21,7 +21,7 @@ from executions.spec import ExecutionSpec
 from terminals import actions
 from terminals.backends.base import Exit, Process
 from terminals.lifetimes import CHECK_SECONDS, Limits, judge
-from terminals.live import LiveProcess
+from terminals.live import LiveProcess, Phase
 from terminals.models import TerminalSession
 from terminals.outcome import Outcome
 from terminals.owner.context import WorkerContext, every, until_recorded
@@ -93,7 +93,7 @@ class SessionHost:
             self.context.live.pop(live.execution_pk, None)
             output = bytes(captured), live.buffer.end - len(captured)
             await until_recorded(lambda: self._settle(live, execution, exit, *output))
-            if live.handle_backend == BackendKind.TMUX and not live.closing:
+            if live.handle_backend == BackendKind.TMUX and not live.ended_for:
                 # The dead pane only held the exit status, which is now recorded: remove the session.
                 await live.process.terminate(grace=0.5)
         except actions.LeaseLost as error:
@@ -114,7 +114,7 @@ class SessionHost:
 
     async def _settle(self, live: LiveProcess, execution, exit: Exit | None, output: bytes, truncated: int) -> None:
         outcome = Outcome.of(
-            exit, ended_for=Reason(live.close_reason) if live.closing else None, lost=live.lost_observation
+            exit, ended_for=Reason(live.ended_for) if live.ended_for else None, lost=live.lost_observation
         )
         command = live.kind == Kind.COMMAND
         reset = outcome.close_reason == Reason.RESET
@@ -136,7 +136,7 @@ class SessionHost:
                 evidence=execution.evidence,
                 exit_code=execution.exit_code,
                 outcome=execution.outcome_label,
-                reason=Reason(live.close_reason) if live.closing else Reason.EXITED,
+                reason=Reason(live.ended_for) if live.ended_for else Reason.EXITED,
                 generation=live.generation,
                 epoch=live.token,
                 **asked,  # who asked for the end (by, action, why), told to the user
@@ -154,9 +154,9 @@ class SessionHost:
 
     async def end(self, live: LiveProcess, reason: Reason) -> None:
         """End a held process tree on purpose; the supervisor records how it ended."""
-        if live.closing:
+        if not live.advance(Phase.CLOSING):
             return
-        live.closing, live.close_reason = True, reason
+        live.ended_for = reason
         live.update_flow()  # a closing session reads on to EOF
         try:
             # A few at a time: each end scans the host's processes, so many at once would each take too long.
@@ -169,9 +169,8 @@ class SessionHost:
 
     async def let_go(self, live: LiveProcess, why: str) -> None:
         """Stop observing without touching the process or writing anything about it."""
-        if live.let_go:
+        if not live.advance(Phase.LET_GO):
             return
-        live.let_go = True
         self.context.live.pop(live.execution_pk, None)
         if live.pump_task and live.pump_task is not asyncio.current_task():
             live.pump_task.cancel()
@@ -204,7 +203,7 @@ class SessionHost:
                 await self.let_go(live, "left running for a later owner")
             else:
                 await self.end(live, Reason.SERVER_RESTART)
-        ending = [live.pump_task for live in held if live.pump_task and not live.let_go]
+        ending = [live.pump_task for live in held if live.pump_task and live.phase is not Phase.LET_GO]
         if ending:
             await asyncio.wait(ending, timeout=15)
 
