@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from enum import StrEnum
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
@@ -46,17 +47,19 @@ from terminals.registry import backend_for, tmux_backend
 
 log = logging.getLogger(__name__)
 
-ADOPT, WATCH, EXITED, NEVER_STARTED, ENDED, UNKNOWN, RELEASE, WAIT, REMOVE = (
-    "adopt",
-    "watch",
-    "exited",
-    "never_started",
-    "ended",  # a watched command ended on request (cancel, kill, fail), its tree proven gone
-    "unknown",
-    "release",
-    "wait",
-    "remove",
-)
+
+class Action(StrEnum):
+    """What recovery does with what a dead owner left."""
+
+    ADOPT = "adopt"  # a live tmux session: a new owner takes it, screen and all
+    WATCH = "watch"  # a running docker command: watched until docker reports its exit
+    EXITED = "exited"  # the exit was read back: recorded
+    NEVER_STARTED = "never_started"  # proven never started: completed, slot freed
+    ENDED = "ended"  # a watched command ended on request (cancel, kill, fail), its tree proven gone
+    UNKNOWN = "unknown"  # nothing trustworthy: unknown until an operator resolves it
+    RELEASE = "release"  # already settled: only the lease is released
+    WAIT = "wait"  # left for a later pass (or another worker)
+    REMOVE = "remove"  # an orphan tmux session nobody claims: removed
 
 
 @dataclass
@@ -159,12 +162,12 @@ async def judge_lease(lease: ProcessLease, why: str, *, can_adopt: bool, can_wat
         return Finding(action, label, machine.backend, f"{detail}; owner {why}", lease=lease, **extra)
 
     if execution.state not in (State.DISPATCHED, State.RUNNING):
-        return finding(RELEASE, f"already {execution.state}")
+        return finding(Action.RELEASE, f"already {execution.state}")
     handle = lease.handle
     if not handle:  # a lease from before launches were written down step by step
-        return finding(UNKNOWN, "dispatched but no process handle was saved: it may have started")
+        return finding(Action.UNKNOWN, "dispatched but no process handle was saved: it may have started")
     if handle.get("launch") == Launch.CLAIMED:
-        return finding(NEVER_STARTED, "its owner died before it asked the backend to start anything")
+        return finding(Action.NEVER_STARTED, "its owner died before it asked the backend to start anything")
     backend = backend_for(machine)
     if handle.get("launch"):
         seen = await backend.inspect_launch(handle)
@@ -173,31 +176,40 @@ async def judge_lease(lease: ProcessLease, why: str, *, can_adopt: bool, can_wat
         seen = await backend.inspect(handle)
     if seen.status == Status.NEVER_STARTED:
         if not seen.fenced and not owner_proven_gone(lease.worker):
-            return finding(UNKNOWN, f"{seen.detail}, but its owner is not proven gone and may still start it")
-        return finding(NEVER_STARTED, seen.detail)
+            return finding(Action.UNKNOWN, f"{seen.detail}, but its owner is not proven gone and may still start it")
+        return finding(Action.NEVER_STARTED, seen.detail)
     if seen.status == Status.GONE and (left := await backend.survivors(handle)):
         # Nothing says how it ended, and children of it run on (ignoring the hang-up): end them first.
         return finding(
-            UNKNOWN, f"{seen.detail}, but {left} of its processes still run: ending them", handle=handle,
+            Action.UNKNOWN, f"{seen.detail}, but {left} of its processes still run: ending them", handle=handle,
             still_running=True,
         )  # fmt: skip
     if seen.status == Status.ALIVE:
         if backend.can_adopt:
-            return finding(ADOPT if can_adopt else WAIT, f"{seen.detail or 'still running'}: adoptable", handle=handle)
+            return finding(
+                Action.ADOPT if can_adopt else Action.WAIT,
+                f"{seen.detail or 'still running'}: adoptable",
+                handle=handle,
+            )
         if machine.backend == BackendKind.DOCKER and execution.kind == Kind.COMMAND:
             return finding(
-                WATCH if can_watch else WAIT, f"{seen.detail or 'still running'}: watching for its exit", handle=handle
+                Action.WATCH if can_watch else Action.WAIT,
+                f"{seen.detail or 'still running'}: watching for its exit",
+                handle=handle,
             )
         return finding(
-            UNKNOWN, f"{seen.detail}, but no other worker can observe it: ending it", handle=handle, still_running=True
+            Action.UNKNOWN,
+            f"{seen.detail}, but no other worker can observe it: ending it",
+            handle=handle,
+            still_running=True,
         )
     if seen.status == Status.EXITED:
         return finding(
-            EXITED, f"{seen.exit.describe()}, read back from {seen.exit.source}", exit=seen.exit, handle=handle
+            Action.EXITED, f"{seen.exit.describe()}, read back from {seen.exit.source}", exit=seen.exit, handle=handle
         )
     if seen.status == Status.GONE:
-        return finding(UNKNOWN, f"{seen.detail}; its exit cannot be read back", handle=handle)
-    return finding(WAIT, f"cannot look at it now ({seen.detail})")
+        return finding(Action.UNKNOWN, f"{seen.detail}; its exit cannot be read back", handle=handle)
+    return finding(Action.WAIT, f"cannot look at it now ({seen.detail})")
 
 
 def _claimed_markers() -> set[str]:
@@ -229,7 +241,7 @@ async def find_orphan_sessions() -> list[Finding]:
                 continue  # a live worker owns it (perhaps still starting it)
             found.append(
                 Finding(
-                    REMOVE,
+                    Action.REMOVE,
                     f"tmux session {tagged.handle['session']}",
                     BackendKind.TMUX,
                     f"tagged for {tags['session']}, no execution claims it, owner {why}",
@@ -246,7 +258,7 @@ async def plan(*, can_adopt: bool, can_watch: bool) -> list[Finding]:
             findings.append(await judge_lease(lease, why, can_adopt=can_adopt, can_watch=can_watch))
         except Exception as error:  # one unreachable backend must not stop the others' recovery
             log.warning("cannot judge lease %s: %r", lease.pk, error)
-            findings.append(Finding(WAIT, str(lease.execution), "?", f"cannot look at it now ({error!r})"))
+            findings.append(Finding(Action.WAIT, str(lease.execution), "?", f"cannot look at it now ({error!r})"))
     return findings
 
 
@@ -261,7 +273,7 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
     token = token or await db(actions.take_over_lease)(lease, worker)
     if token is None:
         return "skipped: another worker moved first"
-    if finding.action == RELEASE:
+    if finding.action == Action.RELEASE:
         await db(actions.release_lease)(lease, worker, token)
         return "lease released"
     execution = lease.execution
@@ -272,13 +284,13 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
             snapshot = (await backend.snapshot(finding.handle)).render()
         except Exception:  # no screen left to keep; the session keeps its last one
             snapshot = None
-    if finding.action in (NEVER_STARTED, ENDED):
-        never = finding.action == NEVER_STARTED
+    if finding.action in (Action.NEVER_STARTED, Action.ENDED):
+        never = finding.action == Action.NEVER_STARTED
         note = f"recovery: {finding.detail}"
         outcome = Outcome.never_started(note) if never else Outcome.ended_by_recovery(note)
         await db(actions.settle_execution)(execution, outcome, worker=worker, token=token)
         return "completed: never started" if never else "completed: killed"
-    if finding.action == EXITED:
+    if finding.action == Action.EXITED:
         exit = finding.exit
         ended = ""
         if finding.handle:

@@ -12,6 +12,7 @@ from executions.errors import TransitionRefused
 from executions.models import Execution, ExecutionEvent
 from terminals.actions.sessions import session_event
 from terminals.models import ProcessLease, ProcessState, TerminalSession
+from terminals.protocol import Request
 
 
 def closed_by(execution_pk: int) -> dict:
@@ -30,7 +31,7 @@ def closed_by(execution_pk: int) -> dict:
     return {"by": by, "action": requested, "why": why}
 
 
-REQUESTABLE = {"cancel", "kill", "fail", "complete", "reset"}
+REQUESTABLE = frozenset(request.value for request in Request)  # each ends the process with its reason
 
 
 def request_process_action(execution: Execution, action: str, *, actor: Actor, reason: str = "") -> ProcessLease:
@@ -54,7 +55,8 @@ def request_process_action(execution: Execution, action: str, *, actor: Actor, r
     return lease
 
 
-OPERATOR_ACTIONS = ("dismiss", "complete", "fail", "kill", "reset")
+# Dismiss hides a closed session's final screen; the others are requests to the process's owner.
+OPERATOR_ACTIONS = ("dismiss", Request.COMPLETE, Request.FAIL, Request.KILL, Request.RESET)
 
 
 def operator_session_action(session: TerminalSession, action: str, *, actor: Actor, reason: str = "") -> None:
@@ -73,7 +75,7 @@ def operator_session_action(session: TerminalSession, action: str, *, actor: Act
     if session.process_state == ProcessState.CLOSED:
         raise TransitionRefused(f"session {session.id}", "closed", action, "the process has already ended")
     with transaction.atomic():
-        if action == "complete":
+        if action == Request.COMPLETE:
             # The lease moves toward closing: no new viewer input is wanted, the process is asked to finish.
             if not TerminalSession.objects.filter(pk=session.pk, process_state=ProcessState.LIVE).update(
                 process_state=ProcessState.CLOSING, updated_at=Now()

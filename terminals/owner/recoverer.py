@@ -74,7 +74,10 @@ class Recoverer:
             for finding in findings:
                 if finding.lease and finding.lease.execution_id in self.context.live:
                     continue
-                if finding.backend not in self.context.backends and finding.action in (recovery.ADOPT, recovery.WATCH):
+                if finding.backend not in self.context.backends and finding.action in (
+                    recovery.Action.ADOPT,
+                    recovery.Action.WATCH,
+                ):
                     continue  # another worker, which serves that backend, will take it
                 done.append(f"{finding}: {await self._recover(finding)}")
             for finding in await recovery.find_orphan_sessions():
@@ -141,11 +144,11 @@ class Recoverer:
             await self.recover_once()
 
     async def _recover(self, finding: recovery.Finding) -> str:
-        if finding.action == recovery.WAIT:
+        if finding.action == recovery.Action.WAIT:
             return "left for a later pass"
-        if finding.action == recovery.ADOPT:
+        if finding.action == recovery.Action.ADOPT:
             return await self.adopt(finding)
-        if finding.action == recovery.WATCH:
+        if finding.action == recovery.Action.WATCH:
             token = await db(actions.take_over_lease)(finding.lease, self.context.worker)
             if token is None:
                 return "skipped: another worker moved first"
@@ -176,7 +179,7 @@ class Recoverer:
             screen = (await process.snapshot()).render()
         except Exception as error:
             finding.detail = f"{finding.detail}; adopting failed ({error!r})"
-            finding.action = recovery.UNKNOWN
+            finding.action = recovery.Action.UNKNOWN
             await self.host.record_unknown(execution, token, f"recovery: {finding.detail}")
             return "unknown: could not adopt"
         await db(actions.record_adoption)(lease, self.context.worker, token, finding.detail)
@@ -211,7 +214,7 @@ class Recoverer:
                 await asyncio.sleep(0.5)
         finally:
             self.watched.pop(pk, None)
-        finding.action = recovery.EXITED if seen.status == Status.EXITED else recovery.UNKNOWN
+        finding.action = recovery.Action.EXITED if seen.status == Status.EXITED else recovery.Action.UNKNOWN
         finding.exit = seen.exit
         finding.detail = f"{finding.detail}; {seen.detail or seen.status}"
         await self._settle_watched(finding, token)
@@ -223,10 +226,10 @@ class Recoverer:
             async with self.context.ending:
                 await backend.remove(finding.handle, grace=1.0)
         except Exception as error:
-            finding.action, finding.still_running = recovery.UNKNOWN, False
+            finding.action, finding.still_running = recovery.Action.UNKNOWN, False
             finding.detail = f"{request} requested, but ending it failed ({error!r}): it may still run"
         else:
-            finding.action = recovery.ENDED
+            finding.action = recovery.Action.ENDED
             finding.detail = f"{request} requested: its watcher ended it, and none of its processes is left"
         await self._settle_watched(finding, token)
 
