@@ -56,7 +56,8 @@ def test_killing_the_owner_mid_stream_never_records_an_exit_the_program_did_not_
                 ).exists(),
                 what="the owner to hold the running exec",
             )
-            subprocess.run(["sleep", f"{random.uniform(0.05, 0.6):.2f}"])
+            # A moment within the stream: 20 MB take docker 0.4 s at 50 MB/s, longer on a slower machine.
+            subprocess.run(["sleep", f"{random.uniform(0.02, 0.3):.2f}"])
             owner.send_signal(signal.SIGKILL)
             owner.wait()
         stack.start_worker("docker")  # the survivor settles every trial
