@@ -24,9 +24,7 @@ from django.db.models.functions import Now
 from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.errors import Refused, TransitionRefused
-from executions.models import Backend as BackendKind
 from executions.models import Evidence, Execution, ExecutionEvent, State
-from terminals.backends import procfs
 from terminals.backends.base import Launch, Status
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.models import ProcessLease, Worker, WorkerState
@@ -161,16 +159,10 @@ async def _inspect(backend, handle: dict) -> Check:
 
 async def _search(backend, machine, label: str) -> Check:
     """No handle was saved (an older record): look for anything tagged with its session."""
-    if machine.backend == BackendKind.TMUX:
-        tagged = [t for t in await backend.list_tagged() if t.tags["session"] == label]
-        if tagged:
-            return Check("process", False, f"tmux session {tagged[0].handle['session']} is tagged with it")
-        return Check("process", True, f"no tmux session on socket {backend.socket} is tagged with it")
-    if machine.backend == BackendKind.LOCAL:
-        left = procfs.find_tree_by_session_label(label)
-        if left:
-            return Check("process", False, f"pid {left[0].pid} carries TETHER_SESSION={label}")
-        return Check("process", True, f"no process on this host carries TETHER_SESSION={label}")
+    if backend.can_find_by_label:
+        if found := await backend.find_by_label(label):
+            return Check("process", False, found)
+        return Check("process", True, f"nothing the {backend.name} backend can see carries session label {label}")
     return Check(
         "process",
         False,

@@ -155,8 +155,11 @@ class Process(abc.ABC):
 
 class Backend(abc.ABC):
     name: str
-    can_adopt = False  # whether ``attach`` can take over a live process from a dead owner
-    can_snapshot = False  # whether ``snapshot(handle)`` can tell a session's screen as it is now
+    # What a backend can do beyond the contract, declared so that callers ask instead of guessing:
+    can_adopt = False  # ``attach`` takes over a live process from a dead owner
+    can_retag = False  # ``tag`` rewrites a live process's owner tags (an adopter's pid, a heartbeat)
+    can_snapshot = False  # ``snapshot(handle)`` tells a session's screen as it is now
+    can_find_by_label = False  # ``find_by_label`` finds a process by its session label, with no handle
 
     @abc.abstractmethod
     async def spawn(
@@ -200,6 +203,14 @@ class Backend(abc.ABC):
     async def list_tagged(self) -> list[TaggedSession]:
         """Every tagged process this backend can see; untagged ones are never listed."""
         return []
+
+    async def tag(self, handle: dict, **values: str | int) -> None:
+        """Rewrite owner tags (``can_retag``)."""
+        raise BackendError(f"the {self.name} backend cannot retag a process")
+
+    async def find_by_label(self, label: str) -> str | None:
+        """What carries the session label ``label`` (``can_find_by_label``), said for people; None: nothing."""
+        raise BackendError(f"the {self.name} backend cannot find a process by its label")
 
     async def snapshot(self, handle: dict):
         """A session's screen as it is now (``can_snapshot``), read without holding it."""

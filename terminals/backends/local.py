@@ -32,7 +32,7 @@ from terminals.backends.base import (
     Tags,
     child_env,
 )
-from terminals.backends.procfs import ProcessIdentity, boot_id, find_tree, terminate_tree
+from terminals.backends.procfs import ProcessIdentity, boot_id, find_tree, find_tree_by_session_label, terminate_tree
 
 
 def _set_size(fd: int, cols: int, rows: int) -> None:
@@ -145,6 +145,11 @@ class LocalProcess(Process):
 
 class LocalBackend(Backend):
     name = "local"
+    can_find_by_label = True
+
+    async def find_by_label(self, label: str) -> str | None:
+        left = await asyncio.to_thread(find_tree_by_session_label, label)
+        return f"pid {left[0].pid} carries TETHER_SESSION={label}" if left else None
 
     async def spawn(
         self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None, instance: str = ""

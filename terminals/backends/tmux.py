@@ -67,7 +67,9 @@ def session_name(tags: Tags) -> str:
 class TmuxBackend(Backend):
     name = "tmux"
     can_adopt = True
+    can_retag = True
     can_snapshot = True
+    can_find_by_label = True
 
     def __init__(self, socket: str = "tether"):
         self.socket = socket
@@ -219,6 +221,10 @@ class TmuxBackend(Backend):
             if tags["session"] and tags["marker"]:
                 found.append(TaggedSession(handle=self.server.handle(name, pane, tags["marker"]), tags=tags))
         return found
+
+    async def find_by_label(self, label: str) -> str | None:
+        tagged = [t for t in await self.list_tagged() if t.tags["session"] == label]
+        return f"tmux session {tagged[0].handle['session']} is tagged with it" if tagged else None
 
     async def tag(self, handle: dict, **values: str | int) -> None:
         """Update owner tags (owner_pid, owner_started_at, heartbeat), e.g. by the worker that adopted it."""

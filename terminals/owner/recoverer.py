@@ -170,13 +170,12 @@ class Recoverer:
             if finding.handle != lease.handle:  # found from its owner's intent: keep where it is now
                 await db(actions.save_handle)(lease.execution_id, self.context.worker, token, finding.handle)
             process = await backend.attach(finding.handle)
-            await backend.tag(
-                finding.handle,
-                owner_pid=self.context.me.pid,
-                owner_started_at=self.context.me.start_time,
-                heartbeat=int(time.time()),
-            )
-            screen = (await process.snapshot()).render()
+            if backend.can_retag:
+                me = self.context.me
+                await backend.tag(
+                    finding.handle, owner_pid=me.pid, owner_started_at=me.start_time, heartbeat=int(time.time())
+                )
+            screen = (await process.snapshot()).render() if process.can_snapshot else b""
         except Exception as error:
             finding.detail = f"{finding.detail}; adopting failed ({error!r})"
             finding.action = recovery.Action.UNKNOWN

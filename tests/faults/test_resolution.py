@@ -228,3 +228,22 @@ def test_admin_resolve_form_shows_the_checks_refuses_then_resolves(
     assert "resolved: outcome unknown, slot freed" in done.text
     event = ExecutionEvent.objects.get(execution=execution, to_state=State.RESOLVED)
     assert event.user == operator and event.reason == "worker gone, pid gone"
+
+
+def test_with_no_handle_saved_a_process_carrying_the_session_label_refuses(place, dead_worker):
+    """An older record kept no handle: the backend finds what carries the execution's session label."""
+    execution = unknown_execution(place, "local", {}, dead_worker, "no-handle")
+    label = f"{execution.scope}/{execution.execution_id}"
+    env = {**os.environ, "TETHER_SESSION": label}
+    stray = subprocess.Popen(["sleep", "1000"], env=env, start_new_session=True)
+    try:
+        with pytest.raises(ResolveRefused) as refused:
+            resolve(execution, actor=TEST_ACTOR, note="looked")
+        process = next(check for check in refused.value.checks if check.name == "process")
+        assert f"pid {stray.pid} carries TETHER_SESSION={label}" in process.detail
+    finally:
+        stray.kill()
+        stray.wait()
+    resolved, checks = resolve(execution, actor=TEST_ACTOR, note="the stray sleep was killed")
+    assert resolved.state == State.RESOLVED
+    assert "nothing the local backend can see carries session label" in checks[2].detail
