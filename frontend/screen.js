@@ -84,3 +84,20 @@ export class Screen {
 export function markerLine(text, { newlineFirst = true } = {}) {
   return `${newlineFirst ? "\r\n" : ""}\x1b[0;2m${text}\x1b[0m\r\n`;
 }
+
+// What an `attached` says was lost before its stream: the count, then the screen as it is now (tmux) or,
+// before a retained tail that may begin inside an escape sequence or a mode, a soft reset (DECSTR, SGR 0)
+// that puts the terminal in a sane state without wiping what is on screen.
+export function showLoss(screen, { lost, screen: now }) {
+  if (lost > 0) {
+    const text = now
+      ? `[... ${lost} bytes of output were not kept; below is the screen as it is now ...]`
+      : `[... ${lost} bytes of earlier output were lost ...]`;
+    screen.writeMarker(markerLine(text, { newlineFirst: !screen.empty }));
+  }
+  if (now) {
+    screen.writeUnsequenced(Uint8Array.from(atob(now), (c) => c.charCodeAt(0)));
+  } else if (lost > 0) {
+    screen.writeMarker("\x1b[!p\x1b[0m");
+  }
+}

@@ -1,20 +1,18 @@
 // The client side of docs/protocol.md: one viewer socket at a time, attach by offset,
 // acks, reconnect with backoff, supersede/take over, exits and resets, regrids.
 
+import { Backoff } from "./backoff.js";
+import { Connection } from "./connection.js";
+import { GridWatch } from "./grid.js";
 import { InputGate } from "./input.js";
 import { CloseCode, closeVerdict, ErrorCode, STATUS, StatusCode, warningText } from "./protocol.js";
 import { ReplayWatch } from "./replay.js";
-import { markerLine } from "./screen.js";
+import { markerLine, showLoss } from "./screen.js";
+import { StoredPosition } from "./stored.js";
 
 const ACK_EVERY_BYTES = 64 * 1024; // well inside the worker's flow window (TETHER_FLOW_HIGH_BYTES)
-const BACKOFF_FIRST_MS = 250;
-const BACKOFF_MAX_MS = 5000;
-const GIVE_UP_AFTER_MS = 2 * 60 * 1000; // a worker restart plus lease expiry fits well inside this
 const ATTACH_WAIT_MS = 10 * 1000;
 const ATTACH_WAIT_STARTING_MS = 25 * 1000; // the server waits up to 20 s for a worker to start the shell
-const PING_EVERY_MS = 20 * 1000;
-const SILENCE_LIMIT_MS = 45 * 1000;
-const REGRID_DEBOUNCE_MS = 80;
 
 export class SessionClient {
   constructor({ term, fit, screen, page, config }) {
@@ -23,27 +21,34 @@ export class SessionClient {
     this.screen = screen;
     this.page = page; // setStatus(text, tone), showActions(names), notice(text)
     this.config = config;
-    this.storageKey = `tether.terminal.${config.session}`;
-    this.stored = readStored(this.storageKey);
+    this.position = new StoredPosition(config.session);
+    this.stored = this.position.load();
     this.phase = "connecting";
-    this.ws = null;
-    this.connId = 0;
+    this.conn = new Connection({
+      path: config.wsPath,
+      onFrame: (data) => this.onFrame(data),
+      onClose: (code) => this.onClose(code),
+      onSilent: () => {
+        this.dropSocket(CloseCode.PAGE_LEFT, "silent");
+        this.scheduleReconnect(true);
+      },
+    });
     this.generation = null;
     this.epoch = null; // the owner's stream our offsets count in; it changes when a new worker adopts the shell
     this.lastAck = 0;
     this.attachedNow = false;
     this.replay = new ReplayWatch(screen, () => this.replaySettled());
     this.input = new InputGate({
-      live: () => this.phase === "live" && this.attachedNow && this.ws?.readyState === WebSocket.OPEN,
+      live: () => this.phase === "live" && this.attachedNow && this.conn.open,
       replaying: () => this.replay.active,
       send: (bytes) => {
-        this.ws.send(bytes);
+        this.conn.sendBytes(bytes);
         this.page.warn(null); // input is activity: the worker's idle clock starts again
       },
       notice: (text) => this.page.notice(text),
     });
-    this.attempt = 0;
-    this.failingSince = null;
+    this.backoff = new Backoff();
+    this.grid = new GridWatch({ term, fit });
     this.timers = {};
     this.status = "";
     screen.onRendered = () => this.onRendered();
@@ -52,7 +57,7 @@ export class SessionClient {
   // --- connecting ---------------------------------------------------------------------
 
   start() {
-    this.timers.ping = setInterval(() => this.ping(), PING_EVERY_MS);
+    this.conn.start();
     if (this.config.owner) {
       // Another user's shell: nothing is attached (nobody is superseded) until the person confirms.
       this.setPhase("foreign", `This is ${this.config.owner}'s shell`, "warn");
@@ -66,42 +71,32 @@ export class SessionClient {
     // Into another user's shell every connect (a regrid, a reconnect) is the take-over it was confirmed as.
     if (this.config.owner && this.phase !== "foreign") kind = "takeover";
     this.clearTimer("retry");
-    this.fitNow();
-    const id = ++this.connId;
+    this.grid.fitNow();
     Object.assign(this, { kind, sawHello: false, attachedNow: false, exitSeen: null, closedInfo: null });
     Object.assign(this, { confirmed: false, confirming: false, streamPos: 0 });
     this.serverSaidLost = false;
     // A regrid keeps its banner (and its "suspended" phase, so no output is drawn before `attached`).
     if (this.phase !== "reconnecting" && this.phase !== "suspended") this.setPhase("connecting", STATUS.connecting, "info");
     this.page.showActions([]);
-    const scheme = location.protocol === "https:" ? "wss" : "ws";
-    const ws = new WebSocket(`${scheme}://${location.host}${this.config.wsPath}`);
-    ws.binaryType = "arraybuffer";
-    ws.onmessage = (event) => id === this.connId && this.onFrame(event.data);
-    ws.onclose = (event) => id === this.connId && this.onClose(event.code);
-    this.ws = ws;
-    this.lastMessageAt = Date.now();
+    this.conn.connect();
     this.armAttachTimer(ATTACH_WAIT_MS);
   }
 
-  // Let go of the current socket; its late events are ignored (connId moves on).
+  // Let go of the current socket; its late events are ignored.
   dropSocket(code = CloseCode.PAGE_LEFT, reason = "") {
-    this.connId += 1;
     this.attachedNow = false;
     this.replay.stop();
     this.clearTimer("attach");
-    if (this.ws && this.ws.readyState <= WebSocket.OPEN) this.ws.close(code, reason);
-    this.ws = null;
+    this.conn.drop(code, reason);
   }
 
   send(message) {
-    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(message));
+    this.conn.send(message);
   }
 
   // --- frames from the server ---------------------------------------------------------
 
   onFrame(data) {
-    this.lastMessageAt = Date.now();
     if (typeof data !== "string") {
       this.onOutput(new Uint8Array(data));
       return;
@@ -135,11 +130,11 @@ export class SessionClient {
   }
 
   async on_hello() {
-    const id = this.connId;
+    const id = this.conn.id;
     this.sawHello = true;
     // Everything handed to xterm is parsed before we say where we are.
     await this.screen.drained();
-    if (id !== this.connId) return;
+    if (id !== this.conn.id) return;
     // A fresh page (or a reset) has nothing on screen: ask for the whole buffer.
     const since = this.generation === null ? 0 : this.screen.rendered;
     const message = { type: this.kind, since, generation: this.generation, epoch: this.epoch };
@@ -183,27 +178,14 @@ export class SessionClient {
     if (!sameShell || message.fresh || message.offset > this.screen.received) this.screen.start(message.offset);
     // The worker's flow window now starts at `offset`: say at once how far we really are.
     this.lastAck = Math.min(this.lastAck, message.offset);
-    if (message.lost > 0) {
-      const text = message.screen
-        ? `[... ${message.lost} bytes of output were not kept; below is the screen as it is now ...]`
-        : `[... ${message.lost} bytes of earlier output were lost ...]`;
-      this.screen.writeMarker(markerLine(text, { newlineFirst: !this.screen.empty }));
-    }
-    if (message.screen) {
-      this.screen.writeUnsequenced(Uint8Array.from(atob(message.screen), (c) => c.charCodeAt(0)));
-    } else if (message.lost > 0) {
-      // The retained tail may begin inside an escape sequence or a mode: a soft reset (DECSTR, SGR 0)
-      // puts the terminal in a sane state without wiping what is on screen.
-      this.screen.writeMarker("\x1b[!p\x1b[0m");
-    }
+    showLoss(this.screen, message);
     if (this.confirming) {
       this.confirming = false; // the answer to our own confirmation: already live, no new replay phase
       this.onRendered();
       return;
     }
     this.attachedNow = true;
-    this.attempt = 0;
-    this.failingSince = null;
+    this.backoff.reset();
     // "Connected" is shown once the replay is drawn: keys typed before that are dropped.
     this.setPhase("live", this.status, "info");
     this.page.showActions([]);
@@ -294,8 +276,6 @@ export class SessionClient {
   // --- closes -------------------------------------------------------------------------
 
   onClose(code) {
-    this.connId += 1; // nothing more from this socket
-    this.ws = null;
     this.attachedNow = false;
     this.replay.stop();
     this.clearTimer("attach");
@@ -326,14 +306,12 @@ export class SessionClient {
   }
 
   scheduleReconnect(sawHello) {
-    this.failingSince ??= Date.now();
-    if (Date.now() - this.failingSince > GIVE_UP_AFTER_MS) return this.giveUp();
+    const wait = this.backoff.next();
+    if (wait === null) return this.giveUp();
     this.setPhase("reconnecting", STATUS.reconnecting, "warn");
     // A browser cannot see why a handshake was refused: ask the page whether we are still welcome.
     if (!sawHello) this.probePage();
-    const base = Math.min(BACKOFF_MAX_MS, BACKOFF_FIRST_MS * 2 ** this.attempt);
-    this.attempt += 1;
-    this.timers.retry = setTimeout(() => this.connect("attach"), base / 2 + (Math.random() * base) / 2);
+    this.timers.retry = setTimeout(() => this.connect("attach"), wait);
   }
 
   async probePage() {
@@ -363,15 +341,13 @@ export class SessionClient {
   // --- actions from the page ----------------------------------------------------------
 
   takeOver() {
-    this.attempt = 0;
-    this.failingSince = null;
+    this.backoff.reset();
     if (this.phase === "foreign") this.phase = "connecting"; // confirmed: from now on every connect takes over
     this.connect("takeover");
   }
 
   startNewShell() {
-    this.attempt = 0;
-    this.failingSince = null;
+    this.backoff.reset();
     this.connect("attach"); // the server answers a closed session's attach with a fresh shell
   }
 
@@ -411,68 +387,33 @@ export class SessionClient {
 
   // --- grids --------------------------------------------------------------------------
 
-  // A new grid only for a box (or font) that changed: for the same box xterm's proposal can alternate
-  // between two grids (its DOM renderer's cell width depends on the column count), and each answer would
-  // cost a reconnect. As the seed says: ignore notifications when the containing box did not change size.
-  boxSize() {
-    const box = this.term.element?.parentElement?.getBoundingClientRect();
-    return box ? `${Math.round(box.width)}x${Math.round(box.height)}` : "";
-  }
-
   onContainerResize({ force = false } = {}) {
-    if (!force && this.fittedBox && this.boxSize() === this.fittedBox) return;
-    this.clearTimer("regrid");
-    this.timers.regrid = setTimeout(() => this.regridIfChanged(force), REGRID_DEBOUNCE_MS);
+    this.grid.notice(force, (forced) => this.regridIfChanged(forced));
   }
 
   async regridIfChanged(force = false) {
-    if (!force && this.boxSize() === this.fittedBox) return;
-    const dims = this.fit.proposeDimensions();
-    if (!dims || !(dims.cols > 0 && dims.rows > 0)) return;
-    if (dims.cols === this.term.cols && dims.rows === this.term.rows) {
-      this.fittedBox = this.boxSize();
-      return;
-    }
+    if (!force && !this.grid.boxChanged()) return;
+    if (!this.grid.proposedChange()) return;
     if (this.phase === "superseded" || this.phase === "ended" || this.phase === "lost") return; // keep the frame
-    if (!this.ws) {
-      this.fitNow(true); // no socket: the next connect attaches with the new grid
+    if (!this.conn.present) {
+      this.grid.fitNow(true); // no socket: the next connect attaches with the new grid
       return;
     }
     // One connection has one grid: suspend output, close, fit, reattach for a fresh seed.
     this.setPhase("suspended", this.status, "info");
     this.dropSocket(CloseCode.PAGE_LEFT, "grid change");
     await this.screen.drained();
-    this.fitNow(true);
+    this.grid.fitNow(true);
     this.connect("attach");
-  }
-
-  fitNow(force = false) {
-    if (!force && this.fittedBox && this.boxSize() === this.fittedBox) return;
-    this.fittedBox = this.boxSize();
-    const dims = this.fit.proposeDimensions();
-    if (dims && dims.cols > 0 && dims.rows > 0 && (dims.cols !== this.term.cols || dims.rows !== this.term.rows)) {
-      this.fit.fit();
-    }
   }
 
   // --- housekeeping -------------------------------------------------------------------
 
-  ping() {
-    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return;
-    if (Date.now() - this.lastMessageAt > SILENCE_LIMIT_MS) {
-      // Not even a pong: the path is dead without having said so.
-      this.dropSocket(CloseCode.PAGE_LEFT, "silent");
-      this.scheduleReconnect(true);
-      return;
-    }
-    this.send({ type: "ping" });
-  }
-
   armAttachTimer(ms) {
     this.clearTimer("attach");
-    const id = this.connId;
+    const id = this.conn.id;
     this.timers.attach = setTimeout(() => {
-      if (id !== this.connId || this.attachedNow) return;
+      if (id !== this.conn.id || this.attachedNow) return;
       this.dropSocket(CloseCode.PAGE_LEFT, "attach timed out");
       this.scheduleReconnect(true);
     }, ms);
@@ -491,19 +432,6 @@ export class SessionClient {
   }
 
   persist() {
-    try {
-      sessionStorage.setItem(this.storageKey, JSON.stringify({ generation: this.generation, offset: this.screen.rendered }));
-    } catch {
-      // Storage full or disabled: a reload then simply replays from the start.
-    }
-  }
-}
-
-function readStored(key) {
-  try {
-    const value = JSON.parse(sessionStorage.getItem(key) || "null");
-    return value && typeof value === "object" ? value : null;
-  } catch {
-    return null;
+    this.position.save(this.generation, this.screen.rendered);
   }
 }

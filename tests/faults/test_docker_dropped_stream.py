@@ -56,8 +56,12 @@ def test_killing_the_owner_mid_stream_never_records_an_exit_the_program_did_not_
                 ).exists(),
                 what="the owner to hold the running exec",
             )
-            # A moment within the stream: 20 MB take docker 0.4 s at 50 MB/s, longer on a slower machine.
+            # A moment within the stream (20 MB take docker 0.4 s at 50 MB/s). The owner stops reading first, as
+            # a dying or swapped-out process does, so dockerd is writing into a full socket when it goes: that
+            # is when docker drops the exec and records 126 (a kill between two writes leaves it running).
             subprocess.run(["sleep", f"{random.uniform(0.02, 0.3):.2f}"])
+            owner.send_signal(signal.SIGSTOP)
+            subprocess.run(["sleep", "0.1"])
             owner.send_signal(signal.SIGKILL)
             owner.wait()
         stack.start_worker("docker")  # the survivor settles every trial
@@ -79,6 +83,6 @@ def test_killing_the_owner_mid_stream_never_records_an_exit_the_program_did_not_
             ):
                 wrong.append(f"{settled}: {settled.outcome_label} ({settled.evidence}), reached its exit: {reached}")
         assert not wrong, f"{len(wrong)} of {TRIALS} outcomes were made up: {wrong}"
-        assert cut_short >= TRIALS // 2, f"only {cut_short} of {TRIALS} kills came before the program's end"
+        assert cut_short >= TRIALS // 2, f"docker dropped only {cut_short} of {TRIALS} execs: the fault was not met"
     finally:
         stack.stop()

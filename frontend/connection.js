@@ -1,0 +1,72 @@
+// One viewer socket at a time (docs/protocol.md): opening it, letting it go (its late events are then
+// ignored), sending, and noticing a path that went silent without saying so (not even a pong).
+
+import { CloseCode } from "./wire.js";
+
+const PING_EVERY_MS = 20 * 1000;
+const SILENCE_LIMIT_MS = 45 * 1000;
+
+export class Connection {
+  constructor({ path, onFrame, onClose, onSilent }) {
+    this.path = path;
+    this.onFrame = onFrame;
+    this.onClose = onClose;
+    this.onSilent = onSilent;
+    this.ws = null;
+    this.id = 0; // the current socket's number: events of an older one are ignored
+    this.lastMessageAt = 0;
+  }
+
+  get present() {
+    return this.ws !== null;
+  }
+
+  get open() {
+    return this.ws?.readyState === WebSocket.OPEN;
+  }
+
+  start() {
+    setInterval(() => this.ping(), PING_EVERY_MS);
+  }
+
+  connect() {
+    const id = ++this.id;
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const ws = new WebSocket(`${scheme}://${location.host}${this.path}`);
+    ws.binaryType = "arraybuffer";
+    ws.onmessage = (event) => {
+      if (id !== this.id) return;
+      this.lastMessageAt = Date.now();
+      this.onFrame(event.data);
+    };
+    ws.onclose = (event) => {
+      if (id !== this.id) return;
+      this.id += 1; // nothing more from this socket
+      this.ws = null;
+      this.onClose(event.code);
+    };
+    this.ws = ws;
+    this.lastMessageAt = Date.now();
+  }
+
+  // Let go of the current socket; its late events are ignored.
+  drop(code = CloseCode.PAGE_LEFT, reason = "") {
+    this.id += 1;
+    if (this.ws && this.ws.readyState <= WebSocket.OPEN) this.ws.close(code, reason);
+    this.ws = null;
+  }
+
+  send(message) {
+    if (this.open) this.ws.send(JSON.stringify(message));
+  }
+
+  sendBytes(bytes) {
+    this.ws.send(bytes);
+  }
+
+  ping() {
+    if (!this.open) return;
+    if (Date.now() - this.lastMessageAt > SILENCE_LIMIT_MS) this.onSilent();
+    else this.send({ type: "ping" });
+  }
+}
