@@ -80,13 +80,6 @@ def _restart(session_id, user, reason: str) -> None:
         actions.start_next_generation(session, actions.Actor.for_user(user), reason)
 
 
-def _auto_resets(reason: str) -> bool:
-    try:
-        return Reason(reason).auto_reset
-    except ValueError:
-        return False
-
-
 class Tasks:
     """The consumer's background tasks by name: starting one replaces (and ends) the one before it."""
 
@@ -193,7 +186,7 @@ class Attacher:
             }
         )
         # A resolved outcome has freed the machine's slot, as a known one does: a fresh shell may start.
-        again = _auto_resets(target["close_reason"]) or target["state"] == State.RESOLVED
+        again = Reason.auto_resets(target["close_reason"]) or target["state"] == State.RESOLVED
         if settings.TETHER_AUTO_RESET and again:
             await db(_restart)(self.session_id, self.socket.user, f"auto-reset after {target['close_reason']}")
             await self.socket.channel_layer.send(WAKE_CHANNEL, {"type": "wake"})

@@ -29,18 +29,15 @@ POINTS = frozenset(
 )
 
 
-def reached(point: str) -> None:
-    """``point`` kills the worker; ``point:stop`` freezes it (SIGSTOP) until someone sends SIGCONT."""
+async def reached(point: str) -> None:
+    """``point`` kills the worker; ``point:stop`` freezes it (SIGSTOP) until someone sends SIGCONT;
+    ``point:slow`` holds the launch that reached it for SLOW_SECONDS while the rest of the worker goes on."""
     if point in settings.TETHER_FAULT_POINTS:
         log.warning("fault point %s reached: this worker kills itself (SIGKILL)", point)
         os.kill(os.getpid(), signal.SIGKILL)
     if f"{point}:stop" in settings.TETHER_FAULT_POINTS:
         log.warning("fault point %s reached: this worker stops itself (SIGSTOP)", point)
         os.kill(os.getpid(), signal.SIGSTOP)
-
-
-async def slowed(point: str) -> None:
-    """``point:slow`` holds the launch that reached it for SLOW_SECONDS; the rest of the worker goes on."""
     if f"{point}:slow" in settings.TETHER_FAULT_POINTS:
         log.warning("fault point %s reached: this launch waits %.0f s", point, SLOW_SECONDS)
         await asyncio.sleep(SLOW_SECONDS)

@@ -18,6 +18,7 @@ from django.conf import settings
 from terminals.backends.base import BackendError, Exit, Process
 from terminals.buffer import OutputBuffer
 from terminals.lifetimes import Limits
+from terminals.protocol import Reason
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class LiveProcess:
     lost_observation: str = ""  # why no trustworthy exit could be had
     pump_task: asyncio.Task | None = None
     phase: Phase = Phase.HELD
-    ended_for: str = ""  # the reason it is being ended, once CLOSING
+    ended_for: Reason | None = None  # why it is being ended, once CLOSING
     handle_backend: str = ""
     limits: Limits = field(default_factory=Limits)
     started: float = field(default_factory=time.monotonic)

@@ -79,10 +79,12 @@ class Reason(StrEnum):
     @classmethod
     def close_code_for(cls, value: str) -> CloseCode:
         """The close code for a reason read from the database or a message (CLOSED for one we do not know)."""
-        try:
-            return cls(value).close_code
-        except ValueError:
-            return CloseCode.CLOSED
+        return reason.close_code if (reason := cls._value2member_map_.get(value)) else CloseCode.CLOSED
+
+    @classmethod
+    def auto_resets(cls, value: str) -> bool:
+        """Whether a reason read from the database or a message starts a fresh shell (False for one we do not know)."""
+        return bool((reason := cls._value2member_map_.get(value)) and reason.auto_reset)
 
 
 class Request(StrEnum):

@@ -11,15 +11,12 @@ from executions.models import Machine
 from terminals.backends.base import Backend
 
 
-def tmux_socket(ref: str) -> str:
-    """The tmux socket a tmux machine's ``ref`` names; an empty ref is the default (TETHER_TMUX_SOCKET)."""
-    return ref or settings.TETHER_TMUX_SOCKET
-
-
 def tmux_backend(ref: str = ""):
+    """The tmux backend on the socket a tmux machine's ``ref`` names; an empty ref is the default
+    (TETHER_TMUX_SOCKET)."""
     from terminals.backends.tmux import TmuxBackend
 
-    return TmuxBackend(socket=tmux_socket(ref))
+    return TmuxBackend(socket=ref or settings.TETHER_TMUX_SOCKET)
 
 
 def backend_for(machine: Machine) -> Backend:

@@ -100,13 +100,15 @@ class ProcessIdentity:
         return True
 
 
-def zombie_status(pid: int, parent: int) -> int | None:
-    """The wait status an exited, not yet reaped child of ``parent`` carries (stat field 52). While it is
+def zombie_end(pid: int, parent: int) -> tuple[str, str] | None:
+    """How an exited, not yet reaped child of ``parent`` ended, as ``(code, signal)`` with one of them "" (as
+    tmux's pane_dead_status and pane_dead_signal say it), from its wait status (stat field 52). While it is
     unreaped its pid cannot name another process, so the status is that child's own."""
     fields = _stat_fields(pid)
     if fields is None or fields[0] != "Z" or int(fields[1]) != parent or len(fields) < 50:
         return None
-    return int(fields[49])
+    status = int(fields[49])
+    return ("", str(os.WTERMSIG(status))) if os.WIFSIGNALED(status) else (str(os.WEXITSTATUS(status)), "")
 
 
 def session_of(pid: int) -> int | None:

@@ -149,14 +149,8 @@ class TmuxServer:
         if exit is not None:
             verdict, detail = Status.EXITED, exit.describe()
         elif dead == "1":
-            if (
-                not (status or signal or not pid.isdigit())
-                and (ended := procfs.zombie_status(int(pid), int(fields[9]))) is not None
-            ):
-                # tmux 3.3a can miss the SIGCHLD under load and leave the shim unreaped: the zombie says it.
-                status, signal = (
-                    ("", str(os.WTERMSIG(ended))) if os.WIFSIGNALED(ended) else (str(os.WEXITSTATUS(ended)), "")
-                )
+            if not (status or signal) and pid.isdigit() and (ended := procfs.zombie_end(int(pid), int(fields[9]))):
+                status, signal = ended  # tmux 3.3a can miss the SIGCHLD under load and leave the shim unreaped
             shim = f"by signal {signal}" if signal else f"with code {status}" if status else "without a status"
             verdict, detail = Status.UNKNOWN, f"the pane's shim ended {shim} before it recorded the program's exit"
         else:

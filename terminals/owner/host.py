@@ -113,9 +113,7 @@ class SessionHost:
         return self.context.live.get(live.execution_pk) is live
 
     async def _settle(self, live: LiveProcess, execution, exit: Exit | None, output: bytes, truncated: int) -> None:
-        outcome = Outcome.of(
-            exit, ended_for=Reason(live.ended_for) if live.ended_for else None, lost=live.lost_observation
-        )
+        outcome = Outcome.of(exit, ended_for=live.ended_for, lost=live.lost_observation)
         command = live.kind == Kind.COMMAND
         reset = outcome.close_reason == Reason.RESET
         execution = await db(actions.settle_execution)(
@@ -136,7 +134,7 @@ class SessionHost:
                 evidence=execution.evidence,
                 exit_code=execution.exit_code,
                 outcome=execution.outcome_label,
-                reason=Reason(live.ended_for) if live.ended_for else Reason.EXITED,
+                reason=live.ended_for or Reason.EXITED,
                 generation=live.generation,
                 epoch=live.token,
                 **asked,  # who asked for the end (by, action, why), told to the user

@@ -63,7 +63,7 @@ class Launcher:
         3. docker: the created exec's handle is saved before the exec is started;
         4. the process's own handle is saved, then ``running``.
         """
-        faults.reached("launch.claimed")
+        await faults.reached("launch.claimed")
         execution = await db(load_execution)(execution.pk)
         machine = execution.machine
         session = await db(session_for)(execution.pk)
@@ -80,7 +80,7 @@ class Launcher:
         async def before_start(handle: dict) -> None:
             starting = {**handle, "launch": Launch.STARTING}
             await until_recorded(lambda: db(actions.save_handle)(execution.pk, self.context.worker, token, starting))
-            faults.reached("launch.starting")
+            await faults.reached("launch.starting")
 
         try:
             try:
@@ -92,8 +92,7 @@ class Launcher:
             execution = await until_recorded(
                 lambda: db(actions.begin_spawn)(execution, self.context.worker, token, intent, instance)
             )
-            faults.reached("launch.spawning")
-            await faults.slowed("launch.spawning")
+            await faults.reached("launch.spawning")
             process = await backend.spawn(spec, tags, before_start=before_start, instance=instance)
         except SpawnError as error:
             # Proven: nothing started. A known outcome, said plainly.

@@ -60,8 +60,8 @@ def dead_pane(
     said = tmux(socket, "display", "-p", "-t", pane, fmt).strip()
     server = int(tmux(socket, "display", "-p", "#{pid}"))
     dead, status, signum, *rest = said.split("|")
-    if (dead, status, signum) == ("1", "", "") and (ended := procfs.zombie_status(shim, server)) is not None:
-        status, signum = ("", str(os.WTERMSIG(ended))) if os.WIFSIGNALED(ended) else (str(os.WEXITSTATUS(ended)), "")
+    if (dead, status, signum) == ("1", "", "") and (ended := procfs.zombie_end(shim, server)):
+        status, signum = ended
     return "|".join((dead, status, signum, *rest))
 
 

@@ -35,7 +35,7 @@ class Command(BaseCommand):
             add_machine(
                 name="this-host",
                 backend=kind,
-                ref="",  # a tmux machine's empty ref is the default socket (terminals.registry.tmux_socket)
+                ref="",  # a tmux machine's empty ref is the default socket (terminals.registry.tmux_backend)
                 actor=Actor.command("tether_serve"),
             )
             self.stdout.write(f"added machine this-host ({kind})")
