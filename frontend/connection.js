@@ -70,3 +70,16 @@ export class Connection {
     else this.send({ type: "ping" });
   }
 }
+
+// A browser cannot see why a handshake was refused: the page itself says whether we are still welcome.
+// "login" (signed out), "gone" (no longer ours to see), or null (welcome, or the network is down).
+export async function probeWelcome() {
+  try {
+    const response = await fetch(location.href, { redirect: "manual", cache: "no-store", credentials: "same-origin" });
+    if (response.type === "opaqueredirect") return "login";
+    if (response.status === 404) return "gone";
+  } catch {
+    // The network itself is down: keep backing off.
+  }
+  return null;
+}

@@ -149,7 +149,7 @@ async function main() {
     }
   });
 
-  window.addEventListener("pagehide", () => client.persist());
+  window.addEventListener("pagehide", () => client.stream.persist());
 
   const dialog = root.querySelector("#reset-dialog");
   root.querySelector("#terminal-reset").addEventListener("click", () => dialog.showModal());
@@ -193,10 +193,10 @@ async function main() {
     state: () => ({
       phase: client.phase,
       status: client.status,
-      generation: client.generation,
+      generation: client.stream.generation,
       received: screen.received,
       rendered: screen.rendered,
-      replaying: client.replay.active,
+      replaying: client.stream.replay.active,
       droppedKeys: client.input.dropped,
       cols: term.cols,
       rows: term.rows,

@@ -19,8 +19,9 @@ from executions.models import State
 from terminals import actions
 from terminals.models import ProcessState, TerminalSession
 from terminals.owner_client import OwnerClient, owner_of_execution
-from terminals.protocol import ATTACH_WAIT_SECONDS, CloseCode, Reason, StatusCode
+from terminals.protocol import ATTACH_WAIT_SECONDS, CloseCode, Exited, Reason, StatusCode
 from terminals.stream import ViewerStream
+from terminals.tasks import Tasks
 from terminals.wake import WAKE_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -58,14 +59,22 @@ def _attach_target(session_id) -> dict:
         "generation": session.generation,
         "execution": execution.pk,
         "state": execution.state,
-        "outcome": execution.outcome_label,
-        "exit_code": execution.exit_code,
         "owner": owner_of_execution(execution.pk),
         "viewer": session.viewer_id,
         "snapshot": bytes(session.snapshot) if closed else b"",
         "expired": session.expired_at is not None,
-        # Who asked for it to end (an operator's Complete, Kill...), once it has.
-        "closed_by": actions.closed_by(execution.pk) if closed else {},
+        # How it ended, as the owner would have told it (who asked for the end: an operator's Complete...).
+        "exited": (
+            Exited.of(
+                execution,
+                reason=Reason(session.close_reason or Reason.EXITED),
+                generation=session.generation,
+                epoch=None,
+                asked=actions.closed_by(execution.pk),
+            )
+            if closed
+            else None
+        ),
     }
 
 
@@ -80,36 +89,6 @@ def _restart(session_id, user, reason: str) -> None:
         actions.start_next_generation(session, actions.Actor.for_user(user), reason)
 
 
-class Tasks:
-    """The consumer's background tasks by name: starting one replaces (and ends) the one before it."""
-
-    def __init__(self) -> None:
-        self.running: dict[str, asyncio.Task] = {}
-
-    def start(self, name: str, work) -> None:
-        if (old := self.running.pop(name, None)) is not None and old is not asyncio.current_task():
-            old.cancel()
-        task = asyncio.create_task(work)
-        self.running[name] = task
-        task.add_done_callback(lambda done: self.running.get(name) is done and self.running.pop(name))
-
-    def done_with(self, name: str) -> None:
-        """The current task named ``name`` has done what it was for: a new one may start while it finishes."""
-        if self.running.get(name) is asyncio.current_task():
-            del self.running[name]
-
-    def has(self, name: str) -> bool:
-        return name in self.running
-
-    async def end_all(self) -> None:
-        current = asyncio.current_task()
-        running = [task for task in self.running.values() if task is not current]
-        self.running.clear()
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-
-
 class Attacher:
     def __init__(self, socket: ViewerSocket, session_id, stream: ViewerStream, owner: OwnerClient, tasks: Tasks):
         self.socket, self.session_id, self.stream, self.owner, self.tasks = socket, session_id, stream, owner, tasks
@@ -118,15 +97,15 @@ class Attacher:
 
     def start(self, delay: float = 0.0) -> None:
         """(Re)attach in the background, replacing an attach still looking for the owner."""
-        self.tasks.start("attach", self._attach(delay))
+        self.tasks.start(self._attach(delay), name="attach")
 
     def confirmed(self, end: int) -> None:
         """The owner attached this viewer, its replay running to ``end``: check that it arrives, and keep
         checking the owner."""
         self.refused_since = None
-        self.tasks.start("replay_check", self._check_replay(end))
+        self.tasks.start(self._check_replay(end), name="replay_check")
         if not self.tasks.has("owner_check"):
-            self.tasks.start("owner_check", self._check_owner())
+            self.tasks.start(self._check_owner(), name="owner_check")
 
     def retry_refused(self) -> bool:
         """The worker refused the attach (the lease moved, or the process is starting or closing): look
@@ -174,17 +153,7 @@ class Attacher:
 
     async def _closed_at_attach(self, target: dict) -> bool:
         """The process had ended: say how, then start a fresh shell if allowed. Returns whether to go on."""
-        await self.socket.send_json(
-            {
-                "type": "exit",
-                "generation": target["generation"],
-                "state": target["state"],
-                "exit_code": target["exit_code"],
-                "outcome": target["outcome"],
-                "reason": target["close_reason"],
-                **target["closed_by"],
-            }
-        )
+        await self.socket.send_json(target["exited"].to_browser())
         # A resolved outcome has freed the machine's slot, as a known one does: a fresh shell may start.
         again = Reason.auto_resets(target["close_reason"]) or target["state"] == State.RESOLVED
         if settings.TETHER_AUTO_RESET and again:

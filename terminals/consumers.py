@@ -10,7 +10,6 @@ says what to send; messages go to the worker through the one client of its proto
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import time
@@ -22,7 +21,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from terminals import actions
-from terminals.attaching import Attacher, Tasks
+from terminals.attaching import Attacher
 from terminals.layers import forget_channel, keep_receiving
 from terminals.models import TerminalSession
 from terminals.owner_client import OwnerClient
@@ -47,6 +46,7 @@ from terminals.protocol import (
     integer,
 )
 from terminals.stream import Deliver, FetchFrom, ViewerStream
+from terminals.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
 
     async def _leave(self) -> None:
         """Stop everything this viewer started; safe to call more than once."""
-        await self.tasks.end_all()
+        await self.tasks.close()
         if (stream := getattr(self, "stream", None)) is not None and stream.attached:
             stream.leave()  # the worker must hear it: it keeps a departed viewer's flow window a while
             await self.owner.detach()
@@ -202,7 +202,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if now:
             await self._forward_ack()
         elif now is False and not self.tasks.has("ack"):
-            self.tasks.start("ack", self._forward_ack(ACK_DELAY_SECONDS))
+            self.tasks.start(self._forward_ack(ACK_DELAY_SECONDS), name="ack")
 
     async def _forward_ack(self, delay: float = 0.0) -> None:
         if delay:
@@ -224,20 +224,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         message = Attached.decode(event)
         if not self.stream.confirmed(message):
             return  # a repeated delivery, or the answer to an attach this viewer has since replaced
-        await self.send_json(
-            {
-                "type": "attached",
-                "offset": message.offset,
-                "end": message.end,
-                "lost": message.lost,
-                "generation": message.generation,
-                "epoch": message.epoch,
-                "fresh": message.fresh,
-                # Bytes lost past the buffer, tmux: the screen as it is now (base64), drawn before the stream.
-                "screen": base64.b64encode(message.screen).decode() if message.screen else None,
-                "process_state": message.process_state,
-            }
-        )
+        await self.send_json(message.to_browser())
         self.attacher.confirmed(message.end)
 
     async def terminal_output(self, event: dict) -> None:

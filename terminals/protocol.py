@@ -9,6 +9,7 @@ carries its properties. The browser's copy of the words, ``frontend/wire.js``, i
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, fields
 from enum import IntEnum, StrEnum
 from functools import cache
@@ -259,6 +260,12 @@ class Attached(Message):
     fresh: bool = False  # the same shell's stream restarted under a new owner: redraw
     process_state: str = "live"
 
+    def to_browser(self) -> dict:
+        said = {name: getattr(self, name) for name in ("offset", "end", "lost", "generation", "epoch", "fresh")}
+        # Bytes lost past the buffer, tmux: the screen as it is now (base64), drawn before the stream.
+        screen = base64.b64encode(self.screen).decode() if self.screen else None
+        return {"type": "attached", **said, "screen": screen, "process_state": self.process_state}
+
 
 @dataclass(frozen=True, slots=True)
 class Output(Message):
@@ -309,10 +316,24 @@ class Exited(Message):
     outcome: str
     reason: Reason
     generation: int
-    epoch: int
+    epoch: int | None  # None when told from the record, after no owner holds the session
     by: str | None = None
     action: str | None = None
     why: str | None = None
+
+    @classmethod
+    def of(cls, execution, *, reason: Reason, generation: int, epoch: int | None, asked: dict) -> Exited:
+        """What the record says of ``execution``'s end; ``asked`` is who asked for it (by, action, why)."""
+        return cls(
+            state=execution.state,
+            evidence=execution.evidence,
+            exit_code=execution.exit_code,
+            outcome=execution.outcome_label,
+            reason=reason,
+            generation=generation,
+            epoch=epoch,
+            **asked,
+        )
 
     def to_browser(self) -> dict:
         said = {name: getattr(self, name) for name in _names(type(self))}

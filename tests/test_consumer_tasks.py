@@ -1,10 +1,10 @@
-"""The consumer's named tasks: one of a name at a time, replaced by the next, all ended with the socket."""
+"""Owned tasks by name (the consumer's): one of a name at a time, replaced by the next, all ended with the socket."""
 
 from __future__ import annotations
 
 import asyncio
 
-from terminals.attaching import Tasks
+from terminals.tasks import Tasks
 
 
 async def test_an_ack_arriving_while_the_last_one_is_sent_gets_a_timer_of_its_own():
@@ -20,10 +20,10 @@ async def test_an_ack_arriving_while_the_last_one_is_sent_gets_a_timer_of_its_ow
         await asyncio.sleep(0.05)  # the send to the worker
         sent.append(offset)
 
-    tasks.start("ack", forward(10))
+    tasks.start(forward(10), name="ack")
     await sending.wait()
     assert not tasks.has("ack")  # so the next ack starts its own timer
-    tasks.start("ack", forward(20))
+    tasks.start(forward(20), name="ack")
     await asyncio.sleep(0.2)
     assert sent == [10, 20]
 
@@ -38,11 +38,11 @@ async def test_a_new_attach_replaces_the_one_still_looking_and_everything_ends_w
         finally:
             ended.append(name)
 
-    tasks.start("attach", look("first"))
+    tasks.start(look("first"), name="attach")
     await asyncio.sleep(0)
-    tasks.start("attach", look("second"))
-    tasks.start("owner_check", look("check"))
+    tasks.start(look("second"), name="attach")
+    tasks.start(look("check"), name="owner_check")
     await asyncio.sleep(0.01)
     assert ended == ["first"]
-    await tasks.end_all()
-    assert sorted(ended) == ["check", "first", "second"] and not tasks.running
+    await tasks.close()
+    assert sorted(ended) == ["check", "first", "second"] and not tasks.running and not tasks.named

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from channels.layers import BaseChannelLayer
@@ -14,48 +14,12 @@ from django.db import InterfaceError, OperationalError
 from terminals.backends.procfs import ProcessIdentity
 from terminals.live import FlowBudget, LiveProcess
 from terminals.models import Worker
+from terminals.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
 # What a database restart looks like from here: worth waiting out, never a reason to give up a process.
 DB_OUTAGE = (OperationalError, InterfaceError)
-
-
-class TaskOwner:
-    """Every task a worker starts beside its loops is started here, so none is lost or left running: in
-    the worker's task group while it runs (else, for a test or command driving single steps, loose), and
-    ended and awaited by ``close()``."""
-
-    def __init__(self) -> None:
-        self.group: asyncio.TaskGroup | None = None
-        self.running: set[asyncio.Task] = set()
-
-    def start(self, work: Coroutine) -> asyncio.Task:
-        """Run ``work`` beside the worker's loops. Its failure is logged and stays its own: one session's
-        error must never cancel the task group, and with it every other session's supervision."""
-        guarded = _guarded(work)
-        task = self.group.create_task(guarded) if self.group is not None else asyncio.create_task(guarded)
-        self.running.add(task)
-        task.add_done_callback(self.running.discard)
-        return task
-
-    async def wait(self, tasks) -> None:
-        await asyncio.gather(*(task for task in tasks if task is not asyncio.current_task()), return_exceptions=True)
-
-    async def close(self) -> None:
-        running = [task for task in self.running if task is not asyncio.current_task()]
-        for task in running:
-            task.cancel()
-        await self.wait(running)
-
-
-async def _guarded(work: Coroutine) -> None:
-    try:
-        await work
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("a worker task failed (%s); the others go on", getattr(work, "__qualname__", work))
 
 
 @dataclass
@@ -66,7 +30,7 @@ class WorkerContext:
     worker: Worker | None = None
     channel: str = ""
     live: dict[int, LiveProcess] = field(default_factory=dict)  # execution pk -> the process held for it
-    tasks: TaskOwner = field(default_factory=TaskOwner)
+    tasks: Tasks = field(default_factory=Tasks)
     budget: FlowBudget = field(default_factory=lambda: FlowBudget(settings.TETHER_FLOW_WORKER_BYTES))
     ending: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(4))  # trees ended at once
     draining: bool = False  # taking no new work

@@ -129,16 +129,8 @@ class SessionHost:
         )
         if live.viewer:
             asked = await db(actions.closed_by)(execution.pk) if live.handled_request else {}
-            told = Exited(
-                state=execution.state,
-                evidence=execution.evidence,
-                exit_code=execution.exit_code,
-                outcome=execution.outcome_label,
-                reason=live.ended_for or Reason.EXITED,
-                generation=live.generation,
-                epoch=live.token,
-                **asked,  # who asked for the end (by, action, why), told to the user
-            )
+            reason = live.ended_for or Reason.EXITED
+            told = Exited.of(execution, reason=reason, generation=live.generation, epoch=live.token, asked=asked)
             await self.outbox.to_viewer(live, told)
         if live.session_id and reset and execution.state == State.COMPLETED:
             # The reset's next generation is pending (settle_execution started it): claim it, tell the viewer.

@@ -118,6 +118,18 @@ class ViewerService:
     async def _refuse(self, message: ToOwner, code: ErrorCode, text: str) -> None:
         await self.outbox.send(message.reply, Refusal(code, text))
 
+    async def _writer(self, message: ToOwner, *, while_closing: bool) -> LiveProcess | None:
+        """The process the message writes to, when its sender is that process's viewer; otherwise the
+        sender is told why not, and None. Input to a closing process is refused; a reset of one is not."""
+        live = self._held(message)
+        if live is None or (live.closing and not while_closing):
+            await self._refuse(message, ErrorCode.NOT_HELD, "the session is not running")
+        elif live.viewer is None or live.viewer.viewer_id != message.viewer:
+            await self._refuse(message, ErrorCode.SUPERSEDED, "another window owns this session")
+        else:
+            return live
+        return None
+
     async def on_attach(self, message: Attach) -> None:
         live = self._held(message)
         if live is None or live.closing:
@@ -194,21 +206,15 @@ class ViewerService:
         live.update_flow()
 
     async def on_input(self, message: Input) -> None:
-        live = self._held(message)
-        if live is None or live.closing:
-            await self._refuse(message, ErrorCode.NOT_HELD, "the session is not running")
-        elif live.viewer is None or live.viewer.viewer_id != message.viewer:
-            await self._refuse(message, ErrorCode.SUPERSEDED, "another window owns this session's input")
-        else:
-            if isinstance(message.seq, int):
-                if message.seq <= live.viewer.input_seq:
-                    log.info(
-                        "execution %s: input %s delivered twice; not written again", live.execution_pk, message.seq
-                    )
-                    return
-                live.viewer.input_seq = message.seq
-            live.touch()
-            await live.process.write(message.data)
+        if (live := await self._writer(message, while_closing=False)) is None:
+            return
+        if isinstance(message.seq, int):
+            if message.seq <= live.viewer.input_seq:
+                log.info("execution %s: input %s delivered twice; not written again", live.execution_pk, message.seq)
+                return
+            live.viewer.input_seq = message.seq
+        live.touch()
+        await live.process.write(message.data)
 
     async def on_keepalive(self, message: Keepalive) -> None:
         if live := self._viewing(message):
@@ -237,10 +243,5 @@ class ViewerService:
                 await self.host.let_go(live, "lease lost")
 
     async def on_reset(self, message: ResetShell) -> None:
-        live = self._held(message)
-        if live is None:
-            await self._refuse(message, ErrorCode.NOT_HELD, "the session is not running")
-        elif live.viewer is None or live.viewer.viewer_id != message.viewer:
-            await self._refuse(message, ErrorCode.SUPERSEDED, "another window owns this session")
-        else:
+        if live := await self._writer(message, while_closing=True):
             await self.host.end(live, Reason.RESET)

@@ -16,7 +16,7 @@ import pytest
 from executions import actions as exec_actions
 from executions.models import Evidence, Execution, State
 from terminals.models import ProcessLease
-from terminals.owner.context import TaskOwner
+from terminals.tasks import Tasks
 from tests.bridge.harness import Stack, wait_for
 from tests.factories import TEST_ACTOR, make_spec
 
@@ -83,7 +83,7 @@ def test_a_worker_stopped_mid_launch_finishes_it_and_records_it(place):
 async def test_one_failing_task_leaves_the_others_running():
     """A worker's tasks run in one task group: a failure in one session's task must not cancel the group
     (and with it every other session's supervision)."""
-    owner = TaskOwner()
+    owner = Tasks()
     finished = []
 
     async def fails():

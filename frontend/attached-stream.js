@@ -1,0 +1,168 @@
+// One shell's stream as this page has it (docs/protocol.md, "Offsets" and "Replay"): which shell
+// (generation) and which owner's count (epoch) the offsets are in, where the next byte belongs, whether
+// the replay after `attached` is still being drawn, how far we have acked, and the markers a change of
+// shell leaves on screen. No socket, no phases, no reconnects: SessionClient sends what this asks it to
+// and decides what the page says.
+
+import { ReplayWatch } from "./replay.js";
+import { markerLine, showLoss } from "./screen.js";
+import { StoredPosition } from "./stored.js";
+
+const ACK_EVERY_BYTES = 64 * 1024; // well inside the worker's flow window (TETHER_FLOW_HIGH_BYTES)
+
+export class AttachedStream {
+  // send(message): on the current socket. grid(): the terminal's {cols, rows}. onSettled(): the replay
+  // is drawn and the stream is live.
+  constructor({ screen, session, send, grid, onSettled }) {
+    this.screen = screen;
+    this.send = send;
+    this.grid = grid;
+    this.onSettled = onSettled;
+    this.position = new StoredPosition(session);
+    this.stored = this.position.load();
+    this.generation = null;
+    this.epoch = null; // the owner's stream our offsets count in; it changes when a new worker adopts the shell
+    this.lastAck = 0;
+    this.replay = new ReplayWatch(screen, () => this.replaySettled());
+    this.newSocket();
+  }
+
+  // A new socket: nothing attached on it yet.
+  newSocket() {
+    this.live = false;
+    this.confirmed = false;
+    this.confirming = false;
+    this.streamPos = 0;
+    this.exitSeen = null;
+  }
+
+  stop() {
+    this.live = false;
+    this.replay.stop();
+  }
+
+  // An attach (or take-over) from what is on screen; a fresh page (or a reset) asks for the whole buffer.
+  request(type, since = null) {
+    if (since === null) since = this.generation === null ? 0 : this.screen.rendered;
+    const message = { type, since, generation: this.generation, epoch: this.epoch };
+    const { cols, rows } = this.grid();
+    if (cols > 0 && rows > 0) Object.assign(message, { cols, rows });
+    return message;
+  }
+
+  output(bytes) {
+    if (!this.live) {
+      // Before `attached`, the server only sends the archived screen of a closed session.
+      if (this.screen.empty) this.screen.writeUnsequenced(bytes);
+      return;
+    }
+    // Offsets are absolute, so a byte that is already on screen is recognised and dropped.
+    const start = this.streamPos;
+    this.streamPos += bytes.length;
+    const have = this.screen.received;
+    if (this.streamPos <= have) return;
+    if (start < have) bytes = bytes.subarray(have - start);
+    else if (start > have) this.screen.start(start); // not announced by a gap: continue where the server is
+    this.screen.writeOutput(bytes);
+    this.replay.sawOutput();
+  }
+
+  // True when this attach begins a replay (false for the answer to our own confirmation: already live).
+  attached(message) {
+    const sameShell = this.generation !== null && message.generation === this.generation;
+    if (this.generation !== null && !sameShell) this.screen.clear(); // a different shell than the one on screen
+    const reloadedIntoNewShell =
+      this.stored && this.stored.generation !== null && this.stored.generation !== message.generation;
+    this.stored = null;
+    if (reloadedIntoNewShell && this.screen.empty) {
+      this.screen.writeMarker(
+        markerLine("[a fresh shell was started since this tab last showed the session]", { newlineFirst: false }),
+      );
+    }
+    this.generation = message.generation;
+    if (sameShell && message.fresh) {
+      // The same shell under a new owner worker: its stream restarts with the screen as it is now.
+      this.screen.clear();
+      this.screen.writeMarker(markerLine("[the session moved to another worker; screen redrawn]", { newlineFirst: false }));
+    }
+    this.epoch = message.epoch ?? null;
+    // Where the stream starts; bytes before what is already on screen are skipped in output().
+    this.streamPos = message.offset;
+    if (!sameShell || message.fresh || message.offset > this.screen.received) this.screen.start(message.offset);
+    // The worker's flow window now starts at `offset`: say at once how far we really are.
+    this.lastAck = Math.min(this.lastAck, message.offset);
+    showLoss(this.screen, message);
+    if (this.confirming) {
+      this.confirming = false;
+      this.rendered();
+      return false;
+    }
+    this.live = true;
+    this.replay.begin(message.end);
+    this.rendered();
+    this.persist();
+    return true;
+  }
+
+  replaySettled() {
+    if (!this.live) return;
+    this.onSettled();
+    this.confirmReplay();
+  }
+
+  // Ask once more from what we have, on the same socket: anything of the replay that went missing
+  // between worker and server comes again, and what is already on screen is skipped by offset.
+  // (A message for one consumer can be lost while another consumer in the same daphne is torn
+  // down, e.g. the window we just superseded; `attached.end` lets us skip this.)
+  confirmReplay() {
+    if (this.confirmed || !this.live) return;
+    this.confirmed = true;
+    if (this.replay.end !== null && this.screen.received >= this.replay.end) return;
+    this.confirming = true;
+    this.send(this.request("attach", this.screen.received));
+  }
+
+  gap(message) {
+    this.streamPos = message.offset;
+    if (message.offset > this.screen.received) {
+      this.screen.skipTo(message.offset, markerLine(`[... ${message.lost} bytes of earlier output were lost ...]`));
+    }
+  }
+
+  exit(message) {
+    this.exitSeen = message;
+    this.stop();
+  }
+
+  // The shell was reset: the next attach is a new shell, drawn on a clean screen under what became of
+  // the old one.
+  reset() {
+    const previous = this.exitSeen;
+    this.stop();
+    this.newSocket(); // the new shell's first attach deserves the same check
+    this.stored = null; // the marker below already says a new shell started
+    this.screen.clear();
+    this.generation = null;
+    this.epoch = null;
+    this.lastAck = 0;
+    if (previous) this.screen.writeMarker(markerLine(`[previous shell: ${previous.outcome}]`, { newlineFirst: false }));
+    this.persist();
+  }
+
+  // Called whenever xterm drew something: ack every 64 KiB, and whenever everything received is drawn.
+  rendered() {
+    this.replay.check();
+    if (!this.live) return;
+    const rendered = this.screen.rendered;
+    const drained = this.screen.pending === 0;
+    if (rendered - this.lastAck >= ACK_EVERY_BYTES || (drained && rendered > this.lastAck)) {
+      this.send({ type: "ack", offset: rendered });
+      this.lastAck = rendered;
+      this.persist();
+    }
+  }
+
+  persist() {
+    this.position.save(this.generation, this.screen.rendered);
+  }
+}
