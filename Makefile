@@ -4,7 +4,7 @@ PY := .venv/bin/python
 TEST_DATABASE_URL ?= postgres:///tether?host=/var/run/postgresql
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test venv frontend services lint bench
+.PHONY: run test venv frontend holder services lint bench
 
 venv:
 	@scripts/setup-venv.sh
@@ -13,10 +13,14 @@ venv:
 frontend:
 	@scripts/build-frontend.sh
 
+# build/tether-holder, the session holder (static C): rebuilt only when its source changed.
+holder:
+	@scripts/build-holder.sh
+
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-run: venv frontend
+run: venv frontend holder
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_admin
 	@echo "Tether: http://$(HOST):$(PORT)/ (admin at /admin/)"
@@ -30,10 +34,10 @@ lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-test: venv services lint frontend
+test: venv services lint frontend holder
 	DATABASE_URL='$(TEST_DATABASE_URL)' $(PY) manage.py makemigrations --check --dry-run
 	DATABASE_URL='$(TEST_DATABASE_URL)' TEST_REDIS_URL='$(TEST_REDIS_URL)' $(PY) -m pytest
 
 # Benchmarks (not part of `make test`): figures vs same-run baselines, written to docs/benchmarks.md.
-bench: venv services
+bench: venv services holder
 	$(PY) -m bench.run $(BENCH_ARGS)

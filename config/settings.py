@@ -200,6 +200,15 @@ TETHER_SHELL = env_list("TETHER_SHELL", ["/bin/bash", "-l"] if Path("/bin/bash")
 # The tmux socket of tmux machines that name none (the embedded machine): `tmux -L tether attach`.
 TETHER_TMUX_SOCKET = env_str("TETHER_TMUX_SOCKET", "tether")
 TETHER_CONTAINER_SHELL = env_list("TETHER_CONTAINER_SHELL", ["/bin/sh"])
+# The session holder (holder/tether-holder.c, built by `make holder`): it holds local and docker shells so
+# that they outlive their worker. Off, or where it was not built, shells end with their worker.
+TETHER_HOLDER = env_bool("TETHER_HOLDER", True)
+TETHER_HOLDER_BINARY = env_str("TETHER_HOLDER_BINARY", "") or str(BASE_DIR / "build" / "tether-holder")
+# Where local holders keep their socket and exit record (one directory per session, only ours to reach);
+# short, since a unix socket's path must fit in 107 bytes.
+TETHER_HOLDER_DIR = env_str("TETHER_HOLDER_DIR", "") or str(DATA_DIR / "held")
+# Output a holder keeps for a later owner (the worker acknowledges what its own buffer keeps).
+TETHER_HOLDER_RING_BYTES = env_int("TETHER_HOLDER_RING_BYTES", 1024 * 1024, minimum=2 * 128 * 1024)
 TETHER_AUTO_RESET = env_bool("TETHER_AUTO_RESET", True)
 TETHER_SESSIONS_PER_USER = env_int("TETHER_SESSIONS_PER_USER", 5, minimum=1)
 # Unacknowledged output a viewer may have in flight before the worker stops reading the process.

@@ -7,7 +7,7 @@ or on this host its pid plus start time no longer names a running process
 (a process stopped by SIGSTOP counts as not running; another host's worker
 counts as dead once its heartbeat has expired). For each orphaned lease:
 
-- the process still runs and the backend can attach to it (tmux): **adopt**
+- the process still runs and the backend can attach to it (tmux, a held shell): **adopt**
   it under a new fencing token; the execution stays ``running`` with an
   ``adopted`` event;
 - it still runs but cannot be adopted: a docker command is **watched** until
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 class Action(StrEnum):
     """What recovery does with what a dead owner left."""
 
-    ADOPT = "adopt"  # a live tmux session: a new owner takes it, screen and all
+    ADOPT = "adopt"  # a live tmux session or held shell: a new owner takes it, screen (or stream) and all
     WATCH = "watch"  # a running docker command: watched until docker reports its exit
     EXITED = "exited"  # the exit was read back: recorded
     NEVER_STARTED = "never_started"  # proven never started: completed, slot freed
@@ -185,7 +185,7 @@ async def judge_lease(lease: ProcessLease, why: str, *, can_adopt: bool, can_wat
             still_running=True,
         )  # fmt: skip
     if seen.status == Status.ALIVE:
-        if backend.can_adopt:
+        if backend.adoptable(handle):
             return finding(
                 Action.ADOPT if can_adopt else Action.WAIT,
                 f"{seen.detail or 'still running'}: adoptable",
@@ -203,6 +203,9 @@ async def judge_lease(lease: ProcessLease, why: str, *, can_adopt: bool, can_wat
             handle=handle,
             still_running=True,
         )
+    if seen.status == Status.EXITED and can_adopt and backend.adoptable(handle):
+        # A holder keeps the last output with the exit: adopted, the viewer sees the end and the exit.
+        return finding(Action.ADOPT, f"{seen.detail}: adopting it for its last output", handle=handle)
     if seen.status == Status.EXITED:
         return finding(
             Action.EXITED, f"{seen.exit.describe()}, read back from {seen.exit.source}", exit=seen.exit, handle=handle

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -11,6 +15,29 @@ from django.db import connection
 from executions.actions import Actor, add_machine
 from terminals import actions as terminal_actions
 from tests.bridge.harness import TEST_IMAGE, Stack, session_cookie, start_container
+
+# Session holders of test shells keep their sockets here, apart from a real install's (workers started by the
+# tests inherit it).
+HELD_DIR = os.environ.setdefault("TETHER_HOLDER_DIR", f"/tmp/tether-test-held-{os.getuid()}")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_holder_outlives_the_run():
+    """A held test shell whose exit was read but never released (a test is not a worker) lingers with its
+    holder: at the end of the run, every holder under the tests' directory goes, and the directory too."""
+    yield
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"serve\0{HELD_DIR}/".encode() in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+        except OSError:
+            continue
+    shutil.rmtree(HELD_DIR, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _held_test_shells(settings):
+    settings.TETHER_HOLDER_DIR = HELD_DIR
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -236,9 +236,11 @@ def _once_no_longer_running(execution_pk: int, timeout: float, what: str) -> Exe
 
 
 def test_sigterm_stops_the_worker_and_records_what_it_ended(operator):
+    """Without the session holder (TETHER_HOLDER=0) the worker holds a local shell's PTY itself."""
     machine = make_machine("stop-box")
     session, _ = actions.open_terminal(machine, operator)
     stack = Stack()
+    stack.extra_env["TETHER_HOLDER"] = "0"
     try:
         worker = stack.start_worker("local")
         _wait_until_running(session.execution_id)
@@ -256,6 +258,35 @@ def test_sigterm_stops_the_worker_and_records_what_it_ended(operator):
     session = TerminalSession.objects.get(pk=session.pk)
     assert (session.process_state, session.close_reason) == (ProcessState.CLOSED, "server_restart")
     assert Worker.objects.get().state == WorkerState.STOPPED
+
+
+def test_sigterm_leaves_a_held_shell_running_and_the_next_worker_adopts_the_same_shell(operator):
+    """A routine restart kills no shell: the session holder keeps it, and the next worker takes it over."""
+    machine = make_machine("held-box")
+    session, _ = actions.open_terminal(machine, operator)
+    stack = Stack()
+    stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
+    try:
+        worker = stack.start_worker("local")
+        _wait_until_running(session.execution_id)
+        lease = ProcessLease.objects.get(execution_id=session.execution_id)
+        assert "holder" in lease.handle
+        shell = ProcessIdentity.from_json(lease.handle["process"])
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 0
+        assert shell.is_alive()
+        assert Execution.objects.get(pk=session.execution_id).state == State.RUNNING
+        assert TerminalSession.objects.get(pk=session.pk).process_state != ProcessState.CLOSED
+        stack.start_worker("local")
+        deadline = time.monotonic() + 30
+        while not ExecutionEvent.objects.filter(execution_id=session.execution_id, evidence=Evidence.ADOPTED).exists():
+            assert time.monotonic() < deadline, "the next worker never adopted the held shell"
+            time.sleep(0.2)
+        adopted = ProcessLease.objects.get(execution_id=session.execution_id, released_at__isnull=True)
+        assert adopted.worker_id != lease.worker_id and adopted.handle["process"] == lease.handle["process"]
+        assert shell.is_alive()
+    finally:
+        stack.stop()
 
 
 async def test_command_output_keeps_its_last_bytes_and_counts_what_it_dropped(settings):

@@ -125,6 +125,9 @@ class Process(abc.ABC):
 
     handle: dict
     can_snapshot = False  # whether ``snapshot`` can tell the screen as it is now (a terminal that keeps one)
+    survives_owner = False  # it runs on once its owner lets go, for a later owner to attach to
+    offsets_survive_owner = False  # output offsets continue across owners (a holder's), not per owner
+    stream_origin = 0  # the offset of the first byte ``read`` returns (a held stream resumed by a new owner)
 
     @abc.abstractmethod
     async def read(self) -> bytes:
@@ -151,6 +154,10 @@ class Process(abc.ABC):
     async def snapshot(self):
         """The screen as it is now (``can_snapshot``); its ``render()`` redraws it on a blank terminal."""
         raise NotImplementedError(f"{type(self).__name__} keeps no screen")
+
+    async def release(self) -> None:
+        """Its exit is on record: let go of whatever still kept it (a holder waiting to be told)."""
+        return None
 
 
 class Backend(abc.ABC):
@@ -195,6 +202,10 @@ class Backend(abc.ABC):
     async def survivors(self, handle: dict) -> int:
         """How many processes of the handle's tree are still alive (descendants that outlived the program)."""
         return 0
+
+    def adoptable(self, handle: dict) -> bool:
+        """Whether ``attach`` can take over this process (a held one, or any on a backend that can adopt)."""
+        return self.can_adopt
 
     async def attach(self, handle: dict) -> Process:
         """Take over observation of a live process (adoption). Backends that cannot, refuse."""

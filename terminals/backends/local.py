@@ -1,4 +1,8 @@
-"""The local backend: a PTY child in its own session on this host. The embedded default.
+"""The local backend: a PTY child in its own session on this host.
+
+Where the session holder is built (TETHER_HOLDER), the PTY and the program belong to a holder
+(``local_held``), so the shell outlives its worker and a later worker on this host adopts it. Otherwise,
+or when asked (``holder=None``), the worker holds the PTY itself, and the shell ends with the worker.
 
 The child is started through ``setsid -c`` so that it leads a new session with
 the PTY as its controlling terminal: Ctrl-C then reaches the foreground job,
@@ -32,7 +36,11 @@ from terminals.backends.base import (
     Tags,
     child_env,
 )
+from terminals.backends.holder import holder_binary
+from terminals.backends.local_held import attach_held, holder_alive, inspect_held, remove_held, spawn_held
 from terminals.backends.procfs import ProcessIdentity, boot_id, find_tree, find_tree_by_session_label, terminate_tree
+
+_BUILT = object()
 
 
 def _set_size(fd: int, cols: int, rows: int) -> None:
@@ -147,13 +155,25 @@ class LocalBackend(Backend):
     name = "local"
     can_find_by_label = True
 
+    def __init__(self, holder=_BUILT):
+        # The holder binary that holds new shells, or None: the worker holds them (they end with it).
+        self.holder = holder_binary() if holder is _BUILT else holder
+
+    def adoptable(self, handle: dict) -> bool:
+        return "holder" in handle and holder_alive(handle)
+
+    async def attach(self, handle: dict) -> Process:
+        if "holder" not in handle:
+            return await super().attach(handle)
+        return await attach_held(handle)
+
     async def find_by_label(self, label: str) -> str | None:
         left = await asyncio.to_thread(find_tree_by_session_label, label)
         return f"pid {left[0].pid} carries TETHER_SESSION={label}" if left else None
 
     async def spawn(
         self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None, instance: str = ""
-    ) -> LocalProcess:
+    ) -> Process:
         # One step creates and starts the child: there is no moment in between to keep a handle from.
         account = pwd.getpwuid(os.getuid())
         env = child_env(spec, tags, {"HOME": account.pw_dir, "USER": account.pw_name, "SHELL": account.pw_shell})
@@ -162,6 +182,8 @@ class LocalBackend(Backend):
             raise SpawnError(f"program not found: {program}")
         if spec.cwd and not os.path.isdir(spec.cwd):
             raise SpawnError(f"working directory does not exist: {spec.cwd}")
+        if self.holder is not None:
+            return await spawn_held(self.holder, spec, tags, env, spec.cwd or account.pw_dir)
         master, slave = os.openpty()
         try:
             _set_size(slave, spec.cols, spec.rows)
@@ -187,6 +209,8 @@ class LocalBackend(Backend):
         return LocalProcess(popen, master, identity, tags.marker)
 
     async def inspect(self, handle: dict) -> Inspection:
+        if "holder" in handle:
+            return await inspect_held(handle)
         identity = ProcessIdentity.from_json(handle["process"])
         if identity.is_alive():
             return Inspection(Status.ALIVE, detail=f"pid {identity.pid} with matching start time")
@@ -218,5 +242,8 @@ class LocalBackend(Backend):
         return len(await asyncio.to_thread(find_tree, marker=handle["marker"]))
 
     async def remove(self, handle: dict, grace: float = 2.0) -> None:
+        if "holder" in handle:
+            await remove_held(handle, grace)
+            return
         leader = ProcessIdentity.from_json(handle["process"]) if "process" in handle else None
         await terminate_tree(marker=handle["marker"], leader=leader, grace=grace)

@@ -25,6 +25,7 @@ SEND_KEYS_BATCH = 1024
 
 class TmuxProcess(Process):
     can_snapshot = True
+    survives_owner = True  # the tmux server keeps the session; a later worker adopts it
 
     def __init__(self, server: TmuxServer, handle: dict, state: PaneState):
         self.handle = handle

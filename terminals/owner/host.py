@@ -63,6 +63,8 @@ class SessionHost:
         if screen:
             live.buffer.append(screen)
             live.adopted_screen = len(screen)
+        # A held stream resumed by a new owner goes on at the holder's offsets: viewers keep their place.
+        live.buffer.start = process.stream_origin
         self.context.live[execution.pk] = live
         live.pump_task = self.context.tasks.start(self._supervise(live, execution))
 
@@ -96,6 +98,7 @@ class SessionHost:
             if live.handle_backend == BackendKind.TMUX and not live.ended_for:
                 # The dead pane only held the exit status, which is now recorded: remove the session.
                 await live.process.terminate(grace=0.5)
+            await live.process.release()  # a holder kept the exit until now
         except actions.LeaseLost as error:
             log.warning("%s; letting go", error)
             await self.let_go(live, "lease lost")
@@ -180,13 +183,14 @@ class SessionHost:
                 self.context.tasks.start(self.end(live, Request(request).reason))
 
     async def shutdown(self) -> None:
-        """Let go of what a later owner can take over: tmux sessions (adopted, screen and all) and docker
-        commands (docker keeps the exec and reports its exit to whoever inspects it next). A local process
-        or a docker shell cannot be observed again by anyone: it is ended here, proven gone, and recorded.
+        """Let go of what a later owner can take over: held shells (a session holder keeps them), tmux
+        sessions (adopted, screen and all) and docker commands (docker keeps the exec and reports its exit
+        to whoever inspects it next). A shell this worker holds itself (no holder: a plain local PTY or
+        docker exec) cannot be observed again by anyone: it is ended here, proven gone, and recorded.
         Sessions already ending (an operator's Kill, a lifetime) are waited for too."""
         held = list(self.context.live.values())
         for live in held:
-            later = live.handle_backend == BackendKind.TMUX or (
+            later = live.process.survives_owner or (
                 live.handle_backend == BackendKind.DOCKER and live.kind == Kind.COMMAND
             )
             if later:

@@ -155,9 +155,11 @@ class ViewerService:
         cols, rows = message.cols, message.rows
         if isinstance(cols, int) and isinstance(rows, int) and 1 <= cols <= MAX_COLS and 1 <= rows <= MAX_ROWS:
             await live.process.resize(cols, rows)
-        # Offsets count within one owner's stream (its epoch: the lease token). After an adoption the
-        # stream restarts with the screen as it is, so a cursor from the old owner means nothing here.
-        same_stream = message.generation == live.generation and (message.epoch or 1) == live.token
+        # Offsets count within one owner's stream (its epoch: the lease token). After a tmux adoption the
+        # stream restarts with the screen as it is, so a cursor from the old owner means nothing here; a
+        # holder's offsets are the same for every owner, so the viewer's cursor still holds.
+        same_epoch = (message.epoch or 1) == live.token or live.process.offsets_survive_owner
+        same_stream = message.generation == live.generation and same_epoch
         asked = max(int(message.since or 0), 0)
         since = asked if same_stream else 0
         async with live.send_lock:

@@ -16,7 +16,9 @@ from terminals.backends.base import Backend, Tags
 from terminals.backends.procfs import ProcessIdentity, find_tree, session_of
 from terminals.backends.tmux_shim import SHIM_MARKER_VARIABLE
 
-BACKENDS = ["local", "tmux", "docker"]
+# "local" is a held local shell (the session holder owns the PTY); "local-plain" the worker's own PTY,
+# what a machine without the holder gets.
+BACKENDS = ["local", "local-plain", "tmux", "docker"]
 
 
 def make_tags(session: str | None = None) -> Tags:
@@ -32,9 +34,13 @@ def backend_name(request) -> str:
 @pytest.fixture
 def make_backend(backend_name, request) -> Callable[[], Backend]:
     """Build a backend of the parametrised kind; another call gives another instance on the same place."""
-    if backend_name == "local":
+    if backend_name.startswith("local"):
+        from terminals.backends.holder import holder_binary
         from terminals.backends.local import LocalBackend
 
+        if backend_name == "local-plain":
+            return lambda: LocalBackend(holder=None)
+        assert holder_binary() is not None, "the session holder is not built: make holder"
         return LocalBackend
     if backend_name == "tmux":
         from terminals.backends.tmux import TmuxBackend
@@ -95,8 +101,21 @@ def _comm(pid: int) -> str:
 def output_relays(backend_name, request) -> Callable[[], dict[str, int]]:
     """The processes on this host that pass a program's output on to us (a local PTY has none but the
     kernel): the tmux server, or dockerd and the container's containerd-shim. Call it after spawn."""
-    if backend_name == "local":
+    if backend_name == "local-plain":
         return dict
+    if backend_name == "local":
+
+        def holder() -> dict[str, int]:  # the newest holder: the one the spawn just started
+            holders = []
+            for entry in Path("/proc").iterdir():
+                try:
+                    if entry.name.isdigit() and b"tether-holder\0serve" in (entry / "cmdline").read_bytes():
+                        holders.append((int(_stat(int(entry.name))[19]), int(entry.name)))
+                except OSError:
+                    continue
+            return {"session holder": max(holders)[1]} if holders else {}
+
+        return holder
     if backend_name == "tmux":
         socket = request.getfixturevalue("tmux_socket")
 

@@ -1,4 +1,6 @@
-"""Local PTY specifics: what another process can know after the owner died, and honest spawn errors."""
+"""Local PTY specifics: what another process can know after the owner died, and honest spawn errors. The
+worker's own PTY ("plain", no session holder) is what these test unless they say held; held shells'
+own properties are in test_holder.py."""
 
 from __future__ import annotations
 
@@ -23,15 +25,15 @@ from tests.backends.test_contract import read_until
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def test_inspect_after_the_spawner_was_killed_says_gone_and_never_invents_an_exit():
+async def test_a_plain_shell_whose_spawner_was_killed_is_gone_and_no_exit_is_invented():
     spawner = subprocess.Popen(
-        [sys.executable, "-m", "tests.backends.spawner", "local", "{}", "/bin/sh", "-c", "sleep 1000"],
+        [sys.executable, "-m", "tests.backends.spawner", "local", '{"holder": null}', "/bin/sh", "-c", "sleep 1000"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
     )
     handle = json.loads(spawner.stdout.readline())
-    backend = LocalBackend()
+    backend = LocalBackend(holder=None)
     assert (await backend.inspect(handle)).status == Status.ALIVE
     spawner.send_signal(signal.SIGKILL)
     spawner.wait()
@@ -45,7 +47,7 @@ async def test_inspect_after_the_spawner_was_killed_says_gone_and_never_invents_
 
 
 async def test_a_reused_pid_is_never_taken_for_the_original_process():
-    backend = LocalBackend()
+    backend = LocalBackend(holder=None)
     process = await backend.spawn(SpawnSpec(argv=("sleep", "100")), make_tags())
     # The recorded process (pid, another start time) and its tree (another marker) are gone; the pid now
     # names a stranger to that handle.
@@ -63,8 +65,8 @@ async def test_an_identity_from_another_boot_is_never_taken_for_a_live_process(s
     assert not other_boot.is_present()
     assert not other_boot.signal(signal.SIGKILL)
     handle = {"backend": "local", "process": other_boot.to_json(), "marker": secrets.token_hex(12)}
-    assert (await LocalBackend().inspect(handle)).status == Status.GONE
-    await LocalBackend().remove(handle, grace=0.2)  # the stranger leads a session of that very number
+    assert (await LocalBackend(holder=None).inspect(handle)).status == Status.GONE
+    await LocalBackend(holder=None).remove(handle, grace=0.2)  # the stranger leads a session of that very number
     assert stranger.is_alive()
 
 
@@ -77,12 +79,12 @@ def stale_handle(pid: int, start_time: int) -> dict:
 
 
 async def test_removing_a_stale_handle_spares_a_stranger_whose_session_reuses_the_pid(stranger):
-    await LocalBackend().remove(stale_handle(stranger.pid, stranger.start_time + 1), grace=0.2)
+    await LocalBackend(holder=None).remove(stale_handle(stranger.pid, stranger.start_time + 1), grace=0.2)
     assert stranger.is_alive()
 
 
 async def test_terminating_a_stale_process_spares_a_stranger_whose_session_reuses_the_pid(stranger):
-    process = await LocalBackend().spawn(SpawnSpec(argv=("true",)), make_tags())
+    process = await LocalBackend(holder=None).spawn(SpawnSpec(argv=("true",)), make_tags())
     ended = await asyncio.wait_for(process.wait(), 10)
     # Its pid is free now; suppose the stranger got it. The handle still says ours started earlier.
     process.identity = ProcessIdentity(stranger.pid, stranger.start_time - 1, process.identity.boot_id)
@@ -98,7 +100,7 @@ async def test_removing_a_handle_whose_leader_is_gone_spares_unmarked_members_of
     leader.wait()
     try:
         assert session_of(member.pid) == leader.pid and ProcessIdentity.of(leader.pid) is None
-        await LocalBackend().remove(stale_handle(leader.pid, 1), grace=0.2)
+        await LocalBackend(holder=None).remove(stale_handle(leader.pid, 1), grace=0.2)
         assert member.is_alive()
     finally:
         member.signal(signal.SIGKILL)
@@ -109,7 +111,9 @@ async def test_terminate_ends_an_unmarked_session_member_that_ignores_sigterm_af
     """Session members are ours while the leader holds the session's number; one found then stays on the
     list, so it is still killed once the leader has died and been reaped."""
     unmarked = "env -u TETHER_PROCESS_MARKER sh -c \"trap '' HUP TERM; echo member-\\$\\$-up; exec sleep 1000\""
-    process = await LocalBackend().spawn(SpawnSpec(argv=("sh", "-c", f"{unmarked} & sleep 1000")), make_tags())
+    process = await LocalBackend(holder=None).spawn(
+        SpawnSpec(argv=("sh", "-c", f"{unmarked} & sleep 1000")), make_tags()
+    )
     member = ProcessIdentity.of(int(re.search(rb"member-(\d+)-up", await read_until(process, b"-up")).group(1)))
     assert session_of(member.pid) == process.identity.pid
     waiting = asyncio.ensure_future(process.wait())  # reaps the leader as soon as it dies, as an owner does

@@ -28,6 +28,7 @@ def test_only_a_worker_on_the_machines_host_runs_recovers_and_resolves_its_proce
     assert machine.host == "host-b"
     stack = Stack()
     stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
+    stack.extra_env["TETHER_HOLDER"] = "0"  # the worker's own PTY: it dies with the worker
     try:
         start_worker_on(stack, "host-a")
         execution, _ = exec_actions.submit_execution(
@@ -71,6 +72,35 @@ def test_only_a_worker_on_the_machines_host_runs_recovers_and_resolves_its_proce
         settings.TETHER_HOST = "host-b"
         resolved, _ = resolve(settled, actor=TEST_ACTOR, note="looked on b: the PTY died with its worker")
         assert resolved.state == State.RESOLVED
+    finally:
+        stack.stop()
+
+
+def test_a_held_local_shell_is_adopted_by_a_worker_of_its_host_and_by_no_other():
+    machine = exec_actions.add_machine(name="held-b", backend="local", host="host-b", actor=TEST_ACTOR)
+    stack = Stack()
+    stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
+    try:
+        start_worker_on(stack, "host-a")
+        on_b = start_worker_on(stack, "host-b")
+        execution, _ = exec_actions.submit_execution(
+            scope="default", execution_id="held-on-b", machine_name=machine.name, spec=make_spec("sleep", "60"),
+            actor=TEST_ACTOR,
+        )  # fmt: skip
+        wait_for(lambda: Execution.objects.filter(pk=execution.pk, state=State.RUNNING).exists(), what="running")
+        lease = ProcessLease.objects.get(execution=execution)
+        assert lease.worker.host == "host-b" and "holder" in lease.handle
+        on_b.send_signal(signal.SIGKILL)
+        on_b.wait()
+        time.sleep(int(stack.env()["TETHER_LEASE_TTL_SECONDS"]) + 3)
+        # host-a's worker may not look at host-b's processes: the held shell waits for its host.
+        assert not execution.events.filter(evidence=Evidence.ADOPTED).exists()
+        assert ProcessLease.objects.get(execution=execution).worker_id == lease.worker_id
+        start_worker_on(stack, "host-b")
+        wait_for(lambda: execution.events.filter(evidence=Evidence.ADOPTED).exists(), what="adopted on b")
+        adopted = ProcessLease.objects.get(execution=execution, released_at__isnull=True)
+        assert adopted.worker.host == "host-b" and adopted.handle["process"] == lease.handle["process"]
+        assert Execution.objects.get(pk=execution.pk).state == State.RUNNING
     finally:
         stack.stop()
 

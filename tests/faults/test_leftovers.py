@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 @pytest.mark.parametrize(
     ("backend", "server_killed"),
     [
-        ("local", False),  # the PTY dies with its owner; the child ignores the hang-up
+        ("local", False),  # no holder: the PTY dies with its owner; the child ignores the hang-up
         # A child ignoring SIGHUP outlives even `tmux kill-server`: "no tmux server" is no proof that nothing
         # of the command runs.
         ("tmux", True),
@@ -40,6 +40,7 @@ def test_a_dead_owners_hup_proof_child_is_ended_before_the_outcome_is_recorded(p
     )  # fmt: skip
     stack = Stack()
     stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
+    stack.extra_env["TETHER_HOLDER"] = "0"  # a held shell outlives its owner (test_worker_crash.py)
     try:
         owner = stack.start_worker(backend)
         wait_for(lambda: Execution.objects.filter(pk=execution.pk, state=State.RUNNING).exists(), what="running")

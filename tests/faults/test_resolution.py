@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 
 from executions import actions as exec_actions
 from executions.models import Evidence, Execution, ExecutionEvent, Machine, State
@@ -116,8 +117,8 @@ def test_a_live_owner_refuses_until_drained(place):
             worker=worker,
             token=7,
             handle=handle,
-            heartbeat_at=exec_actions.Now(),
-            expires_at=exec_actions.Now(),
+            heartbeat_at=Now(),
+            expires_at=Now(),
         )
         execution = exec_actions.transition(
             execution, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR

@@ -15,6 +15,7 @@ import pytest
 
 from executions import actions as exec_actions
 from executions.models import Evidence, Execution, State
+from terminals.backends.procfs import ProcessIdentity
 from terminals.models import ProcessLease
 from terminals.tasks import Tasks
 from tests.bridge.harness import Stack, wait_for
@@ -66,15 +67,15 @@ def test_a_worker_stopped_mid_launch_finishes_it_and_records_it(place):
         stopped_at = time.monotonic()
         owner.send_signal(signal.SIGTERM)
         assert owner.wait(timeout=60) == 0
-        # It was launched, then ended by the stop (a local process cannot outlive its worker), and that is
-        # recorded: nothing is left dispatched for recovery to guess at.
+        # The launch was finished, not dropped: the program runs, held, with its handle written and its
+        # state running, so the next worker adopts it and nothing is left dispatched for recovery to guess at.
         execution.refresh_from_db()
-        assert (execution.state, execution.evidence, execution.close_reason) == (
-            State.COMPLETED,
-            Evidence.KILLED,
-            "server_restart",
-        )
-        assert ProcessLease.objects.get(execution=execution).released_at is not None
+        assert execution.state == State.RUNNING
+        lease = ProcessLease.objects.get(execution=execution)
+        assert "holder" in lease.handle and "launch" not in lease.handle
+        program = ProcessIdentity.from_json(lease.handle["process"])
+        assert program.is_alive()
+        program.signal(signal.SIGKILL)
         assert time.monotonic() - stopped_at < 60
     finally:
         stack.stop()

@@ -54,15 +54,20 @@ class Place:
             return ""
 
 
-@pytest.mark.parametrize("backend", ["tmux", "docker", "local"])
-def test_kill_9_mid_command_then_a_new_worker_settles_it_honestly(backend, place, request, tmp_path):
-    machine = place(backend, f"crash-{backend}")
+@pytest.mark.parametrize("variant", ["tmux", "docker", "local", "local-plain"])
+def test_kill_9_mid_command_then_a_new_worker_settles_it_honestly(variant, place, request, tmp_path):
+    """A held local command (the session holder keeps it), a tmux one and a docker one are finished by the
+    next worker with their real exit; a local one the worker held itself (no holder) is unknown."""
+    backend = variant.removesuffix("-plain")
+    machine = place(backend, f"crash-{variant}")
     where = Place(backend, tmp_path, machine.ref if backend == "docker" else None)
     spec = make_spec("sh", "-c", f"echo start >> {where.path}; sleep 5; echo done >> {where.path}")
     execution, _ = exec_actions.submit_execution(
-        scope="team-a", execution_id=f"crash-{backend}", machine_name=machine.name, spec=spec, actor=TEST_ACTOR
+        scope="team-a", execution_id=f"crash-{variant}", machine_name=machine.name, spec=spec, actor=TEST_ACTOR
     )
     stack = crash_stack()
+    if variant == "local-plain":
+        stack.extra_env["TETHER_HOLDER"] = "0"
     try:
         first = stack.start_worker(backend)
         wait_for(lambda: "start" in where.read(), what="the command to start")
@@ -70,7 +75,7 @@ def test_kill_9_mid_command_then_a_new_worker_settles_it_honestly(backend, place
         first.wait()
         stack.start_worker(backend)
 
-        if backend == "local":
+        if variant == "local-plain":
             # The PTY died with its owner: nothing can say how the command ended.
             settled = wait_for(lambda: execution_in(execution.pk, State.UNKNOWN), what="unknown")
             assert settled.evidence == Evidence.CONTROLLER_LOST
@@ -85,7 +90,7 @@ def test_kill_9_mid_command_then_a_new_worker_settles_it_honestly(backend, place
             assert where.read() == "start\ndone\n"  # ran once, to the end
             events = ExecutionEvent.objects.filter(execution=settled)
             final = events.get(to_state=State.COMPLETED)
-            if backend == "tmux":
+            if backend in ("tmux", "local"):
                 assert events.filter(evidence=Evidence.ADOPTED).exists(), list(events.values_list("evidence"))
                 assert final.actor != events.get(to_state=State.DISPATCHED).actor  # recorded by the new owner
             else:

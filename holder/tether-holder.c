@@ -1,0 +1,767 @@
+/*
+ * tether-holder: holds one program on a PTY so that it outlives the Tether worker (and the `docker exec`)
+ * that started it, and lets any later worker attach again. The protocol is docs/holder.md.
+ *
+ *   tether-holder serve  DIR [--ring BYTES] [--cols N] [--rows N] [--linger SECONDS] [--cwd DIR]
+ *                             [--setenv NAME=VALUE]... -- ARGV...
+ *       The session's secret is the first line on stdin (never argv or the environment). Starts the holder
+ *       in the background, prints "holder PID START program PID\n" once it listens, and exits 0 (1 with
+ *       "error TEXT\n" when nothing was started).
+ *       --setenv is for the program only (Tether's process marker: the holder must not carry it).
+ *   tether-holder attach DIR     relays stdin/stdout to DIR/sock (for `docker exec`): on a terminal it
+ *                                first makes it raw, then says "TETHER-RELAY\n", then passes bytes unchanged.
+ *   tether-holder status DIR     prints DIR/exit if the program has ended, else "running PID\n".
+ *
+ * One file, no dependencies beyond libc; built static (musl-gcc, or gcc -static) so it runs in any
+ * Linux container whatever its libc. It never dies of a client: every client error drops that client.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HEADER 5                       /* 1 byte type, 4 bytes big-endian length */
+#define MAX_FRAME (1024 * 1024)        /* a longer frame is a bad client */
+#define CHUNK (64 * 1024)              /* output bytes per frame */
+#define MAX_SECRET 128
+#define PENDING 4                      /* connections not yet authenticated */
+#define AUTH_MS 5000                   /* ...each gets this long to send its attach */
+#define QUIET_MS 50                    /* after the program's end: output silent this long has ended */
+#define INPUT_FRAME (64 * 1024)          /* bytes in one input frame */
+#define INPUT_HIGH INPUT_FRAME           /* input waiting for the program: above this, the client waits */
+
+/* frames */
+enum {
+    F_ATTACH = 'A',  /* client: secret, then 8 bytes since */
+    F_INPUT = 'I',   /* client: bytes for the program */
+    F_RESIZE = 'R',  /* client: 2 bytes cols, 2 bytes rows */
+    F_ACK = 'C',     /* client: 8 bytes, output before it need not be kept */
+    F_KILL = 'K',    /* client: 4 bytes grace ms; end the program's whole session */
+    F_QUIT = 'Q',    /* client: the exit is on record; the holder may go (only after the end) */
+    F_ATTACHED = 'S',/* holder: 8 resume, 8 lost, 8 total, 4 program pid, 1 ended */
+    F_OUTPUT = 'O',  /* holder: 8 offset, then the bytes */
+    F_EXIT = 'E',    /* holder: the exit record's text, after the last output */
+    F_ERROR = 'Z',   /* holder: why the connection is closed */
+};
+
+struct conn {
+    int fd;
+    long long since_ms;               /* accepted at (pending ones) */
+    unsigned char in[HEADER + MAX_FRAME];
+    size_t in_len;
+    unsigned char out[HEADER + 8 + CHUNK];
+    size_t out_len, out_pos;
+};
+
+static const char *dir;
+static char secret[MAX_SECRET + 1];
+static size_t secret_len;
+static unsigned char *ring;
+static size_t ring_size = 1024 * 1024;
+static uint64_t total;   /* bytes ever read from the PTY */
+static uint64_t base;    /* oldest offset kept: [base, total) is in the ring */
+static uint64_t sent;    /* the client's next offset */
+static int master = -1, listener = -1, sigfd = -1;
+static pid_t program;
+static int ended;        /* the program was reaped */
+static int status_word;
+static int pty_eof;
+static long long ended_ms, last_output_ms;
+static int exit_sent;
+static long linger_s = 3600;
+static struct conn *client;
+static struct conn *pending[PENDING];
+static unsigned char input[3 * INPUT_FRAME];
+static size_t input_len;
+static long long kill_at_ms;     /* when the SIGKILL of a K frame is due; 0: none */
+
+static long long now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static long long wall_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static void put64(unsigned char *p, uint64_t v) { for (int i = 7; i >= 0; i--) { p[i] = v & 0xff; v >>= 8; } }
+static void put32(unsigned char *p, uint32_t v) { for (int i = 3; i >= 0; i--) { p[i] = v & 0xff; v >>= 8; } }
+static uint64_t get64(const unsigned char *p) { uint64_t v = 0; for (int i = 0; i < 8; i++) v = (v << 8) | p[i]; return v; }
+static uint32_t get32(const unsigned char *p) { uint32_t v = 0; for (int i = 0; i < 4; i++) v = (v << 8) | p[i]; return v; }
+static unsigned get16(const unsigned char *p) { return ((unsigned)p[0] << 8) | p[1]; }
+
+static void path_in(char *buf, size_t size, const char *name) { snprintf(buf, size, "%s/%s", dir, name); }
+
+static void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+/* --- the exit record ------------------------------------------------------------------------------ */
+
+static void record_exit(void) {
+    char tmp[4096], final[4096], text[256];
+    int n;
+    if (WIFSIGNALED(status_word))
+        n = snprintf(text, sizeof text, "signal=%d core=%d at=%lld pid=%d\n", WTERMSIG(status_word),
+                     WCOREDUMP(status_word) ? 1 : 0, wall_ms(), (int)program);
+    else
+        n = snprintf(text, sizeof text, "code=%d at=%lld pid=%d\n", WEXITSTATUS(status_word), wall_ms(), (int)program);
+    path_in(tmp, sizeof tmp, "exit.tmp");
+    path_in(final, sizeof final, "exit");
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        if (write(fd, text, n) == n && fsync(fd) == 0) {
+            close(fd);
+            rename(tmp, final);
+            int d = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (d >= 0) { fsync(d); close(d); }
+        } else {
+            close(fd);
+        }
+    }
+}
+
+static size_t exit_text(char *buf, size_t size) {
+    char path[4096];
+    path_in(path, sizeof path, "exit");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, size);
+    close(fd);
+    return n > 0 ? (size_t)n : 0;
+}
+
+/* --- ending the program's session ----------------------------------------------------------------- */
+
+/* Every process whose session is the program's (it leads its own): the whole tree that did not leave it. */
+static void signal_session(int sig) {
+    kill(-program, sig);
+    DIR *proc = opendir("/proc");
+    if (!proc) return;
+    struct dirent *entry;
+    while ((entry = readdir(proc))) {
+        char *end;
+        long pid = strtol(entry->d_name, &end, 10);
+        if (*end || pid <= 1) continue;
+        char path[64], stat[1024];
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t n = read(fd, stat, sizeof stat - 1);
+        close(fd);
+        if (n <= 0) continue;
+        stat[n] = 0;
+        char *paren = strrchr(stat, ')');  /* the name may hold spaces and parentheses */
+        if (!paren) continue;
+        char state;
+        int ppid, pgrp, session;
+        if (sscanf(paren + 1, " %c %d %d %d", &state, &ppid, &pgrp, &session) == 4 && session == program)
+            kill((pid_t)pid, sig);
+    }
+    closedir(proc);
+}
+
+/* --- connections ---------------------------------------------------------------------------------- */
+
+static void drop(struct conn *c) {
+    if (!c) return;
+    close(c->fd);
+    free(c);
+}
+
+/* Best effort, then the connection goes: a client that does not read is not waited for. */
+static void refuse(struct conn *c, const char *why) {
+    unsigned char frame[HEADER + 256];
+    size_t n = strlen(why);
+    if (n > 256) n = 256;
+    frame[0] = F_ERROR;
+    put32(frame + 1, (uint32_t)n);
+    memcpy(frame + HEADER, why, n);
+    ssize_t ignored = send(c->fd, frame, HEADER + n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)ignored;
+    drop(c);
+}
+
+static void queue(struct conn *c, int type, const unsigned char *payload, size_t n) {
+    c->out[0] = (unsigned char)type;
+    put32(c->out + 1, (uint32_t)n);
+    memcpy(c->out + HEADER, payload, n);
+    c->out_len = HEADER + n;
+    c->out_pos = 0;
+}
+
+/* The next frame for the client when the last one is out: output from `sent`, then (once the program has
+   ended and its output with it) the exit record. */
+static void fill(struct conn *c) {
+    if (c->out_pos < c->out_len) return;
+    c->out_len = c->out_pos = 0;
+    if (sent < total) {
+        size_t n = total - sent;
+        if (n > CHUNK) n = CHUNK;
+        size_t at = sent % ring_size;
+        if (n > ring_size - at) n = ring_size - at;  /* one contiguous piece per frame */
+        c->out[0] = F_OUTPUT;
+        put32(c->out + 1, (uint32_t)(8 + n));
+        put64(c->out + HEADER, sent);
+        memcpy(c->out + HEADER + 8, ring + at, n);
+        c->out_len = HEADER + 8 + n;
+        sent += n;
+    } else if (ended && pty_eof && !exit_sent) {
+        char text[256];
+        size_t n = exit_text(text, sizeof text);
+        queue(c, F_EXIT, (unsigned char *)text, n);
+        exit_sent = 1;
+    }
+}
+
+/* Writes what it can; 0 when the client is gone. */
+static int flush(struct conn *c) {
+    for (;;) {
+        fill(c);
+        if (c->out_pos >= c->out_len) return 1;
+        ssize_t n = send(c->fd, c->out + c->out_pos, c->out_len - c->out_pos, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+        c->out_pos += (size_t)n;
+    }
+}
+
+static int secret_matches(const unsigned char *given, size_t n) {
+    if (n != secret_len) return 0;
+    unsigned char diff = 0;
+    for (size_t i = 0; i < n; i++) diff |= given[i] ^ (unsigned char)secret[i];
+    return diff == 0;
+}
+
+/* A pending connection's attach: with the secret it replaces the client (the newer attach wins). */
+static int attach(struct conn *c, const unsigned char *payload, size_t n) {
+    if (n < 8 || !secret_matches(payload, n - 8)) {
+        refuse(c, "refused: wrong secret");
+        return 0;
+    }
+    uint64_t since = get64(payload + n - 8), resume = since, lost = 0;
+    if (resume > total) resume = total;  /* an offset from the future: nothing between */
+    if (resume < base) { lost = base - resume; resume = base; }
+    if (client) refuse(client, "replaced by a newer attach");
+    client = c;
+    sent = resume;
+    exit_sent = 0;
+    unsigned char reply[8 + 8 + 8 + 4 + 1];
+    put64(reply, resume);
+    put64(reply + 8, lost);
+    put64(reply + 16, total);
+    put32(reply + 24, (uint32_t)program);
+    reply[28] = ended ? 1 : 0;
+    queue(c, F_ATTACHED, reply, sizeof reply);
+    return 1;
+}
+
+static void write_input(void) {
+    while (input_len > 0 && master >= 0) {
+        ssize_t n = write(master, input, input_len);
+        if (n <= 0) {
+            if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+            input_len = 0;  /* the terminal is gone: nothing will read it */
+            return;
+        }
+        memmove(input, input + n, input_len - (size_t)n);
+        input_len -= (size_t)n;
+    }
+}
+
+static int quit_now;
+
+/* One frame from the attached client; 0 drops it. */
+static int client_frame(struct conn *c, int type, const unsigned char *p, size_t n) {
+    switch (type) {
+    case F_INPUT:
+        if (n > sizeof input - input_len) return 0;  /* cannot be: frames wait above INPUT_HIGH */
+        memcpy(input + input_len, p, n);
+        input_len += n;
+        write_input();
+        return 1;
+    case F_RESIZE: {
+        if (n != 4) return 0;
+        unsigned cols = get16(p), rows = get16(p + 2);
+        if (cols < 1 || rows < 1 || cols > 1000 || rows > 1000) return 0;
+        struct winsize size = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
+        if (master >= 0) ioctl(master, TIOCSWINSZ, &size);
+        return 1;
+    }
+    case F_ACK: {
+        if (n != 8) return 0;
+        uint64_t offset = get64(p);
+        if (offset > sent) offset = sent;  /* only what it was sent */
+        if (offset > base) base = offset;
+        return 1;
+    }
+    case F_KILL: {
+        if (n != 4) return 0;
+        uint32_t grace = get32(p);
+        if (grace > 60000) grace = 60000;
+        signal_session(SIGHUP);
+        signal_session(SIGTERM);
+        signal_session(SIGCONT);
+        kill_at_ms = now_ms() + grace;
+        return 1;
+    }
+    case F_QUIT:
+        if (ended) quit_now = 1;
+        return 1;
+    default:
+        (void)c;
+        return 0;  /* an attach again, or a type nobody knows */
+    }
+}
+
+/* Acts on every whole frame in the connection's buffer. Returns 0 when the connection is to go (dropped by
+   the caller), -1 when it was refused and dropped here, 2 when a pending connection became the client, 1
+   otherwise. The client's input waits in its buffer while the program is not reading. */
+static int process(struct conn *c, int authenticated) {
+    size_t at = 0;
+    int result = 1;
+    while (c->in_len - at >= HEADER) {
+        if (authenticated && input_len > INPUT_HIGH) break;
+        uint32_t len = get32(c->in + at + 1);
+        if (len > MAX_FRAME || (c->in[at] == F_INPUT && len > INPUT_FRAME)) { result = 0; break; }
+        if (c->in_len - at < HEADER + len) break;
+        int type = c->in[at];
+        const unsigned char *payload = c->in + at + HEADER;
+        if (!authenticated) {
+            if (type != F_ATTACH) return 0;
+            unsigned char copy[MAX_SECRET + 8];
+            if (len > sizeof copy) { refuse(c, "refused: wrong secret"); return -1; }
+            memcpy(copy, payload, len);
+            at += HEADER + len;
+            memmove(c->in, c->in + at, c->in_len - at);  /* what follows is the new client's */
+            c->in_len -= at;
+            return attach(c, copy, len) ? 2 : -1;
+        }
+        at += HEADER + len;
+        if (!client_frame(c, type, payload, len)) { result = 0; break; }
+    }
+    memmove(c->in, c->in + at, c->in_len - at);
+    c->in_len -= at;
+    return result;
+}
+
+/* Reads what the socket has; 0 when the peer has gone. */
+static int receive(struct conn *c) {
+    size_t room = sizeof c->in - c->in_len;
+    if (room == 0) return 1;
+    ssize_t n = recv(c->fd, c->in + c->in_len, room, MSG_DONTWAIT);
+    if (n == 0) return 0;
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    c->in_len += (size_t)n;
+    return 1;
+}
+
+static int wants_input(struct conn *c) { return input_len <= INPUT_HIGH && c->in_len < sizeof c->in; }
+
+/* --- the PTY and the program ---------------------------------------------------------------------- */
+
+static void read_pty(void) {
+    while (master >= 0 && total - base < ring_size) {
+        size_t at = total % ring_size, room = ring_size - (size_t)(total - base);
+        if (room > ring_size - at) room = ring_size - at;
+        ssize_t n = read(master, ring + at, room);
+        if (n > 0) {
+            total += (uint64_t)n;
+            last_output_ms = now_ms();
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+        pty_eof = 1;  /* EIO: every holder of the terminal has closed it */
+        close(master);
+        master = -1;
+        return;
+    }
+}
+
+static void reap(void) {
+    struct signalfd_siginfo info;
+    while (read(sigfd, &info, sizeof info) == sizeof info) {}
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        if (pid == program && !ended) {
+            status_word = status;
+            ended = 1;
+            ended_ms = now_ms();
+            record_exit();
+        }
+    }
+}
+
+static void cleanup_files(void) {
+    char path[4096];
+    path_in(path, sizeof path, "sock");
+    unlink(path);
+    path_in(path, sizeof path, "holder");
+    unlink(path);
+}
+
+static int serve_loop(void) {
+    for (;;) {
+        long long now = now_ms();
+        /* The output has ended once the terminal closed, or once it stayed quiet a while after the end
+           (a background child may keep the terminal open for ever). */
+        if (ended && !pty_eof) {
+            read_pty();
+            if (!pty_eof && total - base < ring_size && now - (last_output_ms > ended_ms ? last_output_ms : ended_ms) >= QUIET_MS) {
+                pty_eof = 1;
+                if (master >= 0) { close(master); master = -1; }
+            }
+        }
+        if (kill_at_ms && now >= kill_at_ms) {
+            signal_session(SIGKILL);
+            kill_at_ms = 0;
+        }
+        if (quit_now || (ended && now - ended_ms >= linger_s * 1000)) return 0;
+        if (client && (process(client, 1) == 0 || !flush(client))) { drop(client); client = NULL; }
+
+        struct pollfd fds[4 + PENDING];
+        int n = 0;
+        fds[n++] = (struct pollfd){.fd = sigfd, .events = POLLIN};
+        fds[n++] = (struct pollfd){.fd = listener, .events = POLLIN};
+        int master_at = -1, client_at = -1;
+        if (master >= 0) {
+            short events = 0;
+            if (total - base < ring_size) events |= POLLIN;
+            if (input_len) events |= POLLOUT;
+            master_at = n;
+            fds[n++] = (struct pollfd){.fd = master, .events = events};
+        }
+        if (client) {
+            short events = wants_input(client) ? POLLIN : 0;
+            if (client->out_pos < client->out_len || sent < total) events |= POLLOUT;
+            client_at = n;
+            fds[n++] = (struct pollfd){.fd = client->fd, .events = events};
+        }
+        int pending_at = n;
+        for (int i = 0; i < PENDING; i++)
+            if (pending[i]) fds[n++] = (struct pollfd){.fd = pending[i]->fd, .events = POLLIN};
+        int timeout = 1000;
+        if (ended && !pty_eof) timeout = QUIET_MS;
+        if (kill_at_ms) timeout = 20;
+        if (poll(fds, (nfds_t)n, timeout) < 0 && errno != EINTR) return 1;
+        now = now_ms();
+
+        if (fds[0].revents) reap();
+        if (master_at >= 0 && fds[master_at].revents) {
+            if (fds[master_at].revents & POLLOUT) write_input();
+            if (fds[master_at].revents & (POLLIN | POLLHUP | POLLERR)) read_pty();
+        }
+        if (client_at >= 0 && client && fds[client_at].revents) {
+            if (fds[client_at].revents & (POLLIN | POLLHUP | POLLERR)) {
+                if (!receive(client) || process(client, 1) == 0) { drop(client); client = NULL; }
+            }
+        }
+        /* pending connections: the attach, or a timeout */
+        int k = pending_at;
+        for (int i = 0; i < PENDING; i++) {
+            if (!pending[i]) continue;
+            struct conn *c = pending[i];
+            int ready = fds[k++].revents;
+            if (ready) {
+                pending[i] = NULL;
+                int r = receive(c) ? process(c, 0) : 0;
+                if (r == 2) continue;              /* attached: it is the client now */
+                if (r == 1) { pending[i] = c; }    /* not all there yet */
+                else if (r == 0) drop(c);          /* r == -1: refused and dropped already */
+            }
+            if (pending[i] && now - pending[i]->since_ms > AUTH_MS) {
+                refuse(pending[i], "refused: no attach in time");
+                pending[i] = NULL;
+            }
+        }
+        /* Every waiting connection is taken at once; with no slot free the oldest unauthenticated one goes,
+           so a flood of strangers can delay a real client's attach but never lock it out. */
+        while (fds[1].revents & POLLIN) {
+            int fd = accept4(listener, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0) break;
+            int slot = 0;
+            for (int i = 0; i < PENDING; i++) {
+                if (!pending[i]) { slot = i; break; }
+                if (pending[i]->since_ms < pending[slot]->since_ms) slot = i;
+            }
+            if (pending[slot]) { drop(pending[slot]); pending[slot] = NULL; }
+            struct conn *c = calloc(1, sizeof *c);
+            if (!c) { close(fd); break; }
+            c->fd = fd;
+            c->since_ms = now;
+            pending[slot] = c;
+        }
+    }
+}
+
+/* --- starting ------------------------------------------------------------------------------------- */
+
+static void fail(int fd, const char *format, ...) {
+    char text[512];
+    va_list args;
+    va_start(args, format);
+    int n = vsnprintf(text, sizeof text, format, args);
+    va_end(args);
+    if (fd >= 0 && n > 0) { ssize_t ignored = write(fd, text, (size_t)n); (void)ignored; }
+    _exit(1);
+}
+
+static unsigned long long start_time_of(pid_t pid) {
+    char path[64], stat[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, stat, sizeof stat - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    stat[n] = 0;
+    char *p = strrchr(stat, ')');
+    if (!p) return 0;
+    p += 2;
+    for (int field = 3; field < 22 && p; field++) { p = strchr(p, ' '); if (p) p++; }
+    return p ? strtoull(p, NULL, 10) : 0;
+}
+
+static int serve(int argc, char **argv) {
+    const char *cwd = NULL;
+    char *setenvs[16];
+    int setenv_count = 0;
+    unsigned cols = 80, rows = 24;
+    int i = 0;
+    dir = argv[i++];
+    for (; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) { i++; break; }
+        if (i + 1 >= argc) { fprintf(stderr, "error %s needs a value\n", argv[i]); return 2; }
+        if (!strcmp(argv[i], "--ring")) ring_size = strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--cols")) cols = (unsigned)strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--rows")) rows = (unsigned)strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--linger")) linger_s = strtol(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--cwd")) cwd = argv[++i];
+        else if (!strcmp(argv[i], "--setenv")) {
+            if (setenv_count == 16 || !strchr(argv[i + 1], '=')) { printf("error bad --setenv\n"); return 1; }
+            setenvs[setenv_count++] = argv[++i];
+        }
+        else { fprintf(stderr, "error unknown option %s\n", argv[i]); return 2; }
+    }
+    if (i >= argc) { printf("error no program given\n"); return 1; }
+    if (ring_size < 4096 || ring_size > (256u << 20)) { printf("error --ring must be 4 KiB to 256 MiB\n"); return 1; }
+    if (cols < 1 || cols > 1000 || rows < 1 || rows > 1000) { printf("error bad grid\n"); return 1; }
+    char **program_argv = argv + i;
+
+    /* the secret: one line on stdin */
+    size_t got = 0;
+    while (got < MAX_SECRET) {
+        ssize_t n = read(0, secret + got, 1);
+        if (n <= 0 || secret[got] == '\n') break;
+        got++;
+    }
+    secret[got] = 0;
+    secret_len = got;
+    if (secret_len < 16) { printf("error a secret of at least 16 characters must come on stdin\n"); return 1; }
+
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) { printf("error cannot make %s: %s\n", dir, strerror(errno)); return 1; }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077)) {
+        printf("error %s must be a directory of this user's that only it can reach\n", dir);
+        return 1;
+    }
+    char sock_path[4096];
+    path_in(sock_path, sizeof sock_path, "sock");
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(sock_path) >= sizeof addr.sun_path) { printf("error the path %s is too long for a socket\n", sock_path); return 1; }
+    strcpy(addr.sun_path, sock_path);
+    char probe[4096];
+    path_in(probe, sizeof probe, "exit");
+    if (access(probe, F_OK) == 0) { printf("error %s holds an ended session already\n", dir); return 1; }
+
+    int ready[2];
+    if (pipe2(ready, O_CLOEXEC) != 0) { printf("error pipe: %s\n", strerror(errno)); return 1; }
+    fflush(stdout);
+    pid_t first = fork();
+    if (first < 0) { printf("error fork: %s\n", strerror(errno)); return 1; }
+    if (first > 0) {
+        /* the starter: report what the holder says, then go (the holder is not our child for long) */
+        close(ready[1]);
+        char text[512];
+        ssize_t n, at = 0;
+        while (at < (ssize_t)sizeof text - 1 && (n = read(ready[0], text + at, sizeof text - 1 - at)) > 0) at += n;
+        text[at] = 0;
+        waitpid(first, NULL, 0);
+        if (at == 0) { printf("error the holder ended before it was ready\n"); return 1; }
+        fputs(text, stdout);
+        return strncmp(text, "holder ", 7) == 0 ? 0 : 1;
+    }
+    /* the first child: a new session, then the holder is its child, so no terminal can hang it up */
+    close(ready[0]);
+    if (setsid() < 0) fail(ready[1], "error setsid: %s\n", strerror(errno));
+    pid_t holder = fork();
+    if (holder < 0) fail(ready[1], "error fork: %s\n", strerror(errno));
+    if (holder > 0) _exit(0);
+
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull >= 0) { dup2(devnull, 0); dup2(devnull, 1); dup2(devnull, 2); }
+
+    ring = malloc(ring_size);
+    if (!ring) fail(ready[1], "error no memory for a ring of %zu bytes\n", ring_size);
+    master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (master < 0 || grantpt(master) || unlockpt(master)) fail(ready[1], "error no PTY: %s\n", strerror(errno));
+    char *slave_name = ptsname(master);
+    if (!slave_name) fail(ready[1], "error no PTY name\n");
+    struct winsize size = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
+    ioctl(master, TIOCSWINSZ, &size);
+
+    unlink(sock_path);
+    listener = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    mode_t old_mask = umask(0177);
+    if (listener < 0 || bind(listener, (struct sockaddr *)&addr, sizeof addr) || listen(listener, 64))
+        fail(ready[1], "error cannot listen on %s: %s\n", sock_path, strerror(errno));
+    umask(old_mask);
+
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (sigfd < 0) fail(ready[1], "error signalfd: %s\n", strerror(errno));
+
+    int exec_report[2];
+    if (pipe2(exec_report, O_CLOEXEC) != 0) fail(ready[1], "error pipe: %s\n", strerror(errno));
+    program = fork();
+    if (program < 0) fail(ready[1], "error fork: %s\n", strerror(errno));
+    if (program == 0) {
+        sigprocmask(SIG_UNBLOCK, &mask, NULL);
+        signal(SIGHUP, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
+        setsid();
+        int slave = open(slave_name, O_RDWR);
+        if (slave < 0) { int e = errno; ssize_t w = write(exec_report[1], &e, sizeof e); (void)w; _exit(127); }
+        ioctl(slave, TIOCSCTTY, 0);
+        dup2(slave, 0); dup2(slave, 1); dup2(slave, 2);
+        if (slave > 2) close(slave);
+        for (int e = 0; e < setenv_count; e++) putenv(setenvs[e]);
+        if (cwd && chdir(cwd) != 0) { int e = errno; ssize_t w = write(exec_report[1], &e, sizeof e); (void)w; _exit(127); }
+        execvp(program_argv[0], program_argv);
+        int e = errno;
+        ssize_t w = write(exec_report[1], &e, sizeof e);
+        (void)w;
+        _exit(127);
+    }
+    close(exec_report[1]);
+    int exec_errno = 0;
+    if (read(exec_report[0], &exec_errno, sizeof exec_errno) == sizeof exec_errno) {
+        waitpid(program, NULL, 0);
+        unlink(sock_path);
+        fail(ready[1], "error could not start %s: %s\n", program_argv[0], strerror(exec_errno));
+    }
+    close(exec_report[0]);
+    set_nonblocking(master);
+
+    char holder_path[4096], text[128];
+    path_in(holder_path, sizeof holder_path, "holder");
+    int n = snprintf(text, sizeof text, "holder %d %llu program %d %llu\n", (int)getpid(), start_time_of(getpid()),
+                     (int)program, start_time_of(program));
+    int fd = open(holder_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) { ssize_t w = write(fd, text, (size_t)n); (void)w; close(fd); }
+    ssize_t w = write(ready[1], text, (size_t)n);
+    (void)w;
+    close(ready[1]);
+
+    last_output_ms = now_ms();
+    int rc = serve_loop();
+    cleanup_files();
+    _exit(rc);
+}
+
+/* --- attach: a relay for `docker exec -i` ------------------------------------------------------ */
+
+static int relay(int argc, char **argv) {
+    if (argc < 1) return 2;
+    dir = argv[0];
+    signal(SIGPIPE, SIG_IGN);
+    char sock_path[4096];
+    path_in(sock_path, sizeof sock_path, "sock");
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(sock_path) >= sizeof addr.sun_path) return 1;
+    strcpy(addr.sun_path, sock_path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        fprintf(stderr, "no holder listens at %s: %s\n", sock_path, strerror(errno));
+        return 1;
+    }
+    if (isatty(0)) {
+        /* a docker exec with a terminal: raw, so every byte passes unchanged either way */
+        struct termios raw;
+        if (tcgetattr(0, &raw) == 0) {
+            cfmakeraw(&raw);
+            tcsetattr(0, TCSANOW, &raw);
+        }
+        static const char ready[] = "TETHER-RELAY\n";
+        ssize_t w = write(1, ready, sizeof ready - 1);
+        (void)w;
+    }
+    static unsigned char buf[CHUNK];
+    struct pollfd fds[2] = {{.fd = 0, .events = POLLIN}, {.fd = fd, .events = POLLIN}};
+    for (;;) {
+        if (poll(fds, 2, -1) < 0) { if (errno == EINTR) continue; return 1; }
+        for (int i = 0; i < 2; i++) {
+            if (!fds[i].revents) continue;
+            ssize_t n = read(fds[i].fd, buf, sizeof buf);
+            if (n <= 0) {
+                if (i == 0) { shutdown(fd, SHUT_WR); fds[0].fd = -1; continue; }
+                return 0;
+            }
+            int out = i == 0 ? fd : 1;
+            for (ssize_t at = 0; at < n;) {
+                ssize_t m = write(out, buf + at, (size_t)(n - at));
+                if (m <= 0) { if (m < 0 && errno == EINTR) continue; return 0; }
+                at += m;
+            }
+        }
+    }
+}
+
+static int status(int argc, char **argv) {
+    if (argc < 1) return 2;
+    dir = argv[0];
+    char text[256];
+    size_t n = exit_text(text, sizeof text);
+    if (n) { fwrite(text, 1, n, stdout); return 0; }
+    char path[4096];
+    path_in(path, sizeof path, "holder");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) { printf("none\n"); return 0; }
+    ssize_t m = read(fd, text, sizeof text - 1);
+    close(fd);
+    text[m > 0 ? m : 0] = 0;
+    printf("running %s", text);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(argc - 2, argv + 2);
+    if (argc >= 3 && !strcmp(argv[1], "attach")) return relay(argc - 2, argv + 2);
+    if (argc >= 3 && !strcmp(argv[1], "status")) return status(argc - 2, argv + 2);
+    if (argc >= 2 && !strcmp(argv[1], "version")) { printf("tether-holder 1\n"); return 0; }
+    fprintf(stderr, "usage: tether-holder serve DIR [options] -- ARGV... | attach DIR | status DIR | version\n");
+    return 2;
+}

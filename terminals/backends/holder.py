@@ -1,0 +1,304 @@
+"""The session holder's client (holder/tether-holder.c; the protocol in docs/holder.md).
+
+A held program belongs to the holder, not to the worker: the worker attaches to it over a link (the
+holder's unix socket on this host, or a ``docker exec`` of the holder's relay in a container), reads its
+output by absolute offset, and lets go without touching it. A later worker, on any host that can reach
+the link, attaches again from the offset it needs. The exit comes from the holder, which saw the
+program's own wait status and wrote it to a file before it said so: never from a dropped stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from django.conf import settings
+
+from terminals.backends.base import BackendError, Exit, Process
+
+log = logging.getLogger(__name__)
+
+SOURCE = "the session holder's record"
+HEADER = struct.Struct(">BI")
+MAX_FRAME = 1024 * 1024  # the holder's own limit, both ways
+INPUT_FRAME = 64 * 1024  # input per frame; the holder drops a client that sends more
+ACK_EVERY = 64 * 1024
+RECORD_POLL_SECONDS = 0.1
+RELAY_READY = b"TETHER-RELAY\n"  # what the relay says once its terminal is raw (docker)
+
+
+class Frame:
+    ATTACH = ord("A")
+    INPUT = ord("I")
+    RESIZE = ord("R")
+    ACK = ord("C")
+    KILL = ord("K")
+    QUIT = ord("Q")
+    ATTACHED = ord("S")
+    OUTPUT = ord("O")
+    EXIT = ord("E")
+    ERROR = ord("Z")
+
+
+def frame(kind: int, payload: bytes = b"") -> bytes:
+    return HEADER.pack(kind, len(payload)) + payload
+
+
+def holder_binary() -> Path | None:
+    """The built holder, or None where it was not built (held sessions then fall back to plain ones)."""
+    path = Path(settings.TETHER_HOLDER_BINARY)
+    return path if settings.TETHER_HOLDER and path.is_file() else None
+
+
+def parse_record(text: str) -> Exit | None:
+    """The holder's exit record ("code=N ..." or "signal=N ..."), or None when it is not one."""
+    fields = dict(part.split("=", 1) for part in text.split() if "=" in part)
+    try:
+        if "signal" in fields:
+            return Exit(signal=int(fields["signal"]), source=SOURCE)
+        if "code" in fields:
+            return Exit(code=int(fields["code"]), source=SOURCE)
+    except ValueError:
+        pass
+    return None
+
+
+def parse_started(text: str) -> tuple[int, int, int, int]:
+    """``serve``'s answer: (holder pid, its start time, program pid, its start time)."""
+    words = text.split()
+    if len(words) != 6 or words[0] != "holder" or words[3] != "program":
+        raise BackendError(f"the holder did not start: {text.strip() or 'no answer'}")
+    return int(words[1]), int(words[2]), int(words[4]), int(words[5])
+
+
+class Link(Protocol):
+    """A byte stream to the holder: its unix socket, or a docker exec of its relay."""
+
+    async def read(self) -> bytes: ...  # b"" at its end
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class SocketLink:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, path: str) -> SocketLink:
+        try:
+            return cls(*await asyncio.open_unix_connection(path, limit=2 * MAX_FRAME))
+        except OSError as error:
+            raise BackendError(f"no holder answers at {path}: {error}") from None
+
+    async def read(self) -> bytes:
+        try:
+            return await self.reader.read(256 * 1024)
+        except OSError:
+            return b""
+
+    async def write(self, data: bytes) -> None:
+        try:
+            self.writer.write(data)
+            await self.writer.drain()
+        except OSError as error:
+            raise BackendError(f"the holder's socket failed: {error}") from None
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(Exception):
+            await self.writer.wait_closed()
+
+
+@dataclass(frozen=True)
+class Attached:
+    resume: int  # the offset the stream resumes at
+    lost: int  # bytes between the asked offset and the oldest one still kept
+    total: int  # bytes the program has written so far
+    pid: int
+    ended: bool
+
+
+class Session:
+    """One attached link, read a frame at a time."""
+
+    def __init__(self, link: Link):
+        self.link = link
+        self.pending = bytearray()
+
+    async def next(self) -> tuple[int, bytes] | None:
+        """The next frame, or None when the link ended."""
+        while True:
+            if len(self.pending) >= HEADER.size:
+                kind, length = HEADER.unpack_from(self.pending)
+                if length > MAX_FRAME:
+                    raise BackendError(f"the holder sent a frame of {length} bytes")
+                if len(self.pending) >= HEADER.size + length:
+                    payload = bytes(self.pending[HEADER.size : HEADER.size + length])
+                    del self.pending[: HEADER.size + length]
+                    return kind, payload
+            data = await self.link.read()
+            if not data:
+                return None
+            self.pending += data
+
+    async def attach(self, secret: str, since: int) -> Attached:
+        await self.link.write(frame(Frame.ATTACH, secret.encode() + struct.pack(">Q", since)))
+        got = await asyncio.wait_for(self.next(), 10)
+        if got is None:
+            raise BackendError("the holder closed the link at the attach")
+        kind, payload = got
+        if kind == Frame.ERROR:
+            raise BackendError(f"the holder refused the attach: {payload.decode(errors='replace')}")
+        if kind != Frame.ATTACHED or len(payload) != 29:
+            raise BackendError(f"the holder answered the attach with frame {kind!r}")
+        resume, lost, total, pid = struct.unpack_from(">QQQI", payload)
+        return Attached(resume, lost, total, pid, bool(payload[28]))
+
+
+Reconnect = Callable[[int], Awaitable[tuple[Session, Attached]]]  # since -> a new attached session
+
+
+class HeldProcess(Process):
+    """A program held by a session holder, as its current owner sees it."""
+
+    survives_owner = True  # a later worker attaches to the holder again
+    offsets_survive_owner = True  # offsets are the holder's: a viewer's offset from an earlier owner holds
+
+    def __init__(
+        self,
+        handle: dict,
+        session: Session,
+        attached: Attached,
+        *,
+        reconnect: Reconnect,
+        read_record: Callable[[], Awaitable[Exit | None]],
+        end_tree: Callable[[float], Awaitable[None]],
+        forget: Callable[[], Awaitable[None]],
+    ):
+        self.handle = handle
+        self._session = session
+        self._reconnect = reconnect
+        self._read_record = read_record
+        self._end_tree = end_tree
+        self._forget = forget
+        self.stream_origin = attached.resume
+        self.lost_at_attach = attached.lost
+        self.pid = attached.pid
+        self._received = attached.resume
+        self._acked = attached.resume
+        self._keep = settings.TETHER_BUFFER_BYTES  # what the holder keeps behind us: our buffer, rebuilt
+        self._exit: Exit | None = None
+        self._ended = asyncio.Event()
+        self._reading = asyncio.Lock()
+        self._closed = False
+
+    async def read(self) -> bytes:
+        async with self._reading:
+            while not self._ended.is_set():
+                got = await self._next()
+                if got is None:
+                    continue  # reconnected
+                kind, payload = got
+                if kind == Frame.OUTPUT and len(payload) >= 8:
+                    (offset,) = struct.unpack_from(">Q", payload)
+                    data = payload[8:]
+                    if offset != self._received:
+                        raise BackendError(f"the holder's stream jumped from {self._received} to {offset}")
+                    self._received += len(data)
+                    await self._ack()
+                    return data
+                if kind == Frame.EXIT:
+                    self._exit = parse_record(payload.decode(errors="replace"))
+                    self._ended.set()
+                elif kind == Frame.ERROR:
+                    raise BackendError(f"the holder closed the link: {payload.decode(errors='replace')}")
+            return b""
+
+    async def _next(self) -> tuple[int, bytes] | None:
+        """The next frame; None after a link that dropped was attached again (the holder still runs)."""
+        try:
+            got = await self._session.next()
+        except (OSError, BackendError) as error:
+            got, why = None, repr(error)
+        else:
+            why = "the link ended"
+        if got is not None:
+            return got
+        if self._closed:
+            self._ended.set()
+            return None
+        for attempt in range(5):
+            await asyncio.sleep(0.2 * attempt)
+            try:
+                session, attached = await self._reconnect(self._received)
+            except (OSError, BackendError, TimeoutError) as error:
+                why = f"{why}; attaching again failed: {error!r}"
+                continue
+            if attached.resume != self._received:
+                await session.link.close()
+                raise BackendError(f"the holder resumed at {attached.resume}, not at {self._received}")
+            log.info("holder link for %s dropped (%s); attached again", self.handle.get("marker"), why)
+            await self._session.link.close()
+            self._session = session
+            return None
+        raise BackendError(f"the holder's link is gone: {why}")
+
+    async def _ack(self) -> None:
+        upto = self._received - self._keep
+        if upto - self._acked >= ACK_EVERY:
+            self._acked = upto
+            await self._session.link.write(frame(Frame.ACK, struct.pack(">Q", upto)))
+
+    async def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        for start in range(0, len(view), INPUT_FRAME):
+            await self._session.link.write(frame(Frame.INPUT, bytes(view[start : start + INPUT_FRAME])))
+
+    async def resize(self, cols: int, rows: int) -> None:
+        await self._session.link.write(frame(Frame.RESIZE, struct.pack(">HH", cols, rows)))
+
+    async def wait(self) -> Exit:
+        """The holder's exit frame once the output has been read to its end (as an owner pumps it), or
+        its record, written when it reaped the program, whichever comes first; the output is not touched."""
+        while not self._ended.is_set():
+            if (exit := await self._read_record()) is not None:
+                return exit
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ended.wait(), RECORD_POLL_SECONDS)
+        exit = self._exit or await self._read_record()
+        if exit is None:
+            raise BackendError("the holder's link ended before the program did, and it left no record")
+        return exit
+
+    async def terminate(self, grace: float = 2.0) -> Exit | None:
+        """The holder ends the program's session (HUP, TERM, then KILL after ``grace``); then whatever left
+        the session is ended by marker; the exit is the holder's."""
+        with contextlib.suppress(BackendError):
+            await self._session.link.write(frame(Frame.KILL, struct.pack(">I", int(grace * 1000))))
+        try:
+            exit = await asyncio.wait_for(self.wait(), grace + 10)
+        except TimeoutError:
+            raise BackendError("the holder did not record the program's end after it was ended") from None
+        await self._end_tree(grace)
+        return exit
+
+    async def detach(self) -> None:
+        """Let go: the holder keeps the program (and its output since our last ack) for a later owner."""
+        self._closed = True
+        await self._session.link.close()
+
+    async def release(self) -> None:
+        """The exit is on record: the holder may go, and its directory with it."""
+        self._closed = True
+        with contextlib.suppress(BackendError, OSError):
+            await self._session.link.write(frame(Frame.QUIT))
+        await self._session.link.close()
+        await self._forget()

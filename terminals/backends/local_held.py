@@ -1,0 +1,136 @@
+"""Local shells held by a session holder on this host, so that they outlive their worker.
+
+The holder runs in its own session, apart from the worker; the program in another, under the holder. The
+holder's directory (socket, exit record) is under TETHER_HOLDER_DIR, reachable only by this user, and its
+secret lives in the lease's handle only. Tether's process marker and session label are set for the
+program alone (``--setenv``), so the holder itself is never taken for part of the program's tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+from django.conf import settings
+
+from terminals.backends.base import BackendError, Exit, Inspection, SpawnError, SpawnSpec, Status, Tags
+from terminals.backends.holder import HeldProcess, Session, SocketLink, parse_record, parse_started
+from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, boot_id, terminate_tree
+
+PROGRAM_ONLY = (MARKER_VARIABLE, "TETHER_SESSION")
+
+
+def _dir_for(marker: str) -> Path:
+    root = Path(settings.TETHER_HOLDER_DIR)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    root.chmod(0o700)
+    return root / marker
+
+
+async def spawn_held(binary: Path, spec: SpawnSpec, tags: Tags, env: dict[str, str], cwd: str) -> HeldProcess:
+    place = _dir_for(tags.marker)
+    secret = secrets.token_hex(24)
+    program_env = [f"{name}={env[name]}" for name in PROGRAM_ONLY if name in env]
+    argv = [str(binary), "serve", str(place), "--cols", str(spec.cols), "--rows", str(spec.rows)]
+    argv += ["--ring", str(settings.TETHER_HOLDER_RING_BYTES), "--cwd", cwd]
+    for assignment in program_env:
+        argv += ["--setenv", assignment]
+    starter = await asyncio.create_subprocess_exec(
+        *argv,
+        "--",
+        *spec.argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={name: value for name, value in env.items() if name not in PROGRAM_ONLY},
+        start_new_session=True,
+    )
+    out, err = await asyncio.wait_for(starter.communicate(secret.encode() + b"\n"), 30)
+    text = out.decode(errors="replace")
+    if starter.returncode != 0:
+        shutil.rmtree(place, ignore_errors=True)
+        raise SpawnError(text.removeprefix("error ").strip() or err.decode(errors="replace").strip())
+    holder_pid, holder_start, pid, start = parse_started(text)
+    handle = {
+        "backend": "local",
+        "process": ProcessIdentity(pid=pid, start_time=start, boot_id=boot_id()).to_json(),
+        "marker": tags.marker,
+        "holder": {
+            "dir": str(place),
+            "secret": secret,
+            "process": ProcessIdentity(pid=holder_pid, start_time=holder_start, boot_id=boot_id()).to_json(),
+        },
+    }
+    return await attach_held(handle)
+
+
+async def attach_held(handle: dict, since: int = 0) -> HeldProcess:
+    holder = handle["holder"]
+
+    async def connect(since: int):
+        session = Session(await SocketLink.open(os.path.join(holder["dir"], "sock")))
+        try:
+            return session, await session.attach(holder["secret"], since)
+        except BaseException:
+            await session.link.close()
+            raise
+
+    session, attached = await connect(since)
+    leader = ProcessIdentity.from_json(handle["process"])
+
+    async def read_record() -> Exit | None:
+        return await asyncio.to_thread(read_exit_record, handle)
+
+    async def end_tree(grace: float) -> None:
+        await terminate_tree(marker=handle["marker"], leader=leader, grace=grace)
+
+    async def forget() -> None:
+        await asyncio.to_thread(shutil.rmtree, holder["dir"], True)
+
+    return HeldProcess(
+        handle, session, attached, reconnect=connect, read_record=read_record, end_tree=end_tree, forget=forget
+    )
+
+
+def read_exit_record(handle: dict) -> Exit | None:
+    try:
+        return parse_record(Path(handle["holder"]["dir"], "exit").read_text())
+    except OSError:
+        return None
+
+
+def holder_alive(handle: dict) -> bool:
+    return ProcessIdentity.from_json(handle["holder"]["process"]).is_alive()
+
+
+async def inspect_held(handle: dict) -> Inspection:
+    """The exit the holder recorded, once there is one; ALIVE while the program (or its holder, about to
+    record its end) runs; else GONE."""
+    holder = ProcessIdentity.from_json(handle["holder"]["process"])
+    program = ProcessIdentity.from_json(handle["process"])
+    if (exit := await asyncio.to_thread(read_exit_record, handle)) is not None:
+        kept = "; its holder still keeps the last output" if holder.is_alive() else ""
+        return Inspection(Status.EXITED, exit=exit, detail=f"the holder recorded: {exit.describe()}{kept}")
+    if holder.is_alive():
+        return Inspection(Status.ALIVE, detail=f"held by holder pid {holder.pid}; program pid {program.pid}")
+    if program.is_alive():
+        return Inspection(Status.ALIVE, detail=f"pid {program.pid} runs on, but its holder is gone")
+    return Inspection(Status.GONE, detail=f"holder pid {holder.pid} is gone and left no exit record")
+
+
+async def remove_held(handle: dict, grace: float) -> None:
+    """End a held program found through its handle (no owner holds it), then let its holder go."""
+    if holder_alive(handle):
+        try:
+            process = await attach_held(handle)
+        except BackendError:
+            pass
+        else:
+            await process.terminate(grace=grace)
+            await process.release()
+            return
+    leader = ProcessIdentity.from_json(handle["process"])
+    await terminate_tree(marker=handle["marker"], leader=leader, grace=grace)

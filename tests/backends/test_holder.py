@@ -1,0 +1,297 @@
+"""The session holder (holder/tether-holder.c), driven as the real binary over its real socket: it keeps the
+program whoever its client is, refuses strangers, survives bad clients, and tells the end honestly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from terminals.backends.base import SpawnSpec
+from terminals.backends.holder import Frame, frame, holder_binary, parse_record
+from terminals.backends.local import LocalBackend
+from terminals.backends.procfs import ProcessIdentity
+from tests.backends.conftest import make_tags, wait_until
+from tests.backends.test_contract import drain, read_until
+from tests.conftest import HELD_DIR
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def binary() -> Path:
+    path = holder_binary()
+    assert path is not None, "the session holder is not built: make holder"
+    return path
+
+
+class Raw:
+    """A client speaking the holder's frames over a plain blocking socket."""
+
+    def __init__(self, place: Path):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(10)
+        self.sock.connect(str(place / "sock"))
+
+    def send(self, kind: int, payload: bytes = b"") -> None:
+        self.sock.sendall(frame(kind, payload))
+
+    def attach(self, secret: str, since: int = 0) -> tuple[int, int, int, int, bool]:
+        self.send(Frame.ATTACH, secret.encode() + struct.pack(">Q", since))
+        kind, payload = self.next()
+        assert kind == Frame.ATTACHED, (chr(kind), payload)
+        resume, lost, total, pid = struct.unpack_from(">QQQI", payload)
+        return resume, lost, total, pid, bool(payload[28])
+
+    def next(self) -> tuple[int, bytes] | None:
+        head = self._exactly(5)
+        if head is None:
+            return None
+        kind, length = struct.unpack(">BI", head)
+        return kind, self._exactly(length) or b""
+
+    def _exactly(self, n: int) -> bytes | None:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    def output_until(self, needle: bytes) -> bytes:
+        seen = b""
+        while needle not in seen:
+            got = self.next()
+            assert got is not None, seen
+            if got[0] == Frame.OUTPUT:
+                seen += got[1][8:]
+        return seen
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def start(binary: Path, *argv: str, ring: int = 1024 * 1024, secret: str | None = None) -> tuple[Path, str, int]:
+    place = Path(HELD_DIR) / f"raw-{secrets.token_hex(6)}"
+    Path(HELD_DIR).mkdir(mode=0o700, exist_ok=True)
+    secret = secret or secrets.token_hex(24)
+    answer = subprocess.run(
+        [str(binary), "serve", str(place), "--ring", str(ring), "--", *argv],
+        input=f"{secret}\n".encode(),
+        capture_output=True,
+        timeout=30,
+        check=True,
+    ).stdout.split()
+    return place, secret, int(answer[1])
+
+
+def end(holder_pid: int) -> None:
+    try:
+        os.kill(holder_pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_a_wrong_secret_is_refused_and_the_right_one_still_attaches(binary):
+    place, secret, holder = start(binary, "/bin/sh")
+    try:
+        for wrong in ("", secret[:-1], secret + "x", "y" * len(secret)):
+            stranger = Raw(place)
+            stranger.send(Frame.ATTACH, wrong.encode() + struct.pack(">Q", 0))
+            assert stranger.next() == (Frame.ERROR, b"refused: wrong secret")
+            assert stranger.next() is None
+            stranger.close()
+        client = Raw(place)
+        client.attach(secret)
+        client.send(Frame.INPUT, b"echo ok-$((6*7))\n")
+        assert b"ok-42" in client.output_until(b"ok-42")
+    finally:
+        end(holder)
+
+
+def test_the_secret_is_in_no_argv_or_environment_and_only_this_user_reaches_the_socket(binary):
+    place, secret, holder = start(binary, "/bin/sh", "-c", "sleep 100")
+    try:
+        client = Raw(place)
+        *_, pid, _ = client.attach(secret)
+        for process in (holder, pid):
+            for part in ("cmdline", "environ"):
+                assert secret.encode() not in Path(f"/proc/{process}/{part}").read_bytes()
+        assert stat.S_IMODE(place.stat().st_mode) == 0o700
+        assert stat.S_IMODE((place / "sock").stat().st_mode) & 0o077 == 0
+    finally:
+        end(holder)
+
+
+def test_a_newer_attach_replaces_the_older_and_the_program_runs_on(binary):
+    place, secret, holder = start(binary, "/bin/sh")
+    try:
+        first = Raw(place)
+        *_, pid, _ = first.attach(secret)
+        second = Raw(place)
+        assert second.attach(secret)[3] == pid
+        while (got := first.next())[0] == Frame.OUTPUT:
+            pass  # the prompt, sent before the newer attach came
+        assert got == (Frame.ERROR, b"replaced by a newer attach")
+        assert first.next() is None
+        second.send(Frame.INPUT, b"echo still-$$\n")
+        assert f"still-{pid}".encode() in second.output_until(f"still-{pid}".encode())
+    finally:
+        end(holder)
+
+
+def test_an_offset_older_than_what_is_kept_is_told_as_lost(binary):
+    place, secret, holder = start(binary, "/bin/sh", "-c", "head -c 20000 /dev/zero | tr '\\0' x; sleep 100", ring=4096)
+    try:
+        client = Raw(place)
+        client.attach(secret)
+        received = 0
+        while received < 20000:
+            kind, payload = client.next()
+            if kind == Frame.OUTPUT:
+                received = struct.unpack_from(">Q", payload)[0] + len(payload) - 8
+                client.send(Frame.ACK, struct.pack(">Q", received - 1000))  # keep the last 1000 bytes
+        again = Raw(place)
+        resume, lost, total, _, _ = again.attach(secret, since=0)
+        assert total >= 20000 and lost == resume and 0 < total - resume <= 4096
+        assert Raw(place).attach(secret, since=total)[:2] == (total, 0)  # from where it is: nothing lost
+    finally:
+        end(holder)
+
+
+@pytest.mark.parametrize(
+    ("script", "record"),
+    [("exit 137", "code=137"), ("kill -9 $$", "signal=9"), ("exit 0", "code=0")],
+)
+def test_the_end_is_recorded_as_the_program_ended_and_a_sigkill_is_never_exit_137(binary, script, record):
+    place, secret, holder = start(binary, "/bin/sh", "-c", f"echo go; {script}")
+    try:
+        client = Raw(place)
+        client.attach(secret)
+        frames = []
+        while (got := client.next()) is not None and got[0] != Frame.EXIT:
+            frames.append(got)
+        assert got is not None, "no exit frame"
+        assert got[1].decode().split()[0] == record
+        assert (place / "exit").read_text().split()[0] == record
+        assert b"go" in b"".join(p[8:] for kind, p in frames if kind == Frame.OUTPUT)
+        parsed = parse_record((place / "exit").read_text())
+        assert (parsed.code, parsed.signal) == ((None, 9) if "signal" in record else (int(record[5:]), None))
+        client.send(Frame.QUIT)
+        wait_until(lambda: not Path(f"/proc/{holder}").exists() or not (place / "sock").exists())
+    finally:
+        end(holder)
+
+
+def test_thousands_of_malformed_frames_leave_the_program_running_and_a_proper_attach_works(binary):
+    place, secret, holder = start(binary, "/bin/sh")
+    rng = random.Random(17)
+    try:
+        client = Raw(place)
+        *_, pid, _ = client.attach(secret)
+        client.send(Frame.INPUT, b"echo before-$$\n")
+        client.output_until(f"before-{pid}".encode())
+        bad = [
+            lambda: rng.randbytes(rng.randrange(1, 64)),  # noise
+            lambda: struct.pack(">BI", Frame.ATTACH, 0xFFFFFFFF),  # a huge length
+            lambda: struct.pack(">BI", Frame.INPUT, 2 * 1024 * 1024) + b"x" * 100,  # over the limit
+            lambda: frame(Frame.RESIZE, b"\x00\x00\x00\x00"),  # a zero grid (before an attach: refused anyway)
+            lambda: frame(Frame.ATTACH, rng.randbytes(40)),  # a guessed secret
+            lambda: frame(Frame.ATTACH, b""),  # no secret, no offset
+            lambda: frame(Frame.QUIT),  # quitting before the attach
+            lambda: struct.pack(">BI", Frame.OUTPUT, 5)[:3],  # half a header, then gone
+            lambda: frame(rng.randrange(256), rng.randbytes(rng.randrange(0, 300))),
+        ]
+        for round_ in range(3000):
+            stranger = socket.socket(socket.AF_UNIX)
+            stranger.settimeout(5)
+            while True:
+                try:
+                    stranger.connect(str(place / "sock"))
+                    break
+                except BlockingIOError:  # its backlog is full for a moment, as for any unix socket
+                    time.sleep(0.001)
+            try:
+                stranger.sendall(bad[round_ % len(bad)]())
+                if round_ % 3 == 0:
+                    stranger.shutdown(socket.SHUT_WR)  # half-closed
+            except OSError:
+                pass  # the holder dropped it first
+            stranger.close()
+        # The attached client's own bad frames drop it, and only it.
+        for payload in (frame(Frame.RESIZE, b"\x00"), frame(Frame.ACK, b"1"), frame(ord("?"), b"")):
+            client = Raw(place)
+            client.attach(secret)
+            client.sock.sendall(payload)
+            while client.next() is not None:
+                pass
+            client.close()
+        assert ProcessIdentity.of(pid) is not None and ProcessIdentity.of(holder) is not None
+        client = Raw(place)
+        assert client.attach(secret)[3] == pid
+        client.send(Frame.RESIZE, struct.pack(">HH", 101, 37))
+        client.send(Frame.INPUT, b"stty size; echo after-$$\n")
+        seen = client.output_until(f"after-{pid}".encode())
+        assert b"37 101" in seen
+    finally:
+        end(holder)
+
+
+async def test_a_held_shell_outlives_the_process_that_started_it_and_another_attaches_to_it():
+    """Its starter killed with SIGKILL, the shell runs on under its holder: another process attaches, finds
+    the same pid and everything it wrote (the offset is the holder's), and reads the exit it recorded."""
+    spawner = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.backends.spawner",
+            "local",
+            "{}",
+            "/bin/sh",
+            "-c",
+            "read line; echo got-$line; exit 4",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    handle = json.loads(spawner.stdout.readline())
+    spawner.send_signal(signal.SIGKILL)
+    spawner.wait()
+    assert "holder" in handle
+    backend = LocalBackend()
+    assert (await backend.inspect(handle)).status.value == "alive" and backend.adoptable(handle)
+    process = await backend.attach(handle)
+    assert process.pid == handle["process"]["pid"] and process.stream_origin == 0
+    await process.write(b"xyz\n")
+    output = await drain(process)
+    assert b"got-xyz" in output
+    exit = await process.wait()
+    assert (exit.code, exit.source) == (4, "the session holder's record")
+    await process.release()
+    wait_until(lambda: not Path(handle["holder"]["dir"]).exists())
+
+
+async def test_terminate_ends_the_whole_session_and_the_holder_records_the_signal():
+    process = await LocalBackend().spawn(SpawnSpec(argv=("/bin/sh", "-c", "sleep 1000 & echo up; wait")), make_tags())
+    await read_until(process, b"up")
+    reading = asyncio.ensure_future(drain(process))
+    started = time.monotonic()
+    exit = await process.terminate(grace=0.5)
+    assert exit.signal in (signal.SIGHUP, signal.SIGTERM) and exit.code is None
+    assert time.monotonic() - started < 10
+    await asyncio.wait_for(reading, 10)
+    await process.release()
