@@ -64,7 +64,11 @@ class SessionHost:
             live.buffer.append(screen)
             live.adopted_screen = len(screen)
         # A held stream resumed by a new owner goes on at the holder's offsets: viewers keep their place.
-        live.buffer.start = process.stream_origin
+        live.buffer.start = live.acked = process.stream_origin
+        if process.offsets_survive_owner and live.session_id:
+            # Its viewer is on its way back (its page re-attaches): keep the window it left, as for a viewer
+            # that just went away, so the holder's output waits for it instead of running past its offset.
+            live.viewer_gone_at = time.monotonic()
         self.context.live[execution.pk] = live
         live.pump_task = self.context.tasks.start(self._supervise(live, execution))
 
