@@ -10,7 +10,9 @@
  *       --setenv is for the program only (Tether's process marker: the holder must not carry it).
  *   tether-holder attach DIR     relays stdin/stdout to DIR/sock (for `docker exec`): on a terminal it
  *                                first makes it raw, then says "TETHER-RELAY\n", then passes bytes unchanged.
- *   tether-holder status DIR     prints DIR/exit if the program has ended, else "running PID\n".
+ *   tether-holder forget DIR     removes DIR once no holder lives in it (the end is on record elsewhere).
+ *   tether-holder status DIR     "exit RECORD" once the program has ended, "running holder ..." while the
+ *                                holder lives, "gone" when it does not, "none" when nothing is there.
  *
  * One file, no dependencies beyond libc; built static (musl-gcc, or gcc -static) so it runs in any
  * Linux container whatever its libc. It never dies of a client: every client error drops that client.
@@ -54,7 +56,7 @@ enum {
     F_RESIZE = 'R',  /* client: 2 bytes cols, 2 bytes rows */
     F_ACK = 'C',     /* client: 8 bytes, output before it need not be kept */
     F_KILL = 'K',    /* client: 4 bytes grace ms; end the program's whole session */
-    F_QUIT = 'Q',    /* client: the exit is on record; the holder may go (only after the end) */
+    F_QUIT = 'Q',    /* client: the holder may go once the program has ended and the end was sent */
     F_ATTACHED = 'S',/* holder: 8 resume, 8 lost, 8 total, 4 program pid, 1 ended */
     F_OUTPUT = 'O',  /* holder: 8 offset, then the bytes */
     F_EXIT = 'E',    /* holder: the exit record's text, after the last output */
@@ -323,7 +325,7 @@ static int client_frame(struct conn *c, int type, const unsigned char *p, size_t
         return 1;
     }
     case F_QUIT:
-        if (ended) quit_now = 1;
+        quit_now = 1;  /* carried out once the program has ended and its client has had the end */
         return 1;
     default:
         (void)c;
@@ -410,6 +412,7 @@ static void reap(void) {
     }
 }
 
+/* The exit record stays for whoever looks later (`forget` removes it once it is on record elsewhere). */
 static void cleanup_files(void) {
     char path[4096];
     path_in(path, sizeof path, "sock");
@@ -434,7 +437,8 @@ static int serve_loop(void) {
             signal_session(SIGKILL);
             kill_at_ms = 0;
         }
-        if (quit_now || (ended && now - ended_ms >= linger_s * 1000)) return 0;
+        if (quit_now && ended && pty_eof && (!client || (exit_sent && client->out_pos >= client->out_len))) return 0;
+        if (ended && now - ended_ms >= linger_s * 1000) return 0;
         if (client && (process(client, 1) == 0 || !flush(client))) { drop(client); client = NULL; }
 
         struct pollfd fds[4 + PENDING];
@@ -708,7 +712,8 @@ static int relay(int argc, char **argv) {
         fprintf(stderr, "no holder listens at %s: %s\n", sock_path, strerror(errno));
         return 1;
     }
-    if (isatty(0)) {
+    int stuffed = isatty(0);
+    if (stuffed) {
         /* a docker exec with a terminal: raw, so every byte passes unchanged either way */
         struct termios raw;
         if (tcgetattr(0, &raw) == 0) {
@@ -720,6 +725,7 @@ static int relay(int argc, char **argv) {
         (void)w;
     }
     static unsigned char buf[CHUNK];
+    int dle = 0;  /* a stuffed 0x10 is waiting for its 0x00 */
     struct pollfd fds[2] = {{.fd = 0, .events = POLLIN}, {.fd = fd, .events = POLLIN}};
     for (;;) {
         if (poll(fds, 2, -1) < 0) { if (errno == EINTR) continue; return 1; }
@@ -729,6 +735,17 @@ static int relay(int argc, char **argv) {
             if (n <= 0) {
                 if (i == 0) { shutdown(fd, SHUT_WR); fds[0].fd = -1; continue; }
                 return 0;
+            }
+            if (i == 0 && stuffed) {
+                /* Docker reads Ctrl-P Ctrl-Q (0x10 0x11) on an exec's stdin as "detach", and holds a 0x10
+                   back until the next byte: the client sends each 0x10 as 0x10 0x00, undone here. */
+                ssize_t kept = 0;
+                for (ssize_t k = 0; k < n; k++) {
+                    if (dle) { dle = 0; buf[kept++] = 0x10; if (buf[k] != 0x00) buf[kept++] = buf[k]; }
+                    else if (buf[k] == 0x10) dle = 1;
+                    else buf[kept++] = buf[k];
+                }
+                n = kept;
             }
             int out = i == 0 ? fd : 1;
             for (ssize_t at = 0; at < n;) {
@@ -740,12 +757,14 @@ static int relay(int argc, char **argv) {
     }
 }
 
+/* "exit" with the record once the program has ended; "running holder ..." while its holder is alive (the
+   pid's start time still matches); "gone" when the holder is not; "none" when nothing was started here. */
 static int status(int argc, char **argv) {
     if (argc < 1) return 2;
     dir = argv[0];
     char text[256];
     size_t n = exit_text(text, sizeof text);
-    if (n) { fwrite(text, 1, n, stdout); return 0; }
+    if (n) { fputs("exit ", stdout); fwrite(text, 1, n, stdout); return 0; }
     char path[4096];
     path_in(path, sizeof path, "holder");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -753,7 +772,41 @@ static int status(int argc, char **argv) {
     ssize_t m = read(fd, text, sizeof text - 1);
     close(fd);
     text[m > 0 ? m : 0] = 0;
-    printf("running %s", text);
+    int pid = 0;
+    unsigned long long started = 0;
+    if (sscanf(text, "holder %d %llu", &pid, &started) == 2 && pid > 0 && start_time_of(pid) == started) {
+        printf("running %s", text);
+    } else {
+        /* it may have ended between our two reads: its record then exists */
+        n = exit_text(text, sizeof text);
+        if (n) { fputs("exit ", stdout); fwrite(text, 1, n, stdout); }
+        else printf("gone\n");
+    }
+    return 0;
+}
+
+/* The end is on record elsewhere: the directory goes, once no holder lives in it. */
+static int forget(int argc, char **argv) {
+    if (argc < 1) return 2;
+    dir = argv[0];
+    char path[4096], text[256];
+    path_in(path, sizeof path, "holder");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t m = read(fd, text, sizeof text - 1);
+        close(fd);
+        text[m > 0 ? m : 0] = 0;
+        int pid = 0;
+        unsigned long long started = 0;
+        if (sscanf(text, "holder %d %llu", &pid, &started) == 2 && pid > 0 && start_time_of(pid) == started) {
+            printf("error the holder still runs\n");
+            return 1;
+        }
+        unlink(path);
+    }
+    const char *names[] = {"exit", "exit.tmp", "sock"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) { path_in(path, sizeof path, names[i]); unlink(path); }
+    if (rmdir(dir) != 0 && errno != ENOENT) { printf("error %s: %s\n", dir, strerror(errno)); return 1; }
     return 0;
 }
 
@@ -761,7 +814,8 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(argc - 2, argv + 2);
     if (argc >= 3 && !strcmp(argv[1], "attach")) return relay(argc - 2, argv + 2);
     if (argc >= 3 && !strcmp(argv[1], "status")) return status(argc - 2, argv + 2);
+    if (argc >= 3 && !strcmp(argv[1], "forget")) return forget(argc - 2, argv + 2);
     if (argc >= 2 && !strcmp(argv[1], "version")) { printf("tether-holder 1\n"); return 0; }
-    fprintf(stderr, "usage: tether-holder serve DIR [options] -- ARGV... | attach DIR | status DIR | version\n");
+    fprintf(stderr, "usage: tether-holder serve DIR [options] -- ARGV... | attach DIR | status DIR | forget DIR | version\n");
     return 2;
 }

@@ -185,7 +185,7 @@ async def judge_lease(lease: ProcessLease, why: str, *, can_adopt: bool, can_wat
             still_running=True,
         )  # fmt: skip
     if seen.status == Status.ALIVE:
-        if backend.adoptable(handle):
+        if seen.held or backend.adoptable(handle):
             return finding(
                 Action.ADOPT if can_adopt else Action.WAIT,
                 f"{seen.detail or 'still running'}: adoptable",
@@ -203,7 +203,7 @@ async def judge_lease(lease: ProcessLease, why: str, *, can_adopt: bool, can_wat
             handle=handle,
             still_running=True,
         )
-    if seen.status == Status.EXITED and can_adopt and backend.adoptable(handle):
+    if seen.held and seen.status == Status.EXITED and can_adopt:
         # A holder keeps the last output with the exit: adopted, the viewer sees the end and the exit.
         return finding(Action.ADOPT, f"{seen.detail}: adopting it for its last output", handle=handle)
     if seen.status == Status.EXITED:

@@ -110,6 +110,8 @@ class Inspection:
     # NEVER_STARTED even should its owner only be frozen: the owner's next step towards starting it is fenced
     # by its lease (a docker exec is started only after a fenced write), so a take-over stops it.
     fenced: bool = False
+    # A live session holder keeps the program, or its last output and exit: a new owner attaches to it.
+    held: bool = False
 
 
 @dataclass(frozen=True)

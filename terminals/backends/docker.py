@@ -40,6 +40,7 @@ from terminals.backends.base import (
     BeforeStart,
     Inspection,
     Launch,
+    Process,
     SpawnError,
     SpawnSpec,
     Status,
@@ -57,9 +58,13 @@ from terminals.backends.docker_exec import (
     settled,
     survivors,
 )
+from terminals.backends.docker_held import Unheld, attach_held, inspect_held, remove_held, spawn_held
 from terminals.backends.docker_process import DockerProcess
+from terminals.backends.holder import holder_binary
 
 log = logging.getLogger(__name__)
+
+_BUILT = object()
 
 
 async def _our_process(pid: int, marker: str) -> procfs.ProcessIdentity | None:
@@ -77,11 +82,14 @@ async def _our_process(pid: int, marker: str) -> procfs.ProcessIdentity | None:
 class DockerBackend(Backend):
     name = "docker"
 
-    def __init__(self, container: str, engine: str = "", timeout: float = 30.0):
+    def __init__(self, container: str, engine: str = "", timeout: float = 30.0, holder=_BUILT):
         self.container = container
         self.engine = engine
         self.timeout = timeout
         self._clients: dict[str, docker.APIClient] = {}
+        # The holder binary copied into containers to hold their shells, or None: plain execs (they end
+        # with their worker).
+        self.holder = holder_binary() if holder is _BUILT else holder
 
     def _where(self, engine: str) -> str:
         return f"docker engine {engine}" if engine else "the local docker engine"
@@ -114,9 +122,10 @@ class DockerBackend(Backend):
 
     async def spawn(
         self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None, instance: str = ""
-    ) -> DockerProcess:
+    ) -> Process:
         """``instance`` (as ``instance()`` gave it when the worker recorded where it runs) pins the container by
-        id: one re-created under the name meanwhile is another machine, and its exec would run there."""
+        id: one re-created under the name meanwhile is another machine, and its exec would run there. With
+        the holder, the program is the holder's (``docker_held``); where it cannot run, a plain exec."""
         try:
             api = await self._client(self.engine)
         except BackendError as error:
@@ -126,6 +135,17 @@ class DockerBackend(Backend):
             env.pop("PATH")  # the image's own PATH is the one its programs expect
         program = spec.argv[0]
         container = instance.rpartition("/")[2] or self.container
+        unheld = ""
+        if self.holder is not None:
+            try:
+                engine_id = instance.rpartition("/")[0] or await self._daemon(api)
+                with self._spawn_errors(program):
+                    return await spawn_held(
+                        api, self.engine, engine_id, container, self.holder, spec, tags, env, before_start
+                    )
+            except Unheld as why:
+                log.warning("container %s: %s; its shells end with their worker", container, why)
+                unheld = str(why)
         with self._spawn_errors(program):
             created = await asyncio.to_thread(
                 api.exec_create, container, list(spec.argv), stdin=True, tty=True,
@@ -134,6 +154,8 @@ class DockerBackend(Backend):
         handle = {"backend": "docker", "engine": self.engine, "container": container, "exec_id": created["Id"]}
         handle |= {"marker": tags.marker, "session": tags.session}
         handle |= {"owner_pid": tags.owner_pid, "owner_started_at": tags.owner_started_at}
+        if unheld:
+            handle["unheld"] = unheld  # said on the page and in the admin: this shell ends with its worker
         if before_start is not None:
             # Kept before it can run: an exec that is created but never started is proof nothing ran.
             await before_start(dict(handle))
@@ -202,7 +224,18 @@ class DockerBackend(Backend):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
 
+    async def attach(self, handle: dict) -> Process:
+        if "holder" not in handle:
+            return await super().attach(handle)
+        return await attach_held(await self._client(handle["engine"]), handle)
+
     async def inspect(self, handle: dict) -> Inspection:
+        if "holder" in handle:
+            try:
+                api = await self._client(handle["engine"])
+            except BackendError as error:
+                return Inspection(Status.UNKNOWN, detail=str(error))
+            return await inspect_held(api, handle)
         try:
             api = await self._client(handle["engine"])
             info = await exec_state(api, handle["exec_id"])
@@ -245,6 +278,8 @@ class DockerBackend(Backend):
         return Inspection(Status.EXITED, exit=exit_of(info["ExitCode"]))
 
     async def inspect_launch(self, intent: dict) -> Inspection:
+        if "holder" in intent:  # its serve exec may have run: the holder tells
+            return await self.inspect(intent)
         if "exec_id" not in intent:
             # The exec is started only once its id is kept, by a fenced write: without one, nothing was started,
             # and an owner that wakes now finds its lease taken before it can start one.
@@ -296,5 +331,8 @@ class DockerBackend(Backend):
 
     async def remove(self, handle: dict, grace: float = 2.0) -> None:
         api = await self._client(handle["engine"])
+        if "holder" in handle:
+            await remove_held(api, handle, grace)
+            return
         await end_tree(api, handle, grace)
         await settled(api, handle["exec_id"])

@@ -288,6 +288,10 @@ class HeldProcess(Process):
         except TimeoutError:
             raise BackendError("the holder did not record the program's end after it was ended") from None
         await self._end_tree(grace)
+        # Nothing is left to hold: the holder goes once its last output and the end are sent (its record
+        # stays until ``release``).
+        with contextlib.suppress(BackendError):
+            await self._session.link.write(frame(Frame.QUIT))
         return exit
 
     async def detach(self) -> None:
@@ -296,9 +300,17 @@ class HeldProcess(Process):
         await self._session.link.close()
 
     async def release(self) -> None:
-        """The exit is on record: the holder may go, and its directory with it."""
+        """The exit is on record: the holder may go, and its directory (its own record) with it."""
         self._closed = True
         with contextlib.suppress(BackendError, OSError):
             await self._session.link.write(frame(Frame.QUIT))
+        # Once the holder has gone (it sent us everything first), nothing is left of it.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._until_link_ends(), 5)
         await self._session.link.close()
         await self._forget()
+
+    async def _until_link_ends(self) -> None:
+        with contextlib.suppress(BackendError, OSError):
+            while await self._session.next() is not None:
+                pass

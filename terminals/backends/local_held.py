@@ -112,10 +112,12 @@ async def inspect_held(handle: dict) -> Inspection:
     holder = ProcessIdentity.from_json(handle["holder"]["process"])
     program = ProcessIdentity.from_json(handle["process"])
     if (exit := await asyncio.to_thread(read_exit_record, handle)) is not None:
-        kept = "; its holder still keeps the last output" if holder.is_alive() else ""
-        return Inspection(Status.EXITED, exit=exit, detail=f"the holder recorded: {exit.describe()}{kept}")
+        alive = holder.is_alive()
+        kept = "; its holder still keeps the last output" if alive else ""
+        return Inspection(Status.EXITED, exit=exit, detail=f"the holder recorded: {exit.describe()}{kept}", held=alive)
     if holder.is_alive():
-        return Inspection(Status.ALIVE, detail=f"held by holder pid {holder.pid}; program pid {program.pid}")
+        detail = f"held by holder pid {holder.pid}; program pid {program.pid}"
+        return Inspection(Status.ALIVE, detail=detail, held=True)
     if program.is_alive():
         return Inspection(Status.ALIVE, detail=f"pid {program.pid} runs on, but its holder is gone")
     return Inspection(Status.GONE, detail=f"holder pid {holder.pid} is gone and left no exit record")

@@ -16,9 +16,9 @@ from terminals.backends.base import Backend, Tags
 from terminals.backends.procfs import ProcessIdentity, find_tree, session_of
 from terminals.backends.tmux_shim import SHIM_MARKER_VARIABLE
 
-# "local" is a held local shell (the session holder owns the PTY); "local-plain" the worker's own PTY,
-# what a machine without the holder gets.
-BACKENDS = ["local", "local-plain", "tmux", "docker"]
+# "local" and "docker" are held shells (the session holder owns the PTY); "local-plain" the worker's own
+# PTY and "docker-plain" a bare exec, what a machine gets where the holder cannot run.
+BACKENDS = ["local", "local-plain", "tmux", "docker", "docker-plain"]
 
 
 def make_tags(session: str | None = None) -> Tags:
@@ -50,6 +50,8 @@ def make_backend(backend_name, request) -> Callable[[], Backend]:
     from terminals.backends.docker import DockerBackend
 
     name = request.getfixturevalue("container")
+    if backend_name == "docker-plain":
+        return lambda: DockerBackend(container=name, holder=None)
     return lambda: DockerBackend(container=name)
 
 
@@ -61,7 +63,7 @@ def backend(make_backend) -> Backend:
 @pytest.fixture
 def read_place_file(backend_name, request) -> Callable[[str], str | None]:
     """Read a file where the backend's processes run (the host, or inside the container)."""
-    if backend_name != "docker":
+    if not backend_name.startswith("docker"):
 
         def read_host(path: str) -> str | None:
             try:

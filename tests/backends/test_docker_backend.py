@@ -1,4 +1,6 @@
-"""The docker exec backend against a real dockerd: what is left behind, and what another process can see."""
+"""The docker exec backend against a real dockerd: what is left behind, and what another process can see. These
+are a plain exec's properties (no session holder: what a container gets where the holder cannot run); held
+docker shells are tested in test_holder.py."""
 
 from __future__ import annotations
 
@@ -20,13 +22,19 @@ from executions.actions import Actor, add_machine
 from executions.models import Machine
 from terminals.backends import docker_process
 from terminals.backends.base import BackendError, Exit, SpawnError, SpawnSpec, Status
-from terminals.backends.docker import DockerBackend
+from terminals.backends.docker import DockerBackend as HeldOrPlain
 from terminals.backends.procfs import find_tree
 from terminals.registry import backend_for
 from tests.backends.conftest import exec_processes, make_tags, settled_exec_processes, wait_until
 from tests.backends.test_contract import read_until, shell
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def DockerBackend(**kwargs) -> HeldOrPlain:
+    return HeldOrPlain(holder=None, **kwargs)
+
+
 # A shell with a child that ignores HUP and TERM, and a detached grandchild in its own session.
 STUBBORN = (
     "(trap '' HUP TERM; while :; do sleep 0.1; done) & setsid sh -c 'trap \"\" HUP TERM; while :; do sleep 0.1; done' &"
@@ -153,7 +161,8 @@ from terminals.backends.base import SpawnSpec
 from tests.backends.conftest import make_tags
 
 async def main():
-    process = await DockerBackend(container=sys.argv[1]).spawn(SpawnSpec(argv=tuple(sys.argv[2:])), make_tags())
+    backend = DockerBackend(container=sys.argv[1], holder=None)
+    process = await backend.spawn(SpawnSpec(argv=tuple(sys.argv[2:])), make_tags())
     # Read what comes at first (a prompt), so docker has no write in flight to us when we are killed.
     try:
         while await asyncio.wait_for(process.read(), 0.5):

@@ -4,6 +4,7 @@ program whoever its client is, refuses strangers, survives bad clients, and tell
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import random
@@ -20,10 +21,11 @@ from pathlib import Path
 import pytest
 
 from terminals.backends.base import SpawnSpec
+from terminals.backends.docker import DockerBackend
 from terminals.backends.holder import Frame, frame, holder_binary, parse_record
 from terminals.backends.local import LocalBackend
 from terminals.backends.procfs import ProcessIdentity
-from tests.backends.conftest import make_tags, wait_until
+from tests.backends.conftest import make_tags, settled_exec_processes, wait_until
 from tests.backends.test_contract import drain, read_until
 from tests.conftest import HELD_DIR
 
@@ -273,7 +275,8 @@ async def test_a_held_shell_outlives_the_process_that_started_it_and_another_att
     spawner.wait()
     assert "holder" in handle
     backend = LocalBackend()
-    assert (await backend.inspect(handle)).status.value == "alive" and backend.adoptable(handle)
+    seen = await backend.inspect(handle)
+    assert seen.status.value == "alive" and seen.held
     process = await backend.attach(handle)
     assert process.pid == handle["process"]["pid"] and process.stream_origin == 0
     await process.write(b"xyz\n")
@@ -295,3 +298,106 @@ async def test_terminate_ends_the_whole_session_and_the_holder_records_the_signa
     assert time.monotonic() - started < 10
     await asyncio.wait_for(reading, 10)
     await process.release()
+
+
+# --- docker: the holder inside the container ---------------------------------------------------------
+
+
+def _docker_spawner(container: str, *argv: str) -> tuple[subprocess.Popen, dict]:
+    spawner = subprocess.Popen(
+        [sys.executable, "-m", "tests.backends.spawner", "docker", json.dumps({"container": container}), *argv],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = spawner.stdout.readline()
+    assert line, "the spawner printed no handle"
+    return spawner, json.loads(line)
+
+
+async def test_a_held_docker_shell_outlives_the_process_that_started_it_and_another_attaches_to_it(container):
+    """No docker exec can be attached again; the holder can: after its starter's SIGKILL (and the drop of
+    every stream it had), another process attaches, finds the same shell and all its output, and reads the
+    exit the holder recorded."""
+    spawner, handle = _docker_spawner(container, "/bin/sh", "-c", "echo pid-$$; read line; echo got-$line; exit 5")
+    spawner.send_signal(signal.SIGKILL)
+    spawner.wait()
+    assert "holder" in handle
+    backend = DockerBackend(container=container)
+    seen = await backend.inspect(handle)
+    assert seen.status.value == "alive" and seen.held, seen
+    process = await backend.attach(handle)
+    assert process.pid == handle["holder"]["program"]
+    await process.write(b"xyz\n")
+    output = await drain(process)
+    assert f"pid-{process.pid}".encode() in output and b"got-xyz" in output
+    exit = await process.wait()
+    assert (exit.code, exit.signal, exit.source) == (5, None, "the session holder's record")
+    await process.release()
+    assert (await backend.inspect(handle)).status.value == "gone"  # released: nothing of it is left
+    assert await settled_exec_processes(container) == []
+
+
+async def test_a_signal_death_in_a_container_is_recorded_as_the_signal(container):
+    process = await DockerBackend(container=container).spawn(
+        SpawnSpec(argv=("/bin/sh", "-c", "kill -9 $$")), make_tags()
+    )
+    await drain(process)
+    exit = await process.wait()
+    assert (exit.code, exit.signal, exit.ambiguous) == (None, 9, False)
+    assert exit.describe() == "Ended by signal 9"
+    await process.release()
+
+
+async def test_the_holder_is_copied_once_checked_by_digest_and_replaced_when_it_differs(container, binary):
+    from terminals.backends import docker_held
+
+    docker_held._installed.clear()
+    first = await DockerBackend(container=container).spawn(SpawnSpec(argv=("true",)), make_tags())
+    path = first.handle["holder"]["binary"]
+    assert path.startswith("/tmp/.tether/holder-") and path.endswith(
+        hashlib.sha256(binary.read_bytes()).hexdigest()[:16]
+    )
+    await drain(first)
+    await first.release()
+    # Someone wrote over it: the next worker (no memory of the copy) checks it and puts ours back.
+    subprocess.run(["docker", "exec", container, "sh", "-c", f"echo tampered > {path}"], check=True)
+    docker_held._installed.clear()
+    second = await DockerBackend(container=container).spawn(SpawnSpec(argv=("sh", "-c", "echo fine")), make_tags())
+    assert b"fine" in await drain(second)
+    assert (await second.wait()).code == 0
+    await second.release()
+    listed = subprocess.run(["docker", "exec", container, "ls", "/tmp/.tether"], capture_output=True, text=True)
+    assert [name for name in listed.stdout.split() if name.startswith("holder-")] == [path.rsplit("/", 1)[1]]
+
+
+async def test_ctrl_p_ctrl_q_reach_a_held_docker_shell_instead_of_detaching_it(container):
+    """Docker reads Ctrl-P Ctrl-Q on an exec's stdin as "detach"; typed into a held shell, they are input."""
+    process = await DockerBackend(container=container).spawn(
+        SpawnSpec(argv=("/bin/sh", "-c", "stty raw -echo; od -An -tx1 -N4; exit 0")), make_tags()
+    )
+    await asyncio.sleep(0.5)  # stty has run
+    await process.write(b"\x10\x11\x10a")
+    output = await drain(process)
+    assert b"10 11 10 61" in output, output
+    assert (await process.wait()).code == 0
+    await process.release()
+
+
+async def test_where_the_holder_cannot_run_a_plain_exec_is_started_and_says_so():
+    """A read-only root filesystem (no writable /tmp): the shell still starts, as a plain exec that will not
+    outlive its worker, and its handle says why."""
+    from tests.bridge.harness import TEST_IMAGE
+
+    name = f"tether-test-ro-{secrets.token_hex(4)}"
+    options = ["--rm", "--read-only", "--network", "none", "--label", "tether.test=1", "--name", name]
+    subprocess.run(
+        ["docker", "run", "-d", *options, TEST_IMAGE, "sleep", "2147483647"], check=True, capture_output=True
+    )
+    try:
+        process = await DockerBackend(container=name).spawn(SpawnSpec(argv=("sh", "-c", "echo plain")), make_tags())
+        assert "holder" not in process.handle and "cannot" in process.handle["unheld"], process.handle
+        assert b"plain" in await drain(process)
+        assert not process.survives_owner
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)

@@ -1,0 +1,284 @@
+"""Docker shells held by a session holder inside their container, so that they outlive their worker.
+
+Docker cannot attach a new client to a running exec, so the program is not the exec's: the worker copies
+the holder into the container (``/tmp/.tether/holder-<digest>``, reused while the same build is there),
+starts it with one exec (``serve``: it returns once the holder listens), and talks to it through a second
+exec running the holder's relay (``attach``: a raw terminal, so every byte passes unchanged). A worker on
+any host that reaches the engine attaches the same way after the first one died, from the offset it
+needs, and reads the exit from the holder's record, never from a dropped exec's status.
+
+Where the holder cannot run (a read-only or full filesystem, another CPU architecture), ``Unheld`` says
+why, and the backend falls back to a plain exec that ends with its worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import platform
+import secrets
+import struct
+import tarfile
+from pathlib import Path
+
+import docker
+from docker.errors import APIError, NotFound
+
+from terminals.backends.base import BackendError, Exit, Inspection, SpawnError, SpawnSpec, Status, Tags
+from terminals.backends.docker_exec import ENGINE_ERRORS, end_tree
+from terminals.backends.docker_process import DockerProcess
+from terminals.backends.holder import RELAY_READY, HeldProcess, Session, parse_record, parse_started
+from terminals.backends.procfs import MARKER_VARIABLE
+
+ROOT = "/tmp/.tether"  # Tether's own directory in the container
+PROGRAM_ONLY = (MARKER_VARIABLE, "TETHER_SESSION")
+ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386"}
+# (engine id, container id) -> the holder's path there, once copied and checked
+_installed: dict[tuple[str, str], str] = {}
+
+
+class Unheld(Exception):
+    """The holder cannot run in this container: why (the shell then ends with its worker)."""
+
+
+def _digest(binary: Path) -> str:
+    return hashlib.sha256(binary.read_bytes()).hexdigest()
+
+
+def _tar_of(binary: Path, name: str) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for directory in (".tether",):
+            info = tarfile.TarInfo(directory)
+            info.type, info.mode = tarfile.DIRTYPE, 0o700
+            tar.addfile(info)
+        data = binary.read_bytes()
+        info = tarfile.TarInfo(f".tether/{name}")
+        info.size, info.mode = len(data), 0o755
+        tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _read_archive(api: docker.APIClient, container: str, path: str) -> bytes | None:
+    """A file's content from the container (running or stopped: no exec, no shell needed), None if absent."""
+    try:
+        stream, _ = api.get_archive(container, path)
+    except NotFound:
+        return None
+    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+        member = tar.next()
+        extracted = tar.extractfile(member) if member is not None else None
+        return extracted.read() if extracted is not None else None
+
+
+async def install(api: docker.APIClient, engine_id: str, container: str, binary: Path) -> str:
+    """The holder's path in ``container``: copied there when missing, and checked by its digest."""
+    if (known := _installed.get((engine_id, container))) is not None:
+        return known
+    info = await asyncio.to_thread(api.inspect_container, container)
+    image = await asyncio.to_thread(api.inspect_image, info["Image"])
+    mine = ARCHITECTURES.get(platform.machine(), platform.machine())
+    if image.get("Architecture") and image["Architecture"] != mine:
+        raise Unheld(f"the container is {image['Architecture']}, the holder was built for {mine}")
+    digest = await asyncio.to_thread(_digest, binary)
+    name = f"holder-{digest[:16]}"
+    path = f"{ROOT}/{name}"
+    there = await asyncio.to_thread(_read_archive, api, container, path)
+    if there is None or hashlib.sha256(there).hexdigest() != digest:
+        try:
+            placed = await asyncio.to_thread(api.put_archive, container, "/tmp", _tar_of(binary, name))
+        except APIError as error:
+            raise Unheld(f"the holder cannot be copied into the container: {error.explanation}") from None
+        there = await asyncio.to_thread(_read_archive, api, container, path) if placed else None
+        if there is None or hashlib.sha256(there).hexdigest() != digest:
+            raise Unheld("the holder copied into the container does not read back the same (read-only /tmp?)")
+    _installed[(engine_id, container)] = path
+    return path
+
+
+def _demuxed(raw: bytes) -> bytes:
+    """stdout of a non-terminal exec: docker frames each write with an 8-byte header."""
+    out, at = bytearray(), 0
+    while at + 8 <= len(raw):
+        kind, size = raw[at], struct.unpack(">I", raw[at + 4 : at + 8])[0]
+        if kind == 1:
+            out += raw[at + 8 : at + 8 + size]
+        at += 8 + size
+    return bytes(out)
+
+
+async def _run(api: docker.APIClient, container: str, argv: list[str], stdin: bytes = b"", **create) -> str:
+    """Run a short exec to its end, with ``stdin`` written first; its stdout as text."""
+
+    def run() -> str:
+        created = api.exec_create(container, argv, stdin=bool(stdin), tty=False, **create)
+        if not stdin:
+            return api.exec_start(created["Id"]).decode(errors="replace")
+        conn = api.exec_start(created["Id"], socket=True)
+        sock = getattr(conn, "_sock", conn)
+        try:
+            sock.settimeout(30)
+            sock.sendall(stdin)
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+        return _demuxed(b"".join(chunks)).decode(errors="replace")
+
+    return await asyncio.to_thread(run)
+
+
+async def spawn_held(
+    api: docker.APIClient, engine: str, engine_id: str, container: str, binary: Path, spec: SpawnSpec, tags: Tags,
+    env: dict[str, str], before_start,
+) -> HeldProcess:  # fmt: skip
+    """Raises Unheld when the holder cannot run there (nothing was started), SpawnError when the program
+    could not be started."""
+    holder = await install(api, engine_id, container, binary)
+    place = f"{ROOT}/s-{tags.marker}"
+    secret = secrets.token_hex(24)
+    argv = [holder, "serve", place, "--cols", str(spec.cols), "--rows", str(spec.rows)]
+    for name in PROGRAM_ONLY:
+        if name in env:
+            argv += ["--setenv", f"{name}={env[name]}"]
+    held_env = {name: value for name, value in env.items() if name not in PROGRAM_ONLY}
+    handle = {"backend": "docker", "engine": engine, "container": container, "marker": tags.marker}
+    handle |= {"session": tags.session, "owner_pid": tags.owner_pid, "owner_started_at": tags.owner_started_at}
+    handle["holder"] = {"binary": holder, "dir": place, "secret": secret}
+    if before_start is not None:
+        # Kept before anything can run: recovery finds a holder that started from this handle.
+        await before_start(dict(handle))
+    try:
+        text = await _run(
+            api, container, [*argv, "--", *spec.argv], stdin=f"{secret}\n".encode(), environment=held_env,
+            workdir=spec.cwd or None,
+        )  # fmt: skip
+    except APIError as error:
+        raise SpawnError(f"docker could not start the session holder in {container!r}: {error.explanation}") from None
+    except ENGINE_ERRORS as error:
+        raise BackendError(f"the engine failed while starting the session holder: {error}") from None
+    if text.startswith("error "):
+        raise SpawnError(text.removeprefix("error ").strip())
+    holder_pid, _, pid, _ = parse_started(text)
+    handle["holder"] |= {"pid": holder_pid, "program": pid}
+    return await attach_held(api, handle)
+
+
+async def attach_held(api: docker.APIClient, handle: dict, since: int = 0) -> HeldProcess:
+    holder, container = handle["holder"], handle["container"]
+
+    async def connect(since: int):
+        try:
+            created = await asyncio.to_thread(
+                api.exec_create, container, [holder["binary"], "attach", holder["dir"]], stdin=True, tty=True
+            )
+            conn = await asyncio.to_thread(api.exec_start, created["Id"], tty=True, socket=True)
+        except NotFound:
+            raise BackendError(f"container {container!r} is gone") from None
+        except (APIError, *ENGINE_ERRORS) as error:
+            raise BackendError(f"cannot reach the session holder in {container!r}: {error}") from None
+        link = RelayLink(DockerProcess(api, {"exec_id": created["Id"], "container": container}, conn))
+        try:
+            await asyncio.wait_for(link.ready(), 10)
+            session = Session(link)
+            return session, await session.attach(holder["secret"], since)
+        except BaseException:
+            await link.close()
+            raise
+
+    session, attached = await connect(since)
+
+    async def read_record() -> Exit | None:
+        state = await status(api, handle)
+        return parse_record(state.removeprefix("exit ")) if state.startswith("exit ") else None
+
+    async def end(grace: float) -> None:
+        # What left the program's session still carries the marker: ended from inside the container.
+        await end_tree(api, {"container": container, "marker": handle["marker"]}, grace)
+
+    async def forget() -> None:
+        with contextlib.suppress(BackendError, *ENGINE_ERRORS):
+            await _run(api, container, [holder["binary"], "forget", holder["dir"]])
+
+    process = HeldProcess(
+        handle, session, attached, reconnect=connect, read_record=read_record, end_tree=end, forget=forget
+    )
+    return process
+
+
+class RelayLink:
+    """The holder's relay exec as a byte stream; it says RELAY_READY once its terminal is raw."""
+
+    def __init__(self, process: DockerProcess):
+        self.process = process
+        self.early = b""
+
+    async def ready(self) -> None:
+        seen = b""
+        while RELAY_READY not in seen:
+            chunk = await self.process.read()
+            if not chunk:
+                raise BackendError(f"the holder's relay ended: {seen.decode(errors='replace').strip()}")
+            seen += chunk
+        self.early = seen.split(RELAY_READY, 1)[1]
+
+    async def read(self) -> bytes:
+        if self.early:
+            early, self.early = self.early, b""
+            return early
+        return await self.process.read()
+
+    async def write(self, data: bytes) -> None:
+        # Docker takes Ctrl-P Ctrl-Q on an exec's stdin for "detach" and holds a lone Ctrl-P back: each 0x10
+        # goes as 0x10 0x00, which the relay undoes, so neither can happen.
+        await self.process.write(data.replace(b"\x10", b"\x10\x00"))
+
+    async def close(self) -> None:
+        await self.process.detach()
+
+
+async def status(api: docker.APIClient, handle: dict) -> str:
+    """The holder's own account (``tether-holder status``): "exit RECORD", "running ...", "gone" or "none";
+    for a stopped container, its exit record read from the filesystem ("gone" without one)."""
+    holder, container = handle["holder"], handle["container"]
+    try:
+        return (await _run(api, container, [holder["binary"], "status", holder["dir"]])).strip()
+    except NotFound:
+        return "container-gone"
+    except APIError as error:
+        if "is not running" not in str(error.explanation):
+            raise BackendError(f"cannot ask the session holder in {container!r}: {error.explanation}") from None
+    record = await asyncio.to_thread(_read_archive, api, container, f"{holder['dir']}/exit")
+    return f"exit {record.decode(errors='replace')}" if record else "gone"
+
+
+async def inspect_held(api: docker.APIClient, handle: dict) -> Inspection:
+    try:
+        state = await status(api, handle)
+    except ENGINE_ERRORS as error:
+        return Inspection(Status.UNKNOWN, detail=str(error))
+    except BackendError as error:
+        return Inspection(Status.UNKNOWN, detail=str(error))
+    where = f"in {handle['container']!r}"
+    if state.startswith("running"):
+        return Inspection(Status.ALIVE, detail=f"held by its session holder {where}", held=True)
+    if state.startswith("exit ") and (exit := parse_record(state.removeprefix("exit "))) is not None:
+        return Inspection(Status.EXITED, exit=exit, detail=f"the session holder {where} recorded: {exit.describe()}")
+    if state == "container-gone":
+        return Inspection(Status.GONE, detail=f"container {handle['container']!r} is gone, and its holder with it")
+    return Inspection(Status.GONE, detail=f"the session holder {where} is gone and left no exit record")
+
+
+async def remove_held(api: docker.APIClient, handle: dict, grace: float) -> None:
+    """End a held program found through its handle (no owner holds it), then let its holder go."""
+    with contextlib.suppress(BackendError, TimeoutError):
+        if (await status(api, handle)).startswith("running"):
+            process = await attach_held(api, handle)
+            await process.terminate(grace=grace)
+            await process.release()
+            return
+    await end_tree(api, {"container": handle["container"], "marker": handle["marker"]}, grace)
