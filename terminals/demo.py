@@ -4,8 +4,9 @@ Modelled on the SmolBox terminal demo. It uses a docker machine (a throwaway
 container) when the engine and the image are there, else a tmux machine. Each
 phase prints what it proves and fails loudly (exit status 1) when a proof does
 not hold. ``interrupt`` leaves a worker killed mid-session; ``recover`` starts a
-new one and shows what became of the session: adopted (tmux), or unknown with
-the slot held and then resolved through the checked procedure. Either way the
+new one and shows what became of the session: adopted (tmux, or a docker shell
+kept by its session holder), or unknown with the slot held (a shell nothing
+held, TETHER_HOLDER=0) and then resolved through the checked procedure. Either way the
 shell was launched exactly once (a launch counter file).
 
 The viewer here speaks to the owner worker over the channel layer exactly as
@@ -215,7 +216,7 @@ async def interrupt(backend: str) -> None:
 
 
 async def recover(backend: str) -> None:
-    """Settle whatever holds the demo machine: a new worker adopts a shell that lived on (tmux) and a viewer
+    """Settle whatever holds the demo machine: a new worker adopts a shell that lived on (tmux, held) and a viewer
     types into it, or records the outcome unknown, which is then resolved through Tether's checks."""
     machine = await db(demo_machine)()
     holder = await db(slot_holder)(machine.pk) if machine else None

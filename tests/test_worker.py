@@ -358,8 +358,11 @@ def test_a_submitted_command_runs_and_exec_await_waits_for_its_outcome():
         stack.stop()
 
 
-@pytest.mark.parametrize("backend", ["docker", "tmux"])
-def test_sigterm_leaves_a_command_running_for_the_next_worker(place, backend):
+@pytest.mark.parametrize("variant", ["docker", "docker-plain", "tmux", "local"])
+def test_sigterm_leaves_a_command_running_for_the_next_worker(place, variant):
+    """Held (docker, local) and tmux commands are adopted by the next worker; a plain docker exec (no
+    holder) is watched until docker reports its exit."""
+    backend = variant.removesuffix("-plain")
     machine = place(backend)
     execution, _ = exec_actions.submit_execution(
         scope="team-a",
@@ -369,6 +372,8 @@ def test_sigterm_leaves_a_command_running_for_the_next_worker(place, backend):
         actor=TEST_ACTOR,
     )
     stack = Stack()
+    if variant == "docker-plain":
+        stack.extra_env["TETHER_HOLDER"] = "0"
     try:
         first = stack.start_worker(backend)
         _wait_until_running(execution.pk)
@@ -383,7 +388,7 @@ def test_sigterm_leaves_a_command_running_for_the_next_worker(place, backend):
         stack.stop()
     # Its own exit code: it ran to the end under the next worker's watch; it was not killed.
     assert (done.state, done.evidence, done.exit_code) == (State.COMPLETED, Evidence.EXITED, 4)
-    if backend == "docker":  # watched, then read back from docker
+    if variant == "docker-plain":  # watched, then read back from docker
         assert "docker exec inspect" in done.events.order_by("-at").first().reason
     else:  # adopted, then seen exiting by its new owner
         assert done.events.filter(evidence=Evidence.ADOPTED).exists()

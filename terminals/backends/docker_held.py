@@ -26,8 +26,8 @@ from pathlib import Path
 import docker
 from docker.errors import APIError, NotFound
 
-from terminals.backends.base import BackendError, Exit, Inspection, SpawnError, SpawnSpec, Status, Tags
-from terminals.backends.docker_exec import ENGINE_ERRORS, end_tree
+from terminals.backends.base import BackendError, Exit, Inspection, Launch, SpawnError, SpawnSpec, Status, Tags
+from terminals.backends.docker_exec import ENGINE_ERRORS, end_tree, exec_state
 from terminals.backends.docker_process import DockerProcess
 from terminals.backends.holder import RELAY_READY, HeldProcess, Session, parse_record, parse_started
 from terminals.backends.procfs import MARKER_VARIABLE
@@ -111,12 +111,17 @@ def _demuxed(raw: bytes) -> bytes:
 
 async def _run(api: docker.APIClient, container: str, argv: list[str], stdin: bytes = b"", **create) -> str:
     """Run a short exec to its end, with ``stdin`` written first; its stdout as text."""
+    created = await asyncio.to_thread(api.exec_create, container, argv, stdin=bool(stdin), tty=False, **create)
+    return await _start(api, created["Id"], stdin)
+
+
+async def _start(api: docker.APIClient, exec_id: str, stdin: bytes = b"") -> str:
+    """Start a created exec, write ``stdin``, and read its stdout to the end, as text."""
 
     def run() -> str:
-        created = api.exec_create(container, argv, stdin=bool(stdin), tty=False, **create)
         if not stdin:
-            return api.exec_start(created["Id"]).decode(errors="replace")
-        conn = api.exec_start(created["Id"], socket=True)
+            return api.exec_start(exec_id).decode(errors="replace")
+        conn = api.exec_start(exec_id, socket=True)
         sock = getattr(conn, "_sock", conn)
         try:
             sock.settimeout(30)
@@ -149,14 +154,16 @@ async def spawn_held(
     handle = {"backend": "docker", "engine": engine, "container": container, "marker": tags.marker}
     handle |= {"session": tags.session, "owner_pid": tags.owner_pid, "owner_started_at": tags.owner_started_at}
     handle["holder"] = {"binary": holder, "dir": place, "secret": secret}
-    if before_start is not None:
-        # Kept before anything can run: recovery finds a holder that started from this handle.
-        await before_start(dict(handle))
     try:
-        text = await _run(
-            api, container, [*argv, "--", *spec.argv], stdin=f"{secret}\n".encode(), environment=held_env,
+        created = await asyncio.to_thread(
+            api.exec_create, container, [*argv, "--", *spec.argv], stdin=True, tty=False, environment=held_env,
             workdir=spec.cwd or None,
         )  # fmt: skip
+        handle["exec_id"] = created["Id"]  # the serve exec: created, not started, proves nothing ran
+        if before_start is not None:
+            # Kept before anything can run: recovery finds the holder (or the unstarted exec) from it.
+            await before_start(dict(handle))
+        text = await _start(api, created["Id"], f"{secret}\n".encode())
     except APIError as error:
         raise SpawnError(f"docker could not start the session holder in {container!r}: {error.explanation}") from None
     except ENGINE_ERRORS as error:
@@ -270,6 +277,13 @@ async def inspect_held(api: docker.APIClient, handle: dict) -> Inspection:
         return Inspection(Status.EXITED, exit=exit, detail=f"the session holder {where} recorded: {exit.describe()}")
     if state == "container-gone":
         return Inspection(Status.GONE, detail=f"container {handle['container']!r} is gone, and its holder with it")
+    if state == "none" and handle.get("launch") == Launch.STARTING and (serve := handle.get("exec_id")):
+        # Its serve exec was created; nothing is there: was it ever started? Docker remembers.
+        info = await exec_state(api, serve)
+        if info and not info.get("Pid") and not info.get("Running") and info.get("ExitCode") is None:
+            return Inspection(
+                Status.NEVER_STARTED, detail=f"the holder's exec {serve[:12]} was created but never started"
+            )
     return Inspection(Status.GONE, detail=f"the session holder {where} is gone and left no exit record")
 
 

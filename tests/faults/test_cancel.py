@@ -28,13 +28,17 @@ def manage(stack: Stack, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_cancel_ends_a_docker_command_that_a_new_worker_only_watches(place):
+@pytest.mark.parametrize("held", [False, True])
+def test_cancel_ends_a_docker_command_that_a_new_worker_only_watches(place, held):
+    """A plain exec (no holder) is only watched by the next worker, a held one adopted: a cancel ends either."""
     machine = place("docker")
     execution, _ = exec_actions.submit_execution(
         scope="team-a", execution_id="watched", machine_name=machine.name, spec=make_spec("sleep", "300"),
         actor=TEST_ACTOR,
     )  # fmt: skip
     stack = Stack()
+    if not held:
+        stack.extra_env["TETHER_HOLDER"] = "0"
     try:
         first = stack.start_worker("docker")
         wait_for(lambda: Execution.objects.filter(pk=execution.pk, state=State.RUNNING).exists(), what="running")
@@ -49,7 +53,8 @@ def test_cancel_ends_a_docker_command_that_a_new_worker_only_watches(place):
         assert cancelled.returncode == 0, cancelled.stderr
         data = json.loads(cancelled.stdout)
         assert (data["state"], data["evidence"]) == (State.COMPLETED, Evidence.KILLED)
-        assert "cancel requested" in Execution.objects.get(pk=execution.pk).events.last().reason
+        if not held:
+            assert "cancel requested" in Execution.objects.get(pk=execution.pk).events.last().reason
         assert [p for p in exec_processes(machine.ref) if "sleep 300" in p] == []
     finally:
         stack.stop()

@@ -35,8 +35,10 @@ def demo_env(data_dir: Path) -> dict[str, str]:
     }
 
 
-def demo(phase: str, data_dir: Path, *extra: str, stdin: str | None = None, status: int = 0) -> str:
-    env = demo_env(data_dir)
+def demo(
+    phase: str, data_dir: Path, *extra: str, stdin: str | None = None, status: int = 0, env: dict | None = None
+) -> str:
+    env = {**demo_env(data_dir), **(env or {})}
     done = subprocess.run(
         [sys.executable, "manage.py", "terminal_demo", phase, *extra],
         cwd=ROOT,
@@ -66,14 +68,25 @@ def test_demo_on_tmux_run_then_interrupt_and_recover_by_adoption(tmp_path):
     assert not Machine.objects.exclude(state=MachineState.DELETED).filter(name__startswith="tether-test-demo").exists()
 
 
-def test_demo_on_docker_interrupt_then_unknown_is_resolved(tmp_path):
+def test_demo_on_docker_interrupt_then_the_held_shell_is_adopted(tmp_path):
     demo("interrupt", tmp_path, "--backend", "docker")
     out = demo("recover", tmp_path)
+    assert "proven: the shell was adopted" in out
+    assert "proven: a viewer reattached to the same shell and typed into it" in out
+    assert "proven: the shell was launched exactly once (launch counter: 1)" in out
+    out = demo("delete", tmp_path)
+    assert "no longer exists" in out
+
+
+def test_demo_on_docker_without_the_holder_interrupt_then_unknown_is_resolved(tmp_path):
+    plain = {"TETHER_HOLDER": "0"}  # a container where the holder cannot run: the shell dies with its worker
+    demo("interrupt", tmp_path, "--backend", "docker", env=plain)
+    out = demo("recover", tmp_path, env=plain)
     assert "proven: nothing could observe it: the outcome is unknown" in out
     assert "proven: the slot stays held until an operator resolves it" in out
     assert "proven: resolved after Tether's own checks" in out
     assert "proven: the shell was launched exactly once (launch counter: 1)" in out
-    out = demo("delete", tmp_path)
+    out = demo("delete", tmp_path, env=plain)
     assert "no longer exists" in out
 
 

@@ -32,8 +32,11 @@ def reached_its_exit(container: str, n: int) -> bool:
 
 
 def test_killing_the_owner_mid_stream_never_records_an_exit_the_program_did_not_make(container):
+    """A plain exec (no session holder: where the holder cannot run). Held shells never lose their stream
+    with their owner (test_held_streams.py)."""
     stack = Stack()
     stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
+    stack.extra_env["TETHER_HOLDER"] = "0"
     executions = []
     try:
         for n in range(TRIALS):

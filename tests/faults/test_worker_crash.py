@@ -54,10 +54,11 @@ class Place:
             return ""
 
 
-@pytest.mark.parametrize("variant", ["tmux", "docker", "local", "local-plain"])
+@pytest.mark.parametrize("variant", ["tmux", "docker", "docker-plain", "local", "local-plain"])
 def test_kill_9_mid_command_then_a_new_worker_settles_it_honestly(variant, place, request, tmp_path):
-    """A held local command (the session holder keeps it), a tmux one and a docker one are finished by the
-    next worker with their real exit; a local one the worker held itself (no holder) is unknown."""
+    """Held commands (local and docker: the session holder keeps them) and tmux ones are adopted and finished
+    by the next worker with their real exit; a plain docker exec is watched until docker reports its exit;
+    a local one the worker held itself (no holder) is unknown."""
     backend = variant.removesuffix("-plain")
     machine = place(backend, f"crash-{variant}")
     where = Place(backend, tmp_path, machine.ref if backend == "docker" else None)
@@ -66,7 +67,7 @@ def test_kill_9_mid_command_then_a_new_worker_settles_it_honestly(variant, place
         scope="team-a", execution_id=f"crash-{variant}", machine_name=machine.name, spec=spec, actor=TEST_ACTOR
     )
     stack = crash_stack()
-    if variant == "local-plain":
+    if variant.endswith("-plain"):
         stack.extra_env["TETHER_HOLDER"] = "0"
     try:
         first = stack.start_worker(backend)
@@ -90,7 +91,7 @@ def test_kill_9_mid_command_then_a_new_worker_settles_it_honestly(variant, place
             assert where.read() == "start\ndone\n"  # ran once, to the end
             events = ExecutionEvent.objects.filter(execution=settled)
             final = events.get(to_state=State.COMPLETED)
-            if backend in ("tmux", "local"):
+            if variant in ("tmux", "local", "docker"):
                 assert events.filter(evidence=Evidence.ADOPTED).exists(), list(events.values_list("evidence"))
                 assert final.actor != events.get(to_state=State.DISPATCHED).actor  # recorded by the new owner
             else:
