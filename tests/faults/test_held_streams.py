@@ -24,7 +24,12 @@ def _lease(execution_pk: int) -> ProcessLease | None:
     return ProcessLease.objects.filter(execution_id=execution_pk, released_at__isnull=True).first()
 
 
-@pytest.mark.parametrize("backend", ["local"])
+def _shell_pid(handle: dict) -> int:
+    """The held shell's pid: on this host's /proc (local), or in its container's namespace (docker)."""
+    return handle["process"]["pid"] if "process" in handle else handle["holder"]["program"]
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
 async def test_kill_9_mid_stream_then_the_adopter_delivers_every_byte_once_and_the_exit(terminal, operator, backend):
     stack = Stack()
     stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
@@ -84,8 +89,8 @@ async def test_kill_9_mid_stream_then_the_adopter_delivers_every_byte_once_and_t
         )()
         assert adopted
         final = await sync_to_async(ProcessLease.objects.get)(execution_id=execution.pk, token__gt=lease.token)
-        assert final.handle["process"] == lease.handle["process"]  # the same shell process
-        assert re.fullmatch(rb"\d+", shell_pid) and int(shell_pid) == lease.handle["process"]["pid"]
+        assert _shell_pid(final.handle) == _shell_pid(lease.handle)  # the same shell process
+        assert re.fullmatch(rb"\d+", shell_pid) and int(shell_pid) == _shell_pid(lease.handle)
         await viewer.close()
     finally:
         await sync_to_async(stack.stop)()
