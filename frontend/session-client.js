@@ -135,6 +135,7 @@ export class SessionClient {
 
   on_attached(message) {
     this.clearTimer("attach");
+    this.page.durability(message.ends_with_worker || "");
     if (!this.stream.attached(message)) return;
     this.backoff.reset();
     // "Connected" is shown once the replay is drawn: keys typed before that are dropped.

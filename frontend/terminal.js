@@ -64,6 +64,13 @@ class Page {
     this.notices = []; // every notice shown, for the debugging handle below
     this.warningEl = root.querySelector("#terminal-warning");
     this.keepOpenButton = root.querySelector("#terminal-keep-open");
+    this.durabilityEl = root.querySelector("#terminal-durability");
+  }
+
+  // Said while attached to a shell that no session holder keeps: a restart of Tether's worker ends it.
+  durability(why) {
+    this.durabilityEl.hidden = !why;
+    this.durabilityEl.title = why ? `This shell ends if Tether's worker restarts: ${why}` : "";
   }
 
   // A standing warning (until cleared with null), unlike a notice that fades.

@@ -98,6 +98,7 @@ class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
         "close_reason",
         "lease_owner",
         "heartbeat_age",
+        "outlives_worker",
         "updated_at",
     ]
     list_filter = ["process_state", "snapshot_kind", "close_reason", "machine"]
@@ -124,6 +125,7 @@ class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
         "lease_owner",
         "lease_token",
         "heartbeat_age",
+        "outlives_worker",
         "snapshot_text",
     ]
     actions = [
@@ -152,6 +154,15 @@ class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
         if lease is None or lease.released_at:
             return "—"
         return str(lease.worker)
+
+    @admin.display(description="outlives its worker")
+    def outlives_worker(self, obj):
+        """No, with why, for a live shell that no session holder (or tmux server) keeps."""
+        lease = self._lease(obj)
+        if lease is None or lease.released_at or not lease.handle or lease.handle.get("launch"):
+            return "—"
+        why = lease.ends_with_worker
+        return badge("no", "#d97706", f"ends with its worker: {why}") if why else "yes"
 
     @admin.display(description="fencing token")
     def lease_token(self, obj):

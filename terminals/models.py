@@ -59,6 +59,13 @@ class WorkerEvent(AppendOnly):
         return f"{self.from_state or '∅'} → {self.to_state}"
 
 
+def ends_with_worker(handle: dict) -> str:
+    """See ``ProcessLease.ends_with_worker``."""
+    if not handle or handle.get("launch") or "holder" in handle or handle.get("backend") not in ("local", "docker"):
+        return ""
+    return handle.get("unheld") or "no session holder runs on its host (TETHER_HOLDER is off, or it is not built)"
+
+
 class ProcessLease(models.Model):
     """Ownership of one execution's live process. One row per execution; ``token`` grows on every claim."""
 
@@ -87,6 +94,12 @@ class ProcessLease(models.Model):
 
     def __str__(self) -> str:
         return f"lease {self.execution_id} token {self.token}"
+
+    @property
+    def ends_with_worker(self) -> str:
+        """Why this process ends when its worker stops, "" when something else keeps it (a session holder,
+        a tmux server) or it is not started yet. The handle's secret is never shown."""
+        return ends_with_worker(self.handle or {})
 
     @property
     def is_live(self) -> bool:

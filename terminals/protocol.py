@@ -259,9 +259,11 @@ class Attached(Message):
     screen: bytes | None = None  # the screen as it is now (tmux), drawn before the stream
     fresh: bool = False  # the same shell's stream restarted under a new owner: redraw
     process_state: str = "live"
+    ends_with_worker: str = ""  # why this shell will not outlive its worker ("": a holder or tmux keeps it)
 
     def to_browser(self) -> dict:
-        said = {name: getattr(self, name) for name in ("offset", "end", "lost", "generation", "epoch", "fresh")}
+        names = ("offset", "end", "lost", "generation", "epoch", "fresh", "ends_with_worker")
+        said = {name: getattr(self, name) for name in names}
         # Bytes lost past the buffer, tmux: the screen as it is now (base64), drawn before the stream.
         screen = base64.b64encode(self.screen).decode() if self.screen else None
         return {"type": "attached", **said, "screen": screen, "process_state": self.process_state}

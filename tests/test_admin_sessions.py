@@ -140,3 +140,27 @@ def test_the_sessions_list_costs_the_same_queries_for_one_session_or_many(client
         page = client.get(reverse(CHANGELIST))
     assert page.text.count("w-q-") >= 5  # every row names its owner worker
     assert len(five.captured_queries) == len(one.captured_queries)
+
+
+@pytest.mark.django_db
+def test_the_sessions_list_says_which_shells_would_end_with_their_worker_and_never_shows_a_secret(
+    client, admin_user, operator
+):
+    from django.conf import settings
+
+    worker = actions.register_worker(
+        worker_id="w-durable", host=settings.TETHER_HOST, pid=1, started_at=1, boot_id="b", channel_name="c"
+    )
+    handles = {
+        "held-box": {"backend": "local", "marker": "m1", "holder": {"dir": "/x", "secret": "s3cr3t-never-shown"}},
+        "plain-box": {"backend": "docker", "marker": "m2", "exec_id": "e", "unheld": "a read-only /tmp"},
+    }
+    for name, handle in handles.items():
+        session, _ = actions.open_terminal(make_machine(name), operator)
+        assert actions.claim_next_execution(worker, {"local"}) is not None
+        ProcessLease.objects.filter(execution=session.execution).update(handle=handle)
+    client.force_login(admin_user)
+    listed = client.get(reverse(CHANGELIST)).text
+    assert 'title="ends with its worker: a read-only /tmp">no</span>' in listed
+    assert listed.count(">yes<") == 1
+    assert "s3cr3t-never-shown" not in listed

@@ -15,7 +15,7 @@ from django.conf import settings
 from terminals import actions
 from terminals.layers import MessageTooLarge
 from terminals.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Viewer
-from terminals.models import ProcessState
+from terminals.models import ProcessState, ends_with_worker
 from terminals.owner.context import WorkerContext, receive_forever
 from terminals.owner.leases import LeaseKeeper
 from terminals.protocol import (
@@ -202,6 +202,7 @@ class ViewerService:
                     screen=screen,
                     fresh=message.generation == live.generation and not same_stream and asked > 0,
                     process_state=ProcessState.LIVE,
+                    ends_with_worker="" if live.process.survives_owner else ends_with_worker(live.process.handle),
                 ),
             )
             await self.outbox.output(live, first, data)

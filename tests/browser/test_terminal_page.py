@@ -69,6 +69,7 @@ async def test_open_from_my_workspaces_and_run_a_command(page, host_machine):
     await run(page, "echo tether-$((6*7))")
     await wait_for_text(page, r"^tether-42$")
     assert "tether-$((6*7))" in await screen_text(page)  # the echoed command line, once
+    await expect(page.locator("#terminal-durability")).to_be_hidden()  # a held shell outlives the worker
     if SCREENSHOTS:
         await run(page, "printf '\\033[1;32mgreen\\033[0m and https://example.com/docs\\n'; ls /")
         await wait_for_text(page, r"^green and")
