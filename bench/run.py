@@ -99,7 +99,7 @@ async def main(args) -> Report:
             processes = {"daphne": stack.processes[0].pid, "worker": stack.workers[-1].pid}
             try:
                 with profiled(Path(args.profile), name, processes) if args.profile else contextlib.nullcontext():
-                    if name == "throughput":
+                    if name in ("throughput", "holder"):
                         await BENCHMARKS[name](ctx, container)
                     else:
                         await BENCHMARKS[name](ctx)

@@ -5,6 +5,7 @@ tmux / docker exec, and back.
 """
 
 from bench.endurance import bench_reconnect, bench_recovery, bench_stalled
+from bench.held import bench_holder
 from bench.latency import bench_echo, bench_echo_other_layer, bench_layers
 from bench.scale import bench_churn, bench_density
 from bench.sessions import Context
@@ -17,6 +18,7 @@ BENCHMARKS = {
     "echo": bench_echo,
     "echo_other_layer": bench_echo_other_layer,
     "throughput": bench_throughput,
+    "holder": bench_holder,
     "stalled": bench_stalled,
     "reconnect": bench_reconnect,
     "recovery": bench_recovery,

@@ -84,6 +84,7 @@ async def backend_rate(backend, path: str) -> float:
         return len(_payload(bytes(received))) / (time.perf_counter() - began) / MIB
     finally:
         await process.terminate(0.5)
+        await process.release()
 
 
 async def tmux_control_rate(path: str) -> float:

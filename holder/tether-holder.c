@@ -8,8 +8,8 @@
  *       in the background, prints "holder PID START program PID\n" once it listens, and exits 0 (1 with
  *       "error TEXT\n" when nothing was started).
  *       --setenv is for the program only (Tether's process marker: the holder must not carry it).
- *   tether-holder attach DIR     relays stdin/stdout to DIR/sock (for `docker exec`): on a terminal it
- *                                first makes it raw, then says "TETHER-RELAY\n", then passes bytes unchanged.
+ *   tether-holder attach DIR     relays stdin/stdout to DIR/sock, bytes unchanged (for a `docker exec`
+ *                                without a terminal, whose stdin docker never scans for detach keys).
  *   tether-holder forget DIR     removes DIR once no holder lives in it (the end is on record elsewhere).
  *   tether-holder status DIR     "exit RECORD" once the program has ended, "running holder ..." while the
  *                                holder lives, "gone" when it does not, "none" when nothing is there.
@@ -712,20 +712,7 @@ static int relay(int argc, char **argv) {
         fprintf(stderr, "no holder listens at %s: %s\n", sock_path, strerror(errno));
         return 1;
     }
-    int stuffed = isatty(0);
-    if (stuffed) {
-        /* a docker exec with a terminal: raw, so every byte passes unchanged either way */
-        struct termios raw;
-        if (tcgetattr(0, &raw) == 0) {
-            cfmakeraw(&raw);
-            tcsetattr(0, TCSANOW, &raw);
-        }
-        static const char ready[] = "TETHER-RELAY\n";
-        ssize_t w = write(1, ready, sizeof ready - 1);
-        (void)w;
-    }
     static unsigned char buf[CHUNK];
-    int dle = 0;  /* a stuffed 0x10 is waiting for its 0x00 */
     struct pollfd fds[2] = {{.fd = 0, .events = POLLIN}, {.fd = fd, .events = POLLIN}};
     for (;;) {
         if (poll(fds, 2, -1) < 0) { if (errno == EINTR) continue; return 1; }
@@ -735,17 +722,6 @@ static int relay(int argc, char **argv) {
             if (n <= 0) {
                 if (i == 0) { shutdown(fd, SHUT_WR); fds[0].fd = -1; continue; }
                 return 0;
-            }
-            if (i == 0 && stuffed) {
-                /* Docker reads Ctrl-P Ctrl-Q (0x10 0x11) on an exec's stdin as "detach", and holds a 0x10
-                   back until the next byte: the client sends each 0x10 as 0x10 0x00, undone here. */
-                ssize_t kept = 0;
-                for (ssize_t k = 0; k < n; k++) {
-                    if (dle) { dle = 0; buf[kept++] = 0x10; if (buf[k] != 0x00) buf[kept++] = buf[k]; }
-                    else if (buf[k] == 0x10) dle = 1;
-                    else buf[kept++] = buf[k];
-                }
-                n = kept;
             }
             int out = i == 0 ? fd : 1;
             for (ssize_t at = 0; at < n;) {

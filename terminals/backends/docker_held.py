@@ -3,7 +3,8 @@
 Docker cannot attach a new client to a running exec, so the program is not the exec's: the worker copies
 the holder into the container (``/tmp/.tether/holder-<digest>``, reused while the same build is there),
 starts it with one exec (``serve``: it returns once the holder listens), and talks to it through a second
-exec running the holder's relay (``attach``: a raw terminal, so every byte passes unchanged). A worker on
+exec running the holder's relay (``attach``, without a terminal: docker passes its stdin on unscanned, so
+no byte is taken for a detach key, and frames its stdout, which ``RelayLink`` takes apart). A worker on
 any host that reaches the engine attaches the same way after the first one died, from the offset it
 needs, and reads the exit from the holder's record, never from a dropped exec's status.
 
@@ -29,7 +30,7 @@ from docker.errors import APIError, NotFound
 from terminals.backends.base import BackendError, Exit, Inspection, Launch, SpawnError, SpawnSpec, Status, Tags
 from terminals.backends.docker_exec import ENGINE_ERRORS, end_tree, exec_state
 from terminals.backends.docker_process import DockerProcess
-from terminals.backends.holder import RELAY_READY, HeldProcess, Session, parse_record, parse_started
+from terminals.backends.holder import HeldProcess, Session, parse_record, parse_started
 from terminals.backends.procfs import MARKER_VARIABLE
 
 ROOT = "/tmp/.tether"  # Tether's own directory in the container
@@ -181,16 +182,15 @@ async def attach_held(api: docker.APIClient, handle: dict, since: int = 0) -> He
     async def connect(since: int):
         try:
             created = await asyncio.to_thread(
-                api.exec_create, container, [holder["binary"], "attach", holder["dir"]], stdin=True, tty=True
+                api.exec_create, container, [holder["binary"], "attach", holder["dir"]], stdin=True, tty=False
             )
-            conn = await asyncio.to_thread(api.exec_start, created["Id"], tty=True, socket=True)
+            conn = await asyncio.to_thread(api.exec_start, created["Id"], tty=False, socket=True)
         except NotFound:
             raise BackendError(f"container {container!r} is gone") from None
         except (APIError, *ENGINE_ERRORS) as error:
             raise BackendError(f"cannot reach the session holder in {container!r}: {error}") from None
         link = RelayLink(DockerProcess(api, {"exec_id": created["Id"], "container": container}, conn))
         try:
-            await asyncio.wait_for(link.ready(), 10)
             session = Session(link)
             return session, await session.attach(holder["secret"], since)
         except BaseException:
@@ -218,31 +218,38 @@ async def attach_held(api: docker.APIClient, handle: dict, since: int = 0) -> He
 
 
 class RelayLink:
-    """The holder's relay exec as a byte stream; it says RELAY_READY once its terminal is raw."""
+    """The holder's relay exec as a byte stream. Docker frames a non-terminal exec's output: 8 bytes (the
+    stream: 1 stdout, 2 stderr; three zeros; the length) before each piece. Its stdout is the holder's
+    frames; its stderr, the relay's complaint when no holder answers, ends the link with that text."""
 
     def __init__(self, process: DockerProcess):
         self.process = process
-        self.early = b""
-
-    async def ready(self) -> None:
-        seen = b""
-        while RELAY_READY not in seen:
-            chunk = await self.process.read()
-            if not chunk:
-                raise BackendError(f"the holder's relay ended: {seen.decode(errors='replace').strip()}")
-            seen += chunk
-        self.early = seen.split(RELAY_READY, 1)[1]
+        self.pending = bytearray()
 
     async def read(self) -> bytes:
-        if self.early:
-            early, self.early = self.early, b""
-            return early
-        return await self.process.read()
+        """Every whole piece of stdout that has arrived (at least one), run together; b"" at the end."""
+        while True:
+            out, at = [], 0
+            while len(self.pending) - at >= 8:
+                kind, size = self.pending[at], struct.unpack_from(">I", self.pending, at + 4)[0]
+                if len(self.pending) - at < 8 + size:
+                    break
+                if kind == 2:
+                    text = bytes(self.pending[at + 8 : at + 8 + size]).decode(errors="replace").strip()
+                    raise BackendError(f"the holder's relay: {text}")
+                out.append(self.pending[at + 8 : at + 8 + size])
+                at += 8 + size
+            if at:
+                del self.pending[:at]
+                if data := b"".join(out):
+                    return data
+            chunk = await self.process.read()
+            if not chunk:
+                return b""
+            self.pending += chunk
 
     async def write(self, data: bytes) -> None:
-        # Docker takes Ctrl-P Ctrl-Q on an exec's stdin for "detach" and holds a lone Ctrl-P back: each 0x10
-        # goes as 0x10 0x00, which the relay undoes, so neither can happen.
-        await self.process.write(data.replace(b"\x10", b"\x10\x00"))
+        await self.process.write(data)
 
     async def close(self) -> None:
         await self.process.detach()

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from django.conf import settings
 
-from terminals.backends.base import BackendError, Exit, Process
+from terminals.backends.base import READ_CHUNK, BackendError, Exit, Process
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,6 @@ MAX_FRAME = 1024 * 1024  # the holder's own limit, both ways
 INPUT_FRAME = 64 * 1024  # input per frame; the holder drops a client that sends more
 ACK_EVERY = 64 * 1024
 RECORD_POLL_SECONDS = 0.1
-RELAY_READY = b"TETHER-RELAY\n"  # what the relay says once its terminal is raw (docker)
 
 
 class Frame:
@@ -135,19 +134,29 @@ class Session:
 
     async def next(self) -> tuple[int, bytes] | None:
         """The next frame, or None when the link ended."""
-        while True:
-            if len(self.pending) >= HEADER.size:
-                kind, length = HEADER.unpack_from(self.pending)
-                if length > MAX_FRAME:
-                    raise BackendError(f"the holder sent a frame of {length} bytes")
-                if len(self.pending) >= HEADER.size + length:
-                    payload = bytes(self.pending[HEADER.size : HEADER.size + length])
-                    del self.pending[: HEADER.size + length]
-                    return kind, payload
+        while (got := self.ready()) is None:
             data = await self.link.read()
             if not data:
                 return None
             self.pending += data
+        return got
+
+    def ready(self) -> tuple[int, bytes] | None:
+        """The next frame if it has arrived whole, else None (nothing is read)."""
+        if len(self.pending) < HEADER.size:
+            return None
+        kind, length = HEADER.unpack_from(self.pending)
+        if length > MAX_FRAME:
+            raise BackendError(f"the holder sent a frame of {length} bytes")
+        if len(self.pending) < HEADER.size + length:
+            return None
+        payload = bytes(self.pending[HEADER.size : HEADER.size + length])
+        del self.pending[: HEADER.size + length]
+        return kind, payload
+
+    def peek(self) -> tuple[int, int] | None:
+        """The next frame's type and payload length, once its header is here."""
+        return HEADER.unpack_from(self.pending) if len(self.pending) >= HEADER.size else None
 
     async def attach(self, secret: str, since: int) -> Attached:
         await self.link.write(frame(Frame.ATTACH, secret.encode() + struct.pack(">Q", since)))
@@ -208,13 +217,20 @@ class HeldProcess(Process):
                     continue  # reconnected
                 kind, payload = got
                 if kind == Frame.OUTPUT and len(payload) >= 8:
-                    (offset,) = struct.unpack_from(">Q", payload)
-                    data = payload[8:]
-                    if offset != self._received:
-                        raise BackendError(f"the holder's stream jumped from {self._received} to {offset}")
-                    self._received += len(data)
+                    data = self._output(payload)
+                    # Output frames already here whole go out with it: fewer, larger chunks for every hop after.
+                    parts = [data]
+                    size = len(data)
+                    while (ahead := self._session.peek()) and ahead[0] == Frame.OUTPUT:
+                        if size + ahead[1] - 8 > READ_CHUNK:
+                            break
+                        more = self._session.ready()
+                        if more is None:
+                            break
+                        parts.append(self._output(more[1]))
+                        size += len(parts[-1])
                     await self._ack()
-                    return data
+                    return data if len(parts) == 1 else b"".join(parts)
                 if kind == Frame.EXIT:
                     self._exit = parse_record(payload.decode(errors="replace"))
                     self._ended.set()
@@ -250,6 +266,13 @@ class HeldProcess(Process):
             self._session = session
             return None
         raise BackendError(f"the holder's link is gone: {why}")
+
+    def _output(self, payload: bytes) -> bytes:
+        (offset,) = struct.unpack_from(">Q", payload)
+        if offset != self._received:
+            raise BackendError(f"the holder's stream jumped from {self._received} to {offset}")
+        self._received += len(payload) - 8
+        return payload[8:]
 
     async def _ack(self) -> None:
         upto = self._received - self._keep
