@@ -17,7 +17,7 @@ from bench.common import Figure, wait_until
 from bench.sessions import MIB, Context, close_session, machine_for, terminal_for
 from bench.throughput import backend_rate, make_data
 
-ROUNDS = 2  # held and plain alternate, each's best kept: a noisy second on a 2-core machine hits both
+ROUNDS = 3  # held and plain alternate, each's best kept: a noisy second on a 2-core machine hits both
 
 
 def _backends(container: str | None):
