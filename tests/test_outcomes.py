@@ -38,8 +38,9 @@ async def run_to_the_end(place, backend: str, *argv: str) -> Execution:
         await worker.shutdown()
 
 
-@pytest.mark.parametrize("backend", ["local", "tmux"])
-async def test_a_signal_death_on_the_host_is_told_as_the_signal(place, backend):
+@pytest.mark.parametrize("backend", ["local", "tmux", "docker"])
+async def test_a_signal_death_is_told_as_the_signal_where_it_was_seen(place, backend):
+    """On the host (waitpid, tmux's pane status), and in a container by its session holder."""
     done = await run_to_the_end(place, backend, "sh", "-c", "kill -9 $$")
     assert (done.state, done.evidence, done.exit_signal, done.exit_code) == (
         State.COMPLETED,
@@ -50,7 +51,8 @@ async def test_a_signal_death_on_the_host_is_told_as_the_signal(place, backend):
     assert done.outcome_label == "Ended by signal 9"
 
 
-async def test_docker_cannot_tell_a_sigkill_from_exit_137_and_the_record_says_so(place):
+async def test_docker_cannot_tell_a_sigkill_from_exit_137_and_the_record_says_so(place, settings):
+    settings.TETHER_HOLDER = False  # a plain exec: only docker's own exit code to go by
     done = await run_to_the_end(place, "docker", "sh", "-c", "kill -9 $$")
     assert (done.state, done.evidence, done.exit_code, done.exit_signal) == (
         State.COMPLETED,

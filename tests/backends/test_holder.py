@@ -401,3 +401,21 @@ async def test_where_the_holder_cannot_run_a_plain_exec_is_started_and_says_so()
         assert not process.survives_owner
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+async def test_a_held_docker_shell_whose_container_was_removed_is_gone_with_no_exit_made_up():
+    """The one case with neither an observed exit nor a record: the container, and the holder's record in it,
+    went together. Recovery then records unknown, never an exit."""
+    from tests.bridge.harness import start_container
+
+    name, error = start_container()
+    assert name, error
+    try:
+        process = await DockerBackend(container=name).spawn(SpawnSpec(argv=("sh", "-c", "sleep 1000")), make_tags())
+        handle = process.handle
+        await process.detach()
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+    seen = await DockerBackend(container=name).inspect(handle)
+    assert (seen.status.value, seen.exit, seen.held) == ("gone", None, False), seen
+    assert "is gone" in seen.detail

@@ -5,6 +5,7 @@ phones, visible underscores, find, font size, copy and paste."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
 
@@ -13,6 +14,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import override_settings
 from playwright.async_api import Page, expect
+from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from executions.actions import Actor, add_machine
 from terminals.models import SessionEvent, ViewerPreference
@@ -237,33 +239,43 @@ async def test_find_font_size_and_the_copy_and_paste_keys_people_expect(browser,
     await wait_for_text(page, r"^still-9$")
 
 
-async def test_after_an_unknown_outcome_the_page_says_why_and_once_resolved_a_new_shell_starts(
-    browser, stack, django_db_blocker
-):
-    """The worker holding a local shell is killed: its PTY dies with it and the outcome is unknown. The page
-    says so, and why no new shell starts; once an operator has resolved it, one does."""
-    from tests.bridge.harness import Stack, wait_for
+@contextlib.asynccontextmanager
+async def own_host(browser, host: str, **env: str):
+    """Servers of a host of their own (so that only its workers, not the module's, run its shells), and a
+    logged-in page in front of them, open on a fresh local machine of that host. Yields (stack, worker, page)."""
+    from tests.bridge.harness import Stack
 
     own = Stack(
-        extra_env={
-            "TETHER_SHELL": "/bin/bash,--noprofile,--norc",
-            "TETHER_RECOVERY_SECONDS": "1",
-            "TETHER_VIEWER_CHECK_SECONDS": "1",
-            "TETHER_SESSIONS_PER_USER": "100",
-            # A host of its own, so that only these workers (not the module's) run its shell.
-            "TETHER_HOST": "lost-host",
-        }
-    )
+        extra_env={"TETHER_SHELL": "/bin/bash,--noprofile,--norc", "TETHER_HOST": host,
+                   "TETHER_SESSIONS_PER_USER": "100", **env}
+    )  # fmt: skip
     context = None
     try:
         await asyncio.to_thread(own.start_daphne)
-        owner = await asyncio.to_thread(own.start_worker, "local")
+        worker = await asyncio.to_thread(own.start_worker, "local")
         context = await browser.new_context(base_url=f"http://127.0.0.1:{own.ports[0]}")
         page = await context.new_page()
-        machine = "lost-box"
-        committed(add_machine, name=machine, backend="local", host="lost-host", actor=Actor.command("tests"))
+        committed(add_machine, name=f"{host}-box", backend="local", host=host, actor=Actor.command("tests"))
         await log_in(page, "operator", "operator-password")
-        await open_workspace(page, machine)
+        await open_workspace(page, f"{host}-box")
+        yield own, worker, page
+    finally:
+        if context is not None:
+            await context.close()
+        own.stop()
+
+
+async def test_after_an_unknown_outcome_the_page_says_why_and_once_resolved_a_new_shell_starts(
+    browser, stack, django_db_blocker
+):
+    """The worker holding a plain local shell (no session holder) is killed: its PTY dies with it and the
+    outcome is unknown. The page says so, and why no new shell starts; once an operator has resolved it,
+    one does."""
+    from tests.bridge.harness import wait_for
+
+    env = {"TETHER_RECOVERY_SECONDS": "1", "TETHER_VIEWER_CHECK_SECONDS": "1", "TETHER_HOLDER": "0"}
+    async with own_host(browser, "lost-host", **env) as (own, owner, page):
+        machine = "lost-host-box"
         shell_url = page.url
         owner.send_signal(signal.SIGKILL)
         owner.wait()
@@ -287,34 +299,52 @@ async def test_after_an_unknown_outcome_the_page_says_why_and_once_resolved_a_ne
         await wait_for_text(page, re.escape("[previous shell: Resolved: outcome unknown]"))
         await run(page, "echo again-$((4+4))")
         await wait_for_text(page, r"^again-8$")
-    finally:
-        if context is not None:
-            await context.close()
-        own.stop()
 
 
 async def test_a_shell_ended_by_its_workers_restart_says_so(browser, stack):
-    """A local shell cannot outlive its worker: stopped cleanly (a deploy), the worker ends it, and the page
-    says that this is what happened, not merely "Killed"."""
-    from tests.bridge.harness import Stack
-
-    own = Stack(extra_env={"TETHER_SHELL": "/bin/bash,--noprofile,--norc", "TETHER_HOST": "restart-host",
-                           "TETHER_SESSIONS_PER_USER": "100"})  # fmt: skip
-    context = None
-    try:
-        await asyncio.to_thread(own.start_daphne)
-        worker = await asyncio.to_thread(own.start_worker, "local")
-        context = await browser.new_context(base_url=f"http://127.0.0.1:{own.ports[0]}")
-        page = await context.new_page()
-        committed(add_machine, name="restart-box", backend="local", host="restart-host", actor=Actor.command("tests"))
-        await log_in(page, "operator", "operator-password")
-        await open_workspace(page, "restart-box")
+    """A plain local shell (no session holder) cannot outlive its worker: stopped cleanly (a deploy), the
+    worker ends it, and the page says that this is what happened, not merely "Killed"."""
+    async with own_host(browser, "restart-host", TETHER_HOLDER="0") as (_, worker, page):
         worker.send_signal(signal.SIGTERM)
         await asyncio.to_thread(worker.wait, 30)
         await expect(page.locator("#terminal-status")).to_have_text(
             "Ended: the Tether worker holding it was stopped, and a shell like this cannot outlive it"
         )
-    finally:
-        if context is not None:
-            await context.close()
-        own.stop()
+
+
+async def test_a_held_shell_outlives_its_workers_kill_and_the_page_comes_back_to_it_by_itself(
+    browser, stack, django_db_blocker
+):
+    """The worker holding a held local shell is killed (SIGKILL): the next worker adopts the shell from its
+    session holder, and the page, untouched, is connected to the same shell again with its screen."""
+    env = {"TETHER_RECOVERY_SECONDS": "1", "TETHER_VIEWER_CHECK_SECONDS": "1"}
+    async with own_host(browser, "held-host", **env) as (own, worker, page):
+        await run(page, "echo shell-$$-before")
+        pid = (await wait_for_text(page, r"^shell-(\d+)-before$")).group(1)
+        worker.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(worker.wait, 30)
+        await asyncio.to_thread(own.start_worker, "local")
+        from executions.models import Evidence, ExecutionEvent
+        from tests.bridge.harness import wait_for
+
+        with django_db_blocker.unblock():
+            adopted = ExecutionEvent.objects.filter(execution__machine__name="held-host-box", evidence=Evidence.ADOPTED)
+            await asyncio.to_thread(wait_for, adopted.exists, 40, "the shell to be adopted")
+        # The page finds the new owner by itself (its server checks every second); a person who typed in the
+        # moment between would type again.
+        for _ in range(10):
+            await wait_live(page)
+            await run(page, "echo shell-$$-after")
+            try:
+                await page.wait_for_function(
+                    "(source) => new RegExp(source, 'm').test(window.tetherTerminal.text())",
+                    arg=rf"^shell-{pid}-after$",
+                    timeout=2000,
+                )
+                break
+            except PlaywrightTimeout:
+                continue
+        else:
+            raise AssertionError(f"the page never reached its shell again: {await screen_text(page)}")
+        await expect(page.locator("#terminal-durability")).to_be_hidden()
+        assert f"shell-{pid}-before" in await screen_text(page)  # the screen it had, not a fresh one

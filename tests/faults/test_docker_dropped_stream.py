@@ -21,7 +21,7 @@ from tests.factories import TEST_ACTOR, make_spec
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
-TRIALS = 10
+TRIALS = 6
 # About 20 MB of base64, then a file written just before the program's own exit (code 3).
 PRINTS_THEN_EXITS = "head -c 15000000 /dev/urandom | base64; echo reached > /tmp/reached-{n}; exit 3"
 
