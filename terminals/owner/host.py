@@ -45,9 +45,11 @@ class SessionHost:
         session: TerminalSession | None,
         backend: str,
         screen=b"",
+        adopted: bool = False,
     ) -> None:
         """Hold ``process`` (on ``backend``) under ``token``: its output pump, buffer and viewer. ``screen``
-        starts the buffer (an adopted shell's stream begins with its screen as it is)."""
+        starts the buffer (an adopted shell's stream begins with its screen as it is); ``adopted``: taken
+        over from a dead or stopped owner."""
         spec = ExecutionSpec.from_json(execution.spec)
         live = LiveProcess(
             execution_pk=execution.pk,
@@ -65,7 +67,7 @@ class SessionHost:
             live.adopted_screen = len(screen)
         # A held stream resumed by a new owner goes on at the holder's offsets: viewers keep their place.
         live.buffer.start = live.acked = process.stream_origin
-        if process.offsets_survive_owner and live.session_id:
+        if adopted and process.offsets_survive_owner and live.session_id:
             # Its viewer is on its way back (its page re-attaches): keep the window it left, as for a viewer
             # that just went away, so the holder's output waits for it instead of running past its offset.
             live.viewer_gone_at = time.monotonic()

@@ -184,8 +184,9 @@ class Recoverer:
         await db(actions.record_adoption)(lease, self.context.worker, token, finding.detail)
         session = await db(session_for)(execution.pk)
         self.host.hold(
-            await db(load_execution)(execution.pk), token, process, session, execution.machine.backend, screen
-        )
+            await db(load_execution)(execution.pk), token, process, session, execution.machine.backend, screen,
+            adopted=True,
+        )  # fmt: skip
         return f"adopted under token {token}"
 
     async def _watch_exit(self, finding: recovery.Finding, token: int) -> None:

@@ -45,11 +45,11 @@ async def test_kill_9_mid_stream_then_the_adopter_delivers_every_byte_once_and_t
         lease = await sync_to_async(_lease)(session.execution_id)
         assert "holder" in lease.handle
         script = (
-            f"f=$(mktemp); head -c {STREAM} /dev/urandom | base64 > $f; echo '<<BEGIN>>'; cat $f; echo '<<END>>';"
-            " sha256sum < $f | cut -c1-64; rm -f $f; exit 3\r"
+            f'f=$(mktemp); head -c {STREAM} /dev/urandom | base64 > $f; echo "<<$(sha256sum < $f | cut -c1-64)>>";'
+            " echo '<<BEGIN>>'; cat $f; echo '<<END>>'; rm -f $f; sleep 1; exit 3\r"
         )
         await viewer.type(script)
-        await viewer.read_until(b"<<BEGIN>>\n", timeout=60)
+        expected = (await viewer.read_match(rb"<<([0-9a-f]{64})>>\n<<BEGIN>>\n", timeout=60)).group(1).decode()
         start = viewer.output.index(b"<<BEGIN>>\n") + len(b"<<BEGIN>>\n")
         while len(viewer.output) - start < 4_000_000:  # well into the stream
             await viewer.read_for(0.05)
@@ -63,7 +63,6 @@ async def test_kill_9_mid_stream_then_the_adopter_delivers_every_byte_once_and_t
         assert again["generation"] == attached["generation"] and not again["fresh"], again
         assert again["lost"] == 0 and again["offset"] <= before, (again, before)
         await viewer.read_until(b"<<END>>\n", timeout=120)
-        match = await viewer.read_match(rb"([0-9a-f]{64})\n", timeout=30)
         output = bytes(viewer.output)
         # What the re-attach sent again from before this viewer's offset is the same bytes (a page skips
         # them by offset, as the harness does not): the stream once, in order.
@@ -71,7 +70,7 @@ async def test_kill_9_mid_stream_then_the_adopter_delivers_every_byte_once_and_t
         assert output[before : before + resent] == output[again["offset"] : before]
         output = output[:before] + output[before + resent :]
         body = output[start : output.index(b"<<END>>\n", start)]
-        assert hashlib.sha256(body).hexdigest() == match.group(1).decode()
+        assert hashlib.sha256(body).hexdigest() == expected
 
         try:
             exit = await viewer.wait_for("exit", timeout=30)
