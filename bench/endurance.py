@@ -145,15 +145,23 @@ async def bench_reconnect(ctx: Context) -> None:
 async def bench_recovery(ctx: Context) -> None:
     from django.conf import settings
 
-    from executions.models import Evidence, ExecutionEvent
+    await kill_to_adopted(
+        ctx, "tmux", unique("tether-bench"), "marker", "tmux",
+        note=f"periodic recovery pass every {settings.TETHER_RECOVERY_SECONDS} s",
+    )  # fmt: skip
 
-    machine = await sync_to_async(machine_for)("tmux", unique("tether-bench"))
-    session = await sync_to_async(terminal_for)(machine, ctx.user, ["/bin/sh", "-c", "exec cat"])
+
+async def kill_to_adopted(ctx: Context, backend: str, ref: str, held_key: str, label: str, note: str = "") -> None:
+    """kill -9 of the worker holding a shell on ``backend`` (once its lease's handle has ``held_key``), to
+    the shell adopted by the next worker."""
+    from executions.models import Evidence, ExecutionEvent
     from terminals.models import ProcessLease
 
+    machine = await sync_to_async(machine_for)(backend, ref)
+    session = await sync_to_async(terminal_for)(machine, ctx.user, ["/bin/sh", "-c", "exec cat"])
     await wait_until(
         lambda: sync_to_async(
-            ProcessLease.objects.filter(execution_id=session.execution_id, handle__has_key="marker").exists
+            ProcessLease.objects.filter(execution_id=session.execution_id, handle__has_key=held_key).exists
         )()
     )
     victim = ctx.stack.workers[-1]
@@ -172,14 +180,14 @@ async def bench_recovery(ctx: Context) -> None:
     ttl = int(ctx.stack.env()["TETHER_LEASE_TTL_SECONDS"])
     ctx.report.add(
         Figure(
-            "recovery: kill -9 to adopted (tmux)",
+            f"recovery: kill -9 to adopted ({label})",
             elapsed,
             "s",
             ttl,
             "lease TTL",
             goal=f"≤ TTL + 1 s = {ttl + 1} s",
             met=elapsed <= ttl + 1,
-            note=f"TTL {ttl} s; periodic recovery pass every {settings.TETHER_RECOVERY_SECONDS} s",
+            note=f"TTL {ttl} s; {note}" if note else "",
         )
     )
     await close_session(session)

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import statistics
 import subprocess
 import time
 
-from asgiref.sync import sync_to_async
-
-from bench.common import Figure, wait_until
-from bench.sessions import MIB, Context, close_session, machine_for, terminal_for
+from bench.common import Figure
+from bench.endurance import kill_to_adopted
+from bench.sessions import MIB, Context
 from bench.throughput import backend_rate, make_data
 
 ROUNDS = 3  # held and plain alternate, each's best kept: a noisy second on a 2-core machine hits both
@@ -104,7 +102,7 @@ async def bench_holder(ctx: Context, container: str | None) -> None:
     for backend, ref in (("local", ""), ("docker", container)):
         if backend == "docker" and not container:
             continue
-        await _recovery(ctx, backend, ref)
+        await kill_to_adopted(ctx, backend, ref, "holder", f"held {backend}")
 
 
 def _rss_kib(pid: int) -> int:
@@ -148,43 +146,3 @@ async def _idle_memory(ctx: Context) -> None:
             note=f"{per_session:.0f} KiB each; after closing them all, {len(left)} process(es) left",
         )
     )
-
-
-async def _recovery(ctx: Context, backend: str, ref: str) -> None:
-    """kill -9 of the worker holding a held shell, to the shell adopted by the next worker."""
-    from executions.models import Evidence, ExecutionEvent
-    from terminals.models import ProcessLease
-
-    machine = await sync_to_async(machine_for)(backend, ref)
-    session = await sync_to_async(terminal_for)(machine, ctx.user, ["/bin/sh", "-c", "exec cat"])
-    await wait_until(
-        lambda: sync_to_async(
-            ProcessLease.objects.filter(execution_id=session.execution_id, handle__has_key="holder").exists
-        )()
-    )
-    victim = ctx.stack.workers[-1]
-    victim.send_signal(signal.SIGKILL)
-    killed = time.perf_counter()
-    victim.wait()
-    await sync_to_async(ctx.stack.start_worker)("local,tmux,docker")
-
-    async def adopted():
-        return await sync_to_async(
-            ExecutionEvent.objects.filter(execution_id=session.execution_id, evidence=Evidence.ADOPTED).exists
-        )()
-
-    await wait_until(adopted, timeout=120)
-    elapsed = time.perf_counter() - killed
-    ttl = int(ctx.stack.env()["TETHER_LEASE_TTL_SECONDS"])
-    ctx.report.add(
-        Figure(
-            f"recovery: kill -9 to adopted (held {backend})",
-            elapsed,
-            "s",
-            ttl,
-            "lease TTL",
-            goal=f"≤ TTL + 1 s = {ttl + 1} s",
-            met=elapsed <= ttl + 1,
-        )
-    )
-    await close_session(session)

@@ -733,6 +733,21 @@ static int relay(int argc, char **argv) {
     }
 }
 
+/* DIR/holder's line into text (empty when there is none): -1 no file, 1 its holder still runs, 0 it does not. */
+static int holder_state(char *text, size_t size) {
+    char path[4096];
+    path_in(path, sizeof path, "holder");
+    text[0] = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t m = read(fd, text, size - 1);
+    close(fd);
+    text[m > 0 ? m : 0] = 0;
+    int pid = 0;
+    unsigned long long started = 0;
+    return sscanf(text, "holder %d %llu", &pid, &started) == 2 && pid > 0 && start_time_of(pid) == started;
+}
+
 /* "exit" with the record once the program has ended; "running holder ..." while its holder is alive (the
    pid's start time still matches); "gone" when the holder is not; "none" when nothing was started here. */
 static int status(int argc, char **argv) {
@@ -741,16 +756,9 @@ static int status(int argc, char **argv) {
     char text[256];
     size_t n = exit_text(text, sizeof text);
     if (n) { fputs("exit ", stdout); fwrite(text, 1, n, stdout); return 0; }
-    char path[4096];
-    path_in(path, sizeof path, "holder");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) { printf("none\n"); return 0; }
-    ssize_t m = read(fd, text, sizeof text - 1);
-    close(fd);
-    text[m > 0 ? m : 0] = 0;
-    int pid = 0;
-    unsigned long long started = 0;
-    if (sscanf(text, "holder %d %llu", &pid, &started) == 2 && pid > 0 && start_time_of(pid) == started) {
+    int state = holder_state(text, sizeof text);
+    if (state < 0) { printf("none\n"); return 0; }
+    if (state) {
         printf("running %s", text);
     } else {
         /* it may have ended between our two reads: its record then exists */
@@ -766,18 +774,13 @@ static int forget(int argc, char **argv) {
     if (argc < 1) return 2;
     dir = argv[0];
     char path[4096], text[256];
-    path_in(path, sizeof path, "holder");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        ssize_t m = read(fd, text, sizeof text - 1);
-        close(fd);
-        text[m > 0 ? m : 0] = 0;
-        int pid = 0;
-        unsigned long long started = 0;
-        if (sscanf(text, "holder %d %llu", &pid, &started) == 2 && pid > 0 && start_time_of(pid) == started) {
-            printf("error the holder still runs\n");
-            return 1;
-        }
+    int state = holder_state(text, sizeof text);
+    if (state > 0) {
+        printf("error the holder still runs\n");
+        return 1;
+    }
+    if (state == 0) {
+        path_in(path, sizeof path, "holder");
         unlink(path);
     }
     const char *names[] = {"exit", "exit.tmp", "sock"};

@@ -99,15 +99,17 @@ async def install(api: docker.APIClient, engine_id: str, container: str, binary:
     return path
 
 
-def _demuxed(raw: bytes) -> bytes:
-    """stdout of a non-terminal exec: docker frames each write with an 8-byte header."""
-    out, at = bytearray(), 0
-    while at + 8 <= len(raw):
-        kind, size = raw[at], struct.unpack(">I", raw[at + 4 : at + 8])[0]
-        if kind == 1:
-            out += raw[at + 8 : at + 8 + size]
+def _split(raw: bytes | bytearray) -> tuple[bytes, bytes, int]:
+    """A non-terminal exec's output as docker frames it (8 bytes before each piece: the stream, 1 stdout or
+    2 stderr, three zeros, the length): (stdout, stderr, bytes taken) of the whole pieces in ``raw``."""
+    out, err, at = [], [], 0
+    while len(raw) - at >= 8:
+        kind, size = raw[at], struct.unpack_from(">I", raw, at + 4)[0]
+        if len(raw) - at < 8 + size:
+            break
+        (err if kind == 2 else out).append(bytes(raw[at + 8 : at + 8 + size]))
         at += 8 + size
-    return bytes(out)
+    return b"".join(out), b"".join(err), at
 
 
 async def _run(api: docker.APIClient, container: str, argv: list[str], stdin: bytes = b"", **create) -> str:
@@ -133,7 +135,7 @@ async def _start(api: docker.APIClient, exec_id: str, stdin: bytes = b"") -> str
         finally:
             with contextlib.suppress(OSError):
                 sock.close()
-        return _demuxed(b"".join(chunks)).decode(errors="replace")
+        return _split(b"".join(chunks))[0].decode(errors="replace")
 
     return await asyncio.to_thread(run)
 
@@ -218,9 +220,8 @@ async def attach_held(api: docker.APIClient, handle: dict, since: int = 0) -> He
 
 
 class RelayLink:
-    """The holder's relay exec as a byte stream. Docker frames a non-terminal exec's output: 8 bytes (the
-    stream: 1 stdout, 2 stderr; three zeros; the length) before each piece. Its stdout is the holder's
-    frames; its stderr, the relay's complaint when no holder answers, ends the link with that text."""
+    """The holder's relay exec as a byte stream (docker's framing undone by ``_split``). Its stdout is the
+    holder's frames; its stderr, the relay's complaint when no holder answers, ends the link with that text."""
 
     def __init__(self, process: DockerProcess):
         self.process = process
@@ -229,19 +230,12 @@ class RelayLink:
     async def read(self) -> bytes:
         """Every whole piece of stdout that has arrived (at least one), run together; b"" at the end."""
         while True:
-            out, at = [], 0
-            while len(self.pending) - at >= 8:
-                kind, size = self.pending[at], struct.unpack_from(">I", self.pending, at + 4)[0]
-                if len(self.pending) - at < 8 + size:
-                    break
-                if kind == 2:
-                    text = bytes(self.pending[at + 8 : at + 8 + size]).decode(errors="replace").strip()
-                    raise BackendError(f"the holder's relay: {text}")
-                out.append(self.pending[at + 8 : at + 8 + size])
-                at += 8 + size
-            if at:
-                del self.pending[:at]
-                if data := b"".join(out):
+            data, complaint, taken = _split(self.pending)
+            if complaint:
+                raise BackendError(f"the holder's relay: {complaint.decode(errors='replace').strip()}")
+            if taken:
+                del self.pending[:taken]
+                if data:
                     return data
             chunk = await self.process.read()
             if not chunk:
