@@ -203,6 +203,9 @@ TETHER_CONTAINER_SHELL = env_list("TETHER_CONTAINER_SHELL", ["/bin/sh"])
 # The session holder (holder/tether-holder.c, built by `make holder`): it holds local and docker shells so
 # that they outlive their worker. Off, or where it was not built, shells end with their worker.
 TETHER_HOLDER = env_bool("TETHER_HOLDER", True)
+# Shell integration (docs/commands.md): shells Tether starts mark each command, which is kept on the record.
+# Off here for every machine; a machine can turn it off for itself (machine_add --no-track-commands).
+TETHER_TRACK_COMMANDS = env_bool("TETHER_TRACK_COMMANDS", True)
 TETHER_HOLDER_BINARY = env_str("TETHER_HOLDER_BINARY", "") or str(BASE_DIR / "build" / "tether-holder")
 # Where local holders keep their socket and exit record (one directory per session, only ours to reach);
 # short, since a unix socket's path must fit in 107 bytes.

@@ -148,6 +148,11 @@ class Machine(models.Model):
         "on this host runs, adopts or inspects them. Empty for docker on a network engine: any worker serves it.",
     )
     state = models.CharField(max_length=16, choices=MachineState.choices, default=MachineState.RUNNING)
+    track_commands = models.BooleanField(
+        default=True,
+        help_text="Start its shells with Tether's shell integration, so each typed command is kept on the record "
+        "(docs/commands.md). Off: shells start exactly as configured.",
+    )
     # The backend object behind the name as last seen at a dispatch: the container's id, the tmux server
     # (pid@start time) or the host's boot id. When another one is seen the incarnation is bumped, so
     # resolution can tell "the same container" from "a new container with the same name".

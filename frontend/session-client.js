@@ -13,8 +13,9 @@ const ATTACH_WAIT_MS = 10 * 1000;
 const ATTACH_WAIT_STARTING_MS = 25 * 1000; // the server waits up to 20 s for a worker to start the shell
 
 export class SessionClient {
-  constructor({ term, fit, screen, page, config }) {
+  constructor({ term, fit, screen, page, config, commands }) {
     this.term = term;
+    this.commands = commands; // the command rail (commands.js): told of every attach and `command`
     this.fit = fit;
     this.screen = screen;
     this.page = page; // setStatus(text, tone), showActions(names), notice(text)
@@ -142,6 +143,11 @@ export class SessionClient {
     this.setPhase("live", this.status, "info");
     this.page.showActions([]);
     this.page.warn(null);
+    this.commands?.attached();
+  }
+
+  on_command(message) {
+    this.commands?.onCommand(message);
   }
 
   on_gap(message) {

@@ -4,6 +4,7 @@ import { FitAddon } from "@xterm/addon-fit";
 import { WebLinksAddon } from "@xterm/addon-web-links";
 import { Terminal } from "@xterm/xterm";
 
+import { CommandRail } from "./commands.js";
 import { Screen } from "./screen.js";
 import { SessionClient } from "./session-client.js";
 import { clipboardKeys, installFontSize, installSearch, installTouchKeys } from "./tools.js";
@@ -103,6 +104,33 @@ class Page {
   }
 }
 
+// The command rail: open by default on wide windows (set before the first fit, so it costs no regrid), and
+// as the person last left it.
+function installRailToggle(root) {
+  const rail = root.querySelector("#terminal-commands");
+  const button = root.querySelector("#terminal-commands-toggle");
+  let open = window.matchMedia("(min-width: 1000px)").matches;
+  try {
+    const kept = localStorage.getItem("tether.commandRail");
+    if (kept !== null) open = kept === "open";
+  } catch {
+    // Storage disabled: the default above.
+  }
+  const show = (value) => {
+    rail.hidden = !value;
+    button.setAttribute("aria-pressed", String(value));
+  };
+  show(open);
+  button.addEventListener("click", () => {
+    show(rail.hidden);
+    try {
+      localStorage.setItem("tether.commandRail", rail.hidden ? "closed" : "open");
+    } catch {
+      // Not kept: fine.
+    }
+  });
+}
+
 // The first connect fits the grid once the page has settled (fonts measured, layout done).
 function settled() {
   return document.fonts.ready.then(() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done))));
@@ -123,6 +151,7 @@ async function main() {
     scrollback: 5000,
     theme: { background: "#14171c", foreground: "#d8dee9", cursor: "#e5c07b", selectionBackground: "#3b4252" },
   });
+  installRailToggle(root);
   const fit = new FitAddon();
   term.loadAddon(fit);
   term.loadAddon(new WebLinksAddon());
@@ -131,7 +160,8 @@ async function main() {
 
   const page = new Page(root);
   const screen = new Screen(term, () => {});
-  const client = new SessionClient({ term, fit, screen, page, config });
+  const commands = new CommandRail({ root, term, url: config.commandsUrl, notice: (text) => page.notice(text) });
+  const client = new SessionClient({ term, fit, screen, page, config, commands });
 
   const copyKeys = clipboardKeys(term, async (text) => {
     page.notice((await copyToClipboard(text)) ? "Copied the selection" : "Could not copy");
@@ -197,6 +227,7 @@ async function main() {
     client,
     text: () => bufferText(term),
     notices: () => [...page.notices],
+    commands,
     state: () => ({
       phase: client.phase,
       status: client.status,

@@ -12,7 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 
 from executions import admin as executions_admin
@@ -21,11 +21,15 @@ from executions.admin import NothingEditableOnChange, apply_each, badge
 from executions.errors import ExecutionError
 from executions.models import Execution, State
 from terminals import actions
-from terminals.models import ProcessLease, SessionEvent, TerminalSession, Worker
+from terminals.models import CommandRecord, ProcessLease, SessionEvent, TerminalSession, Worker
 from terminals.resolution import ResolveRefused, resolve, run_checks
 
 # Terminal control sequences: CSI (colours, cursor moves, modes), OSC (titles), and two-byte escapes.
 _ESCAPES = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+COMMANDS_SHOWN = 50
+COMMAND_COLOURS = {"running": "#2563eb", "exited": "#16a34a", "unknown": "#d97706"}
 
 
 def screen_text(raw: bytes) -> str:
@@ -105,7 +109,7 @@ class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
     search_fields = ["id", "machine__name", "user__username"]
     list_select_related = ["machine", "user", "execution__lease__worker"]
     inlines = [SessionEventInline]
-    exclude = ["snapshot"]
+    exclude = ["snapshot", "marks_nonce", "marks_note", "marks_generation"]
     readonly_fields = [
         "id",
         "machine",
@@ -126,6 +130,8 @@ class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
         "lease_token",
         "heartbeat_age",
         "outlives_worker",
+        "commands_tracked",
+        "commands_table",
         "snapshot_text",
     ]
     actions = [
@@ -176,6 +182,41 @@ class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
             return "—"
         return timesince(lease.heartbeat_at)
 
+    @admin.display(description="commands tracked")
+    def commands_tracked(self, obj):
+        said = actions.tracking(obj)
+        return "yes" if said["tracked"] else f"no: {said['why']}"
+
+    @admin.display(description="latest commands")
+    def commands_table(self, obj):
+        """The latest typed commands with their evidence; all of them in the commands list."""
+        records = list(obj.commands.order_by("-id")[:COMMANDS_SHOWN])
+        if not records:
+            return "—"
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    r.generation,
+                    r.command or "(kept out of history)",
+                    badge(r.state, COMMAND_COLOURS.get(r.state, "#6b7280"), r.state),
+                    "—" if r.exit_status is None else r.exit_status,
+                    r.started_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    r.evidence,
+                )
+                for r in records
+            ),
+        )
+        link = reverse("admin:terminals_commandrecord_changelist") + f"?session__id__exact={obj.pk}"
+        return format_html(
+            "<table><tr><th>gen</th><th>command</th><th>state</th><th>status</th><th>started</th><th>evidence</th>"
+            '</tr>{}</table><p><a href="{}">All {} commands of this session</a></p>',
+            rows,
+            link,
+            obj.commands.count(),
+        )
+
     @admin.display(description="latest snapshot")
     def snapshot_text(self, obj):
         if obj.snapshot_hidden:
@@ -220,6 +261,26 @@ class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
 
     def has_reset_permission(self, request):
         return self._has(request, "reset")
+
+
+@admin.register(CommandRecord)
+class CommandRecordAdmin(NothingEditableOnChange, admin.ModelAdmin):
+    """Typed commands, as their shells' marks told them: read-only (the owner worker writes them)."""
+
+    list_display = ["command", "state", "exit_status", "started_at", "ended_at", "session", "generation"]
+    list_filter = ["state"]
+    search_fields = ["command", "session__id", "session__machine__name"]
+    list_select_related = ["session__machine"]
+    readonly_fields = [f.name for f in CommandRecord._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        return
 
 
 @admin.register(Worker)

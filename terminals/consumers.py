@@ -33,6 +33,7 @@ from terminals.protocol import (
     CloseCode,
     Closed,
     ClosingSoon,
+    CommandSeen,
     ErrorCode,
     Exited,
     Gap,
@@ -249,6 +250,11 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         message = ClosingSoon.decode(event)
         if self.stream.current(message.epoch):
             await self.send_json({"type": "warning", "reason": message.reason, "seconds_left": message.seconds_left})
+
+    async def terminal_command(self, event: dict) -> None:
+        message = CommandSeen.decode(event)
+        if self.stream.current(message.epoch):
+            await self.send_json(message.to_browser())
 
     async def terminal_superseded(self, event: dict) -> None:
         message = Superseded.decode(event)

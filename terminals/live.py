@@ -18,6 +18,7 @@ from django.conf import settings
 from terminals.backends.base import BackendError, Exit, Process
 from terminals.buffer import OutputBuffer
 from terminals.lifetimes import Limits
+from terminals.marks import MarkReader
 from terminals.protocol import Reason
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,8 @@ class LiveProcess:
     budget: FlowBudget | None = None  # the worker's, shared with its other sessions
     # Bytes at the buffer's start that are the screen as adopted: drawn for the grid it had then.
     adopted_screen: int = 0
+    marks: MarkReader | None = None  # the shell's command marks, when it was started with the integration
+    marks_seen: bool = False
 
     def __post_init__(self) -> None:
         self.flow_open.set()

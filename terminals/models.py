@@ -144,6 +144,11 @@ class TerminalSession(models.Model):
     snapshot = models.BinaryField(default=b"", blank=True, help_text="The latest screen or output tail.")
     output_offset = models.PositiveBigIntegerField(default=0, help_text="Absolute offset of the end of output.")
     last_viewer_at = models.DateTimeField(null=True, blank=True)
+    # Shell integration (terminals.marks) of the current generation's shell: its nonce (a secret: never
+    # shown), or why it has none; and the last generation whose shell was seen marking its commands.
+    marks_nonce = models.CharField(max_length=64, blank=True, editable=False)
+    marks_note = models.CharField(max_length=200, blank=True, help_text="Why its commands are not tracked.")
+    marks_generation = models.PositiveIntegerField(default=0)
     viewer_id = models.CharField(
         max_length=64, blank=True, help_text="The window that owns the session now; any other is superseded."
     )
@@ -217,3 +222,56 @@ class ViewerPreference(models.Model):
 
     def __str__(self) -> str:
         return f"terminal preferences of {self.user_id}"
+
+
+class CommandState(models.TextChoices):
+    RUNNING = "running"
+    EXITED = "exited"
+    UNKNOWN = "unknown"
+
+
+class CommandSource(models.TextChoices):
+    """Where the command line came from."""
+
+    HISTORY = "history", "the shell's history"
+    HIDDEN = "hidden", "kept out of the shell's history"
+
+
+class CommandRecord(models.Model):
+    """One command typed into a terminal session, as the shell's own marks told it (terminals.marks).
+
+    ``running`` from the shell's command mark; ``exited`` only from its end mark with the shell's status;
+    ``unknown`` when its end was never seen (the shell or its worker died first, the session was reset or
+    reaped). Offsets are the session's stream: ``stream`` is 0 for a holder's stream (the same for every
+    owner) and otherwise the lease token of the owner that numbered it.
+    """
+
+    session = models.ForeignKey(TerminalSession, on_delete=models.PROTECT, related_name="commands")
+    execution = models.ForeignKey(Execution, on_delete=models.PROTECT, related_name="commands")
+    generation = models.PositiveIntegerField()
+    stream = models.PositiveBigIntegerField()
+    command = models.TextField(blank=True, help_text="The command line as typed.")
+    source = models.CharField(max_length=16, choices=CommandSource.choices, default=CommandSource.HISTORY)
+    state = models.CharField(max_length=16, choices=CommandState.choices, default=CommandState.RUNNING)
+    exit_status = models.IntegerField(null=True, blank=True, help_text="The shell's $? for it.")
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    output_start = models.PositiveBigIntegerField(help_text="Stream offset where its output begins.")
+    output_end = models.PositiveBigIntegerField(null=True, blank=True, help_text="Where it ended, if seen.")
+    evidence = models.TextField(blank=True, help_text="How its start and its end are known.")
+    recorded_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["started_at", "id"]
+        indexes = [models.Index(fields=["session", "-id"], name="command_session_latest_idx")]
+        constraints = [
+            models.UniqueConstraint(fields=["execution", "stream", "output_start"], name="one_record_per_mark"),
+            models.CheckConstraint(condition=Q(state__in=CommandState.values), name="command_state_valid"),
+            models.CheckConstraint(
+                condition=~Q(state="exited") | (Q(exit_status__isnull=False) & Q(ended_at__isnull=False)),
+                name="command_exited_has_status",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.command or '(command)'} [{self.state}]"

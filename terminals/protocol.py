@@ -260,9 +260,10 @@ class Attached(Message):
     fresh: bool = False  # the same shell's stream restarted under a new owner: redraw
     process_state: str = "live"
     ends_with_worker: str = ""  # why this shell will not outlive its worker ("": a holder or tmux keeps it)
+    tracked: bool = False  # its shell marks its commands (terminals.marks): they are on the record
 
     def to_browser(self) -> dict:
-        names = ("offset", "end", "lost", "generation", "epoch", "fresh", "ends_with_worker")
+        names = ("offset", "end", "lost", "generation", "epoch", "fresh", "ends_with_worker", "tracked")
         said = {name: getattr(self, name) for name in names}
         # Bytes lost past the buffer, tmux: the screen as it is now (base64), drawn before the stream.
         screen = base64.b64encode(self.screen).decode() if self.screen else None
@@ -341,6 +342,20 @@ class Exited(Message):
         said = {name: getattr(self, name) for name in _names(type(self))}
         asked = ("by", "action", "why")  # said only when someone asked for the end
         return {"type": "exit", **{k: v for k, v in said.items() if k not in asked or v is not None}}
+
+
+@dataclass(frozen=True, slots=True)
+class CommandSeen(Message):
+    """A typed command started or ended (``record``: its summary), or the shell's first prompt mark arrived
+    (``record`` None): its commands are tracked."""
+
+    TYPE = "terminal.command"
+    record: dict | None
+    tracked: bool
+    epoch: int
+
+    def to_browser(self) -> dict:
+        return {"type": "command", "record": self.record, "tracked": self.tracked}
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,5 +9,6 @@ urlpatterns = [
     path("machines/<slug:name>/open/", views.open_machine, name="open"),
     path("machines/<slug:name>/history/", views.history, name="history"),
     path("terminals/<uuid:session_id>/", views.terminal, name="terminal"),
+    path("terminals/<uuid:session_id>/commands/", views.commands, name="commands"),
     path("preferences/", views.preferences, name="preferences"),
 ]

@@ -19,7 +19,7 @@ from executions.errors import ExecutionError, SlotTaken
 from executions.models import ENDED_STATES, Backend, Execution, Kind, Machine, MachineState, State
 from executions.spec import ExecutionSpec
 from terminals import actions
-from terminals.models import ProcessState, TerminalSession
+from terminals.models import CommandRecord, ProcessState, TerminalSession
 
 HOST_BACKENDS = {Backend.LOCAL, Backend.TMUX}
 
@@ -33,6 +33,7 @@ class Workspace:
     in_use_by_other: bool
     last_outcome: str
     owner: str = ""  # whose the open shell is, when it is someone else's (staff see it)
+    last_command: CommandRecord | None = None  # the open session's latest typed command
 
     @property
     def foreign(self) -> bool:
@@ -61,6 +62,10 @@ def _workspaces(user) -> list[Workspace]:
         execution.machine_id: execution.outcome_label
         for execution in Execution.objects.filter(pk__in=[row.last for row in last_ids if row.last])
     }
+    latest_command = CommandRecord.objects.filter(session=OuterRef("pk")).order_by("-id").values("pk")[:1]
+    with_last = TerminalSession.objects.filter(pk__in=[s.pk for s in open_sessions.values()])
+    command_ids = [row.last for row in with_last.annotate(last=Subquery(latest_command)) if row.last]
+    last_command = {record.session_id: record for record in CommandRecord.objects.filter(pk__in=command_ids)}
     rows = []
     for machine in machines:
         session = open_sessions.get(machine.pk)
@@ -74,6 +79,7 @@ def _workspaces(user) -> list[Workspace]:
                 last_outcome=last_outcome.get(machine.pk, ""),
                 # Staff see whose shell it is; a user sees only that one is open.
                 owner=session.user.get_username() if foreign and user.is_staff else "",
+                last_command=last_command.get(session.pk) if visible else None,
             )
         )
     return rows
@@ -178,8 +184,20 @@ def terminal(request: HttpRequest, session_id: UUID) -> HttpResponse:
         "owner": session.user.get_username() if foreign else "",
         "fontSize": actions.font_size_of(request.user),
         "preferencesUrl": reverse("terminals:preferences"),
+        "commandsUrl": reverse("terminals:commands", args=[session.id]),
     }
     return render(request, "terminals/terminal.html", {"session": session, "page_state": page_state})
+
+
+@login_required
+@require_GET
+def commands(request: HttpRequest, session_id: UUID) -> JsonResponse:
+    """The session's typed commands (its latest 200), and whether its shell's commands are tracked."""
+    session = TerminalSession.objects.filter(pk=session_id).first()
+    if session is None or not actions.may_view_session(request.user, session):
+        raise Http404("No such terminal")
+    body = {"generation": session.generation, "tracking": actions.tracking(session)}
+    return JsonResponse(body | {"commands": actions.session_commands(session)})
 
 
 @login_required

@@ -36,6 +36,7 @@ def add_machine(
     scope: str = "default",
     engine: str = "",
     host: str | None = None,
+    track_commands: bool = True,
 ) -> Machine:
     """Register a machine. One whose processes live on a host (local, tmux, docker on a unix socket) lives
     on ``host``, by default the one it is added on."""
@@ -45,6 +46,7 @@ def add_machine(
         raise UsageError(f"backend must be one of {', '.join(Backend.values)}, not {backend!r}")
     check_identity(scope, "scope")
     machine = Machine(name=name, backend=backend, ref=ref, scope=scope, engine=engine, host=host or "")
+    machine.track_commands = track_commands
     if host is None and machine.needs_host:
         machine.host = settings.TETHER_HOST
     if problems := machine.problems():

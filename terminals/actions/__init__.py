@@ -6,10 +6,20 @@ audit event. One module per domain; callers use ``from terminals import actions`
 - ``sessions``: open, next generation, close, viewers, take-overs, preferences;
 - ``operator``: requests to a process's owner and operator actions on sessions;
 - ``permissions``: who may open, view or take over a shell (checks only);
-- ``retention``: removing long-closed sessions' screens.
+- ``retention``: removing long-closed sessions' screens;
+- ``commands``: the commands typed into sessions, as their shells' marks told them.
 """
 
 from executions.actions import Actor
+from terminals.actions.commands import (
+    begin_marks,
+    command_finished,
+    command_started,
+    marks_seen,
+    session_commands,
+    tracking,
+)
+from terminals.actions.commands import summary as command_summary
 from terminals.actions.leases import (
     LeaseLost,
     begin_spawn,
@@ -57,10 +67,14 @@ __all__ = [
     "TAKEOVER_PERMISSION",
     "Actor",
     "LeaseLost",
+    "begin_marks",
     "begin_spawn",
     "claim_next_execution",
     "close_session",
     "closed_by",
+    "command_finished",
+    "command_started",
+    "command_summary",
     "drain_worker",
     "expire_closed_sessions",
     "fenced",
@@ -69,6 +83,7 @@ __all__ = [
     "in_use_refusal",
     "lease_expiry",
     "lease_follows",
+    "marks_seen",
     "may_take_over",
     "may_use_machine",
     "may_view_session",
@@ -81,11 +96,13 @@ __all__ = [
     "release_lease",
     "request_process_action",
     "save_handle",
+    "session_commands",
     "session_event",
     "set_font_size",
     "settle_execution",
     "start_next_generation",
     "stop_worker",
     "take_over_lease",
+    "tracking",
     "worker_heartbeat",
 ]

@@ -20,6 +20,7 @@ from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.errors import Refused
 from executions.models import Evidence, Execution, Machine, State
+from terminals.actions import commands
 from terminals.actions.sessions import close_session, start_next_generation
 from terminals.backends.base import Launch
 from terminals.models import ProcessLease, TerminalSession, Worker
@@ -161,6 +162,8 @@ def settle_execution(
         ProcessLease.objects.filter(execution_id=execution.pk).update(released_at=Now())
         session = TerminalSession.objects.select_related("machine").filter(execution=execution).first()
         if session is not None:
+            said = execution.outcome_label
+            commands.end_open_commands(execution, f"the shell's session ended first ({said[:1].lower()}{said[1:]})")
             close_session(
                 session,
                 reason=close_reason,

@@ -22,8 +22,10 @@ from terminals import actions
 from terminals.backends.base import Exit, Process
 from terminals.lifetimes import CHECK_SECONDS, Limits, judge
 from terminals.live import LiveProcess, Phase
+from terminals.marks import MarkReader
 from terminals.models import TerminalSession
 from terminals.outcome import Outcome
+from terminals.owner.commands import CommandTracker
 from terminals.owner.context import WorkerContext, every, until_recorded
 from terminals.owner.leases import LeaseKeeper
 from terminals.owner.viewers import Outbox
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 class SessionHost:
     def __init__(self, context: WorkerContext, leases: LeaseKeeper, outbox: Outbox):
         self.context, self.leases, self.outbox = context, leases, outbox
+        self.commands = CommandTracker(context, outbox)
 
     def hold(
         self,
@@ -62,6 +65,9 @@ class SessionHost:
             limits=Limits(spec.idle_seconds, spec.session_seconds, spec.output_limit_bytes),
             budget=self.context.budget,
         )
+        if session and session.marks_nonce:
+            live.marks = MarkReader(session.marks_nonce)
+            live.marks_seen = session.marks_generation == session.generation  # an adopted shell's, seen before
         if screen:
             live.buffer.append(screen)
             live.adopted_screen = len(screen)
@@ -91,6 +97,7 @@ class SessionHost:
                 captured.extend(data)
                 if len(captured) > limit:
                     del captured[: len(captured) - limit]
+            await self.commands.feed(live, offset, data)
             await self.outbox.output(live, offset, data)
 
         try:

@@ -10,7 +10,7 @@ from channels.db import database_sync_to_async as db
 
 from executions.models import Evidence, Execution, State
 from executions.spec import ExecutionSpec
-from terminals import actions, faults
+from terminals import actions, faults, marks
 from terminals.backends.base import BackendError, Launch, SpawnError, SpawnSpec, Tags
 from terminals.models import TerminalSession
 from terminals.outcome import Outcome
@@ -76,6 +76,14 @@ class Launcher:
             heartbeat=int(time.time()),
         )
         backend = backend_for(machine)
+        if session is not None:
+            spec, nonce, note = marks.plan(spec, machine_tracks=machine.track_commands)
+            await until_recorded(
+                lambda: db(actions.begin_marks)(
+                    session.pk, session.generation, self.context.worker, token, execution.pk, nonce, note
+                )
+            )
+            session.marks_nonce, session.marks_note = nonce, note
 
         async def before_start(handle: dict) -> None:
             starting = {**handle, "launch": Launch.STARTING}

@@ -203,6 +203,7 @@ class ViewerService:
                     fresh=message.generation == live.generation and not same_stream and asked > 0,
                     process_state=ProcessState.LIVE,
                     ends_with_worker="" if live.process.survives_owner else ends_with_worker(live.process.handle),
+                    tracked=live.marks_seen,
                 ),
             )
             await self.outbox.output(live, first, data)

@@ -23,6 +23,11 @@ class Command(ExecutionCommand):
             default=None,
             help="local and tmux only: the host its processes live on (default: this host, TETHER_HOST)",
         )
+        parser.add_argument(
+            "--no-track-commands",
+            action="store_true",
+            help="start its shells without Tether's shell integration: typed commands are not kept on the record",
+        )
 
     def run(self, *args, **options):
         fields = (("name", "NAME"), ("ref", "--ref"), ("engine", "--engine"), ("scope", "--scope"), ("host", "--host"))
@@ -36,6 +41,7 @@ class Command(ExecutionCommand):
             scope=options["scope"],
             engine=options["engine"],
             host=options["host"],
+            track_commands=not options["no_track_commands"],
             actor=Actor.command("machine_add"),
         )
         where = f" on host {machine.host}" if machine.host else ""

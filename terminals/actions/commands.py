@@ -1,0 +1,192 @@
+"""Commands typed into terminal sessions, on the record (terminals.models.CommandRecord).
+
+The owner worker writes what the shell's marks say (each write fenced by its lease, so a worker that lost
+the session writes nothing); a session's end makes its open command ``unknown`` in the same transaction
+that records the shell's own end. Each record carries its evidence: how its start and its end are known.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from django.db.models import Q
+from django.utils import timezone
+
+from executions.models import Evidence, State
+from terminals.actions import leases
+from terminals.models import CommandRecord, CommandSource, CommandState, TerminalSession, Worker
+
+MAX_COMMAND_CHARS = 4000
+# The shell's clock is believed within this much of ours (the same host's, or a container's on it).
+CLOCK_SLACK = timedelta(minutes=10)
+EXIT_BUILTIN = re.compile(r"^\s*(exit|logout)(\s+-?\d+)?\s*;?\s*$")
+
+
+def _when(shell_time: float | None) -> datetime:
+    """The shell's own time for a mark when it said one we can believe, else now."""
+    now = timezone.now()
+    if shell_time is not None:
+        try:
+            said = datetime.fromtimestamp(shell_time, tz=UTC)
+        except (OverflowError, OSError, ValueError):
+            return now
+        if abs(said - now) <= CLOCK_SLACK:
+            return said
+    return now
+
+
+def begin_marks(session_pk, generation: int, worker: Worker, token: int, execution_pk: int, nonce: str, note: str):
+    """At a launch, before the shell starts: its nonce (or why its commands will not be tracked)."""
+    with leases.fenced(execution_pk, worker, token):
+        TerminalSession.objects.filter(pk=session_pk, generation=generation).update(marks_nonce=nonce, marks_note=note)
+
+
+def marks_seen(session_pk, generation: int) -> bool:
+    """The shell of ``generation`` marks its commands (its first prompt mark arrived). True when newly so."""
+    changed = (
+        TerminalSession.objects.filter(pk=session_pk, generation=generation)
+        .exclude(marks_generation=generation)
+        .update(marks_generation=generation)
+    )
+    return bool(changed)
+
+
+def command_started(
+    *,
+    worker: Worker,
+    token: int,
+    execution_pk: int,
+    session_pk,
+    generation: int,
+    stream: int,
+    output_start: int,
+    command: str,
+    source: str,
+    shell_time: float | None,
+) -> tuple[CommandRecord, bool]:
+    """The shell ran a command line: its record, running (created False when this mark was read before:
+    a holder's stream read again by a new owner). A command still open before it never got its end."""
+    started_at = _when(shell_time)
+    with leases.fenced(execution_pk, worker, token):
+        found = CommandRecord.objects.filter(
+            execution_id=execution_pk, stream=stream, output_start=output_start
+        ).first()
+        if found is not None:
+            return found, False
+        for earlier in _open_before(execution_pk, stream, output_start):
+            _end_unknown(earlier, "a later command started before its end was seen (its end mark never arrived)")
+        record = CommandRecord.objects.create(
+            session_id=session_pk,
+            execution_id=execution_pk,
+            generation=generation,
+            stream=stream,
+            command=command[:MAX_COMMAND_CHARS],
+            source=source,
+            started_at=started_at,
+            output_start=output_start,
+            evidence=f"started: the shell's command mark at offset {output_start}"
+            + ("" if shell_time is None else " (the shell's clock)"),
+        )
+    return record, True
+
+
+def command_finished(
+    *, worker: Worker, token: int, execution_pk: int, stream: int, offset: int, status: int, shell_time: float | None
+) -> CommandRecord | None:
+    """The shell's end mark at ``offset`` with ``status``: the open command before it exited so. None when
+    no command was open (a prompt after an empty line, or this mark was read before)."""
+    with leases.fenced(execution_pk, worker, token):
+        if CommandRecord.objects.filter(execution_id=execution_pk, stream=stream, output_end=offset).exists():
+            return None  # read again (a holder's stream after a new owner took it): already recorded
+        record = _open_before(execution_pk, stream, offset).first()
+        if record is None:
+            return None
+        changed = CommandRecord.objects.filter(pk=record.pk, state=CommandState.RUNNING).update(
+            state=CommandState.EXITED,
+            exit_status=status,
+            ended_at=max(_when(shell_time), record.started_at),
+            output_end=offset,
+            evidence=f"{record.evidence}; ended: the shell's end mark at offset {offset} with status {status}",
+        )
+        if not changed:
+            return None
+        record.refresh_from_db()
+    return record
+
+
+def _open_before(execution_pk: int, stream: int, offset: int):
+    """The open commands whose start comes before ``offset``: of the same stream by offset, and any of an
+    older owner's stream (its offsets are not ours, but everything in it came first). Latest first."""
+    earlier = Q(stream=stream, output_start__lte=offset)
+    if stream:
+        earlier |= Q(stream__lt=stream)
+    return CommandRecord.objects.filter(earlier, execution_id=execution_pk, state=CommandState.RUNNING).order_by(
+        "-stream", "-output_start"
+    )
+
+
+def _end_unknown(record: CommandRecord, why: str) -> bool:
+    return bool(
+        CommandRecord.objects.filter(pk=record.pk, state=CommandState.RUNNING).update(
+            state=CommandState.UNKNOWN, ended_at=timezone.now(), evidence=f"{record.evidence}; unknown: {why}"
+        )
+    )
+
+
+def end_open_commands(execution, why: str) -> int:
+    """The shell's end is being recorded: a command still open has no end of its own to tell. It is
+    unknown, except the shell's own ``exit``: its end is the shell's, when that end is a proven exit."""
+    ended = 0
+    for record in CommandRecord.objects.filter(execution_id=execution.pk, state=CommandState.RUNNING):
+        if (
+            execution.state == State.COMPLETED
+            and execution.evidence == Evidence.EXITED
+            and EXIT_BUILTIN.match(record.command)
+        ):
+            ended += CommandRecord.objects.filter(pk=record.pk, state=CommandState.RUNNING).update(
+                state=CommandState.EXITED,
+                exit_status=execution.exit_code,
+                ended_at=timezone.now(),
+                evidence=f"{record.evidence}; ended: it ended the shell, which exited with code {execution.exit_code}",
+            )
+        else:
+            ended += _end_unknown(record, why)
+    return ended
+
+
+def summary(record: CommandRecord) -> dict:
+    """A record as the page shows it."""
+    duration = (record.ended_at - record.started_at).total_seconds() if record.ended_at else None
+    return {
+        "id": record.pk,
+        "command": record.command if record.source != CommandSource.HIDDEN else "",
+        "hidden": record.source == CommandSource.HIDDEN,
+        "state": record.state,
+        "exit_status": record.exit_status,
+        "started_at": record.started_at.isoformat(),
+        "ended_at": record.ended_at.isoformat() if record.ended_at else None,
+        "duration": duration,
+        "generation": record.generation,
+        "stream": record.stream,
+        "output_start": record.output_start,
+        "output_end": record.output_end,
+        "evidence": record.evidence,
+    }
+
+
+def session_commands(session: TerminalSession, limit: int = 200) -> list[dict]:
+    """The session's latest ``limit`` commands, oldest first."""
+    records = list(CommandRecord.objects.filter(session=session).order_by("-id")[:limit])
+    return [summary(record) for record in reversed(records)]
+
+
+def tracking(session: TerminalSession) -> dict:
+    """Whether the session's current shell has its commands tracked, and if not, why not."""
+    if session.marks_note:
+        return {"tracked": False, "why": session.marks_note}
+    if session.marks_generation == session.generation and session.marks_nonce:
+        return {"tracked": True, "why": ""}
+    if session.marks_nonce:
+        return {"tracked": False, "why": "no prompt mark from the shell yet (its own setup may replace Tether's hook)"}
+    return {"tracked": False, "why": "this shell was started without Tether's shell integration"}

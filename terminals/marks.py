@@ -1,0 +1,204 @@
+"""Shell integration: the OSC 133 marks a shell Tether starts prints at each prompt and each command, and
+the reader that finds them in the output stream (docs/commands.md).
+
+A mark is ``ESC ] 133 ; KIND ; key=value ; … BEL`` (or ``ESC \\`` for BEL):
+
+- ``A``: a prompt starts (the shell waits for a command);
+- ``C``: a command line was read and runs now (``cmdline``: the line as the shell's history has it,
+  ``\\\\`` and ``\\xHH`` escaped; ``fresh=0`` when history did not take the line);
+- ``D;STATUS``: the last command ended with ``STATUS`` (printed at every prompt; it means something only
+  after a ``C``).
+
+Each carries ``tether=NONCE``: a secret of this shell, given to it in its environment, which it keeps in
+an unexported variable. A mark without it (printed by a program: a file with marks in it, a nested shell,
+an ssh session) is foreign and changes no record.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+
+from terminals.backends.base import SpawnSpec
+
+PREFIX = b"\x1b]133;"
+MAX_MARK_BYTES = 16 * 1024  # an escaped 2000-character command line fits several times over
+MAX_TYPED_BYTES = 8 * 1024  # what is kept of the screen between a prompt and its command
+BASH_SCRIPT = Path(__file__).parent / "shell" / "tether.bash"
+BASH_HOOK = 'eval "$TETHER_BASH"'
+# bash started with these alone is an interactive shell whose PROMPT_COMMAND comes from its environment.
+INTERACTIVE_FLAGS = {"-l", "--login", "-i", "-il", "-li", "--noprofile", "--norc"}
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(12)
+
+
+def plan(spec: SpawnSpec, *, machine_tracks: bool) -> tuple[SpawnSpec, str, str]:
+    """How a terminal's shell starts: (spec, nonce, note). With the integration: the nonce its marks carry;
+    without: why not (the note the page shows), and the spec as given."""
+    if not settings.TETHER_TRACK_COMMANDS:
+        return spec, "", "shell integration is off on this server (TETHER_TRACK_COMMANDS)"
+    if not machine_tracks:
+        return spec, "", "shell integration is off for this machine"
+    nonce = new_nonce()
+    integrated, shell = integrate(spec, nonce)
+    if not shell:
+        program = " ".join(spec.argv)[:80]
+        return spec, "", f"{program} is not a shell Tether integrates with (bash)"
+    return integrated, nonce, ""
+
+
+def integrate(spec: SpawnSpec, nonce: str) -> tuple[SpawnSpec, str]:
+    """``spec`` with the shell integration added, and which shell it is for ("" when the program is not a
+    shell Tether integrates with: it then runs exactly as given)."""
+    shell = Path(spec.argv[0]).name if spec.argv else ""
+    interactive = all(arg in INTERACTIVE_FLAGS for arg in spec.argv[1:])
+    if shell != "bash" or not interactive:
+        return spec, ""
+    # bash reads PROMPT_COMMAND from its environment: at the first prompt, after the user's own startup
+    # files, it runs the script, which puts its hooks in place and takes itself out of PROMPT_COMMAND.
+    env = {**spec.env, "TETHER_MARKS": nonce, "TETHER_BASH": BASH_SCRIPT.read_text(), "PROMPT_COMMAND": BASH_HOOK}
+    return SpawnSpec(argv=spec.argv, env=env, cwd=spec.cwd, cols=spec.cols, rows=spec.rows), shell
+
+
+@dataclass(frozen=True)
+class Mark:
+    kind: str  # A, C or D
+    start: int  # the stream offset of its ESC
+    end: int  # the offset just past it
+    fields: dict[str, str] = field(default_factory=dict)
+    status: int | None = None  # D: the shell's $?
+    typed: str = ""  # C: what the screen showed between the prompt and the command (escapes removed)
+
+    @property
+    def command_line(self) -> str:
+        return unescape(self.fields.get("cmdline", ""))
+
+    @property
+    def fresh(self) -> bool:
+        return self.fields.get("fresh") == "1"
+
+    @property
+    def at(self) -> float | None:
+        """The shell's own clock when it printed the mark (seconds since the epoch), if it said."""
+        try:
+            return float(self.fields.get("at", "").replace(",", "."))
+        except ValueError:
+            return None
+
+
+def unescape(text: str) -> str:
+    """``\\\\`` and ``\\xHH`` back to what the shell escaped (bytes, then UTF-8)."""
+    raw = text.encode("utf-8", "surrogateescape")
+    out = re.sub(rb"\\(\\|x[0-9a-fA-F]{2})", lambda m: b"\\" if m[1] == b"\\" else bytes([int(m[1][1:], 16)]), raw)
+    return out.decode("utf-8", "replace")
+
+
+_ESCAPES = re.compile(
+    rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|[\x00-\x07\x0b-\x1f\x7f]"
+)
+
+
+def visible(data: bytes) -> str:
+    """What ``data`` shows as text, roughly: escape sequences and controls removed, backspaces applied."""
+    text = _ESCAPES.sub(b"", data)
+    out = bytearray()
+    for byte in text:
+        if byte == 0x08:
+            if out:
+                out.pop()
+        else:
+            out.append(byte)
+    return out.decode("utf-8", "replace")
+
+
+class MarkReader:
+    """Finds this shell's marks in its output, a read at a time: a mark split across reads (or across the
+    worker's death, when a holder replays its stream) is found whole once its end arrives."""
+
+    def __init__(self, nonce: str):
+        self.nonce = nonce
+        self.pending = b""  # the start of a mark (or of its prefix) that the next read completes
+        self.pending_at = 0
+        self.typed: bytearray | None = None  # the screen since the last prompt mark, until its command
+        self.foreign = 0  # marks without this shell's nonce: printed by a program, ignored
+
+    def feed(self, offset: int, data: bytes) -> list[Mark]:
+        if self.pending and self.pending_at + len(self.pending) == offset:
+            data, offset = self.pending + data, self.pending_at
+        self.pending = b""
+        marks: list[Mark] = []
+        at = 0
+        while True:
+            found = data.find(PREFIX, at)
+            if found < 0:
+                tail = _partial_prefix(data[at:])
+                self._keep_typed(data[at : len(data) - tail])
+                if tail:
+                    self.pending, self.pending_at = data[-tail:], offset + len(data) - tail
+                return marks
+            self._keep_typed(data[at:found])
+            end, stop = _terminator(data, found + len(PREFIX))
+            if end == -1:
+                if len(data) - found <= MAX_MARK_BYTES:
+                    self.pending, self.pending_at = data[found:], offset + found
+                return marks
+            if end == -2:  # cut short by another escape sequence, as a terminal would cut it
+                self.foreign += 1
+                at = stop
+                continue
+            mark = self._mark(data[found + len(PREFIX) : end], offset + found, offset + stop)
+            if mark:
+                marks.append(mark)
+            at = stop
+
+    def _keep_typed(self, data: bytes) -> None:
+        if self.typed is not None and len(self.typed) < MAX_TYPED_BYTES:
+            self.typed.extend(data[: MAX_TYPED_BYTES - len(self.typed)])
+
+    def _mark(self, payload: bytes, start: int, end: int) -> Mark | None:
+        parts = payload.decode("utf-8", "surrogateescape").split(";")
+        kind, rest = parts[0], parts[1:]
+        status = None
+        if kind == "D" and rest and rest[0].lstrip("-").isdigit():
+            status, rest = int(rest[0]), rest[1:]
+        fields = dict(part.split("=", 1) for part in rest if "=" in part)
+        if kind not in ("A", "C", "D") or not hmac.compare_digest(fields.get("tether", ""), self.nonce):
+            self.foreign += 1
+            return None
+        typed = ""
+        if kind == "A":
+            self.typed = bytearray()
+        elif kind == "C":
+            typed = visible(bytes(self.typed or b""))
+            self.typed = None
+        return Mark(kind, start, end, fields, status, typed)
+
+
+def _terminator(data: bytes, start: int) -> tuple[int, int]:
+    """Where the mark's payload ends and where the mark ends: at BEL or ST (ESC \\). (-1, -1) when its end
+    is not here yet; (-2, i) when an escape at ``i`` cuts it short (a program cannot swallow the shell's
+    next mark by leaving one of its own open)."""
+    bel = data.find(b"\x07", start)
+    esc = data.find(b"\x1b", start)
+    if bel >= 0 and (esc < 0 or bel < esc):
+        return bel, bel + 1
+    if esc < 0 or esc + 1 == len(data):
+        return -1, -1
+    if data[esc + 1] == 0x5C:
+        return esc, esc + 2
+    return -2, esc
+
+
+def _partial_prefix(data: bytes) -> int:
+    """How many bytes at the end of ``data`` could begin a mark's prefix."""
+    for size in range(min(len(PREFIX) - 1, len(data)), 0, -1):
+        if data.endswith(PREFIX[:size]):
+            return size
+    return 0

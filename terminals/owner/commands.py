@@ -1,0 +1,80 @@
+"""Keeping a terminal's typed commands on the record, from its shell's marks (terminals.marks).
+
+The session host feeds every read of a held shell's output here before it goes to the viewer. A mark
+becomes a fenced write (a worker that lost the session writes nothing, and lets go), then a message to the
+viewer. A record that could not be written is not guessed at: its command ends ``unknown`` with the
+session, or when the next command starts.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from channels.db import database_sync_to_async as db
+
+from terminals import actions
+from terminals.live import LiveProcess
+from terminals.marks import Mark
+from terminals.models import CommandSource
+from terminals.owner.context import WorkerContext
+from terminals.owner.viewers import Outbox
+from terminals.protocol import CommandSeen
+
+log = logging.getLogger(__name__)
+
+
+def command_line(mark: Mark) -> tuple[str, str]:
+    """The line a command mark names, and where it is from. History that did not take the line names the
+    one before: right for a repeat (the screen shows the same line typed again), but for a line kept out of
+    history on purpose (a leading space) it is kept out of the record too."""
+    line = mark.command_line
+    if mark.fresh or (line and mark.typed.rstrip("\r\n ").endswith(line.strip())):
+        return line, CommandSource.HISTORY
+    return "", CommandSource.HIDDEN
+
+
+class CommandTracker:
+    def __init__(self, context: WorkerContext, outbox: Outbox):
+        self.context, self.outbox = context, outbox
+
+    async def feed(self, live: LiveProcess, offset: int, data: bytes) -> None:
+        if live.marks is None or not live.session_id:
+            return
+        for mark in live.marks.feed(offset, data):
+            try:
+                await self._on(live, mark)
+            except actions.LeaseLost:
+                raise
+            except Exception:
+                log.exception("execution %s: could not record a %s mark", live.execution_pk, mark.kind)
+
+    async def _on(self, live: LiveProcess, mark: Mark) -> None:
+        where = {"worker": self.context.worker, "token": live.token, "execution_pk": live.execution_pk}
+        stream = 0 if live.process.offsets_survive_owner else live.token
+        if mark.kind == "A":
+            if not live.marks_seen:
+                live.marks_seen = True
+                if await db(actions.marks_seen)(live.session_id, live.generation):
+                    await self.outbox.to_viewer(live, CommandSeen(None, True, live.token))
+            return
+        if mark.kind == "C":
+            line, source = command_line(mark)
+            record, created = await db(actions.command_started)(
+                **where,
+                session_pk=live.session_id,
+                generation=live.generation,
+                stream=stream,
+                output_start=mark.end,
+                command=line,
+                source=source,
+                shell_time=mark.at,
+            )
+        elif mark.kind == "D" and mark.status is not None:
+            record = await db(actions.command_finished)(
+                **where, stream=stream, offset=mark.start, status=mark.status, shell_time=mark.at
+            )
+            created = record is not None
+        else:
+            return
+        if created:
+            await self.outbox.to_viewer(live, CommandSeen(actions.command_summary(record), True, live.token))

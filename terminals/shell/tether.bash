@@ -1,0 +1,56 @@
+# Tether's shell integration for bash (docs/commands.md). Run once, at the first prompt, by the
+# PROMPT_COMMAND the owner worker starts bash with, after bash has read the user's own startup files
+# exactly as it always does. It marks each prompt and each command with OSC 133 (the marks VS Code,
+# iTerm2 and WezTerm read), each carrying this shell's nonce, so Tether can keep every command on the
+# record. It changes nothing the user sees: the marks are invisible, PS1 is not touched.
+__tether_nonce=${TETHER_MARKS-}
+unset TETHER_MARKS TETHER_BASH
+export -n PROMPT_COMMAND PS0 2>/dev/null
+PROMPT_COMMAND=${PROMPT_COMMAND//'eval "$TETHER_BASH"'/}
+if [[ -n $__tether_nonce && $- == *i* ]]; then
+    __tether_hist=$HISTCMD
+
+    # At every prompt, first: how the last command ended ($? is still its status), then the prompt.
+    __tether_precmd() {
+        local status=$?
+        builtin printf '\e]133;D;%s;at=%s;tether=%s\a\e]133;A;tether=%s\a' \
+            "$status" "${EPOCHREALTIME-}" "$__tether_nonce" "$__tether_nonce"
+        __tether_hist=$HISTCMD
+        return $status
+    }
+
+    # From PS0 (in a subshell, after the line is read, before it runs): the command line as history
+    # has it. fresh=0 when history did not take the line (a repeat, or one kept out of it).
+    __tether_preexec() {
+        local LC_ALL=C line fresh=0
+        ((HISTCMD > __tether_hist)) && fresh=1
+        line=$(builtin fc -l -0 2>/dev/null)
+        line=${line#*$'\t'}
+        line=${line# }
+        line=${line:0:2000}
+        line=${line//\\/\\\\}
+        line=${line//;/\\x3b}
+        line=${line//$'\n'/\\x0a}
+        line=${line//$'\t'/\\x09}
+        line=${line//$'\r'/\\x0d}
+        line=${line//$'\e'/\\x1b}
+        line=${line//$'\a'/\\x07}
+        if [[ $line == *[[:cntrl:]]* ]]; then
+            local out= ch i
+            for ((i = 0; i < ${#line}; i++)); do
+                ch=${line:i:1}
+                [[ $ch == [[:cntrl:]] ]] && builtin printf -v ch '\\x%02x' "'$ch"
+                out+=$ch
+            done
+            line=$out
+        fi
+        builtin printf '\e]133;C;fresh=%s;at=%s;cmdline=%s;tether=%s\a' \
+            "$fresh" "${EPOCHREALTIME-}" "$line" "$__tether_nonce"
+    }
+
+    PROMPT_COMMAND="__tether_precmd${PROMPT_COMMAND:+; $PROMPT_COMMAND}"
+    PS0='$(__tether_preexec)'"${PS0-}"
+    builtin printf '\e]133;A;tether=%s\a' "$__tether_nonce"
+else
+    unset __tether_nonce
+fi

@@ -1,0 +1,65 @@
+"""The command rail and the reconnect message, in Chromium against the real servers: each typed command
+listed with how it ended; after a reload during a running command the page says it is still running, and
+after it ends, how it ended; a click on a command scrolls to its output."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.async_api import expect
+
+from tests.browser.test_terminal_page import log_in, open_workspace, run, wait_for_text, wait_live
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db, pytest.mark.asyncio(loop_scope="module")]
+
+
+async def last_notice(page) -> str:
+    return await page.evaluate("window.tetherTerminal.notices().at(-1) || ''")
+
+
+async def test_the_rail_lists_commands_and_a_reload_says_what_became_of_the_last(page, host_machine):
+    await log_in(page, "operator", "operator-password")
+    await open_workspace(page, host_machine)
+    rail = page.locator("#terminal-command-list")
+    await expect(page.locator("#terminal-commands")).to_be_visible()
+    await expect(page.locator("#terminal-commands-off")).to_be_hidden()
+    await run(page, "true")
+    await run(page, "(exit 2)")
+    await run(page, "seq 1 300")
+    await wait_for_text(page, r"^300$")
+    await expect(rail.locator("li")).to_have_count(3)
+    await expect(rail.locator("li").nth(0)).to_have_attribute("data-state", "exited")
+    await expect(rail.locator("li").nth(1)).to_have_attribute("data-state", "failed")
+    await expect(rail.locator("li").nth(1).locator(".meta")).to_contain_text("exit 2")
+
+    # A click on a command scrolls back to its output; the latest output is far below it now.
+    await rail.locator("li").nth(0).locator("button").click()
+    scrolled = await page.evaluate(
+        "(() => { const b = window.tetherTerminal.term.buffer.active; return [b.viewportY, b.baseY]; })()"
+    )
+    assert scrolled[0] < scrolled[1], scrolled
+
+    await run(page, "sleep 3; echo slept")
+    running = rail.locator("li").nth(3)
+    await expect(running).to_have_attribute("data-state", "running")
+    await page.reload()
+    await wait_live(page)
+    await page.wait_for_function("() => (window.tetherTerminal.notices().at(-1) || '').includes('still running')")
+    assert re.fullmatch(
+        r"`sleep 3; echo slept` is still running \(started \d\d:\d\d( [AP]M)?\)", await last_notice(page)
+    )
+    await expect(page.locator("#terminal-command-list li").nth(3)).to_have_attribute("data-state", "running")
+
+    await wait_for_text(page, r"^slept$")
+    await expect(page.locator("#terminal-command-list li").nth(3)).to_have_attribute("data-state", "exited")
+    await page.reload()
+    await wait_live(page)
+    await page.wait_for_function("() => (window.tetherTerminal.notices().at(-1) || '').includes('exited')")
+    assert re.fullmatch(r"`sleep 3; echo slept` exited with code 0 at \d\d:\d\d( [AP]M)?", await last_notice(page))
+
+    # The workspace list shows the last command's state.
+    await page.goto("/")
+    cell = page.locator(f'tr[data-machine="{host_machine}"] td.last-command')
+    await expect(cell).to_contain_text("sleep 3; echo slept")
+    await expect(cell).to_contain_text("exited 0")

@@ -1,0 +1,133 @@
+"""Every command typed into a terminal on the record, from a real bash's own marks, through the real
+worker and socket: the right exit status for success, failure and signals; a forged mark changes nothing;
+a command running when its worker is killed -9 is seen to its end where the shell is adopted, and is
+unknown where the shell died with its worker."""
+
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from terminals.models import CommandRecord, CommandSource, TerminalSession
+from tests.bridge.harness import Stack, Viewer, open_viewer, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def _records(session_id) -> list[tuple]:
+    rows = CommandRecord.objects.filter(session_id=session_id).order_by("id")
+    return [(r.command, r.state, r.exit_status) for r in rows]
+
+
+def _records_settle(session_id, count: int) -> list[tuple]:
+    wait_for(
+        lambda: len([r for r in _records(session_id) if r[1] != "running"]) >= count,
+        timeout=15,
+        what=f"{count} ended command records",
+    )
+    return _records(session_id)
+
+
+async def _prompt(viewer: Viewer, token: str) -> None:
+    await viewer.type(f"echo {token}-$((6*7))\r")
+    await viewer.read_until(f"{token}-42".encode())
+
+
+async def test_typed_commands_are_recorded_with_the_shells_own_status(stack, terminal, operator):
+    viewer, session, _ = await open_viewer(stack, terminal, operator)
+    await viewer.type("true\r")
+    started = await viewer.wait_for("command")
+    assert started["tracked"] and started["record"]["command"] == "true", started
+    assert started["record"]["state"] == "running"
+    await viewer.type("false\r")
+    await viewer.type("echo out-$((2+3))\r")
+    await viewer.type("sh -c 'kill -TERM $$'\r")
+    await viewer.type("sleep 30\r")
+    await viewer.read_for(0.5)
+    await viewer.type("\x03")  # Ctrl-C: SIGINT to the foreground job
+    # A program printing marks of its own (no nonce, or a wrong one): no record opens or closes by them.
+    forged = r"printf '\033]133;D;0;tether=forged\007\033]133;C;cmdline=evil;tether=\007\033]133;C;cmdline=x\007'"
+    await viewer.type(f"{forged}; sleep 0.3; (exit 4)\r")
+    await viewer.type(" echo kept-out-of-history\r")  # bash in tests has no HISTCONTROL: history takes it
+    await _prompt(viewer, "after")
+    records = await sync_to_async(_records_settle)(session.id, 8)
+    assert records[:7] == [
+        ("true", "exited", 0),
+        ("false", "exited", 1),
+        ("echo out-$((2+3))", "exited", 0),
+        ("sh -c 'kill -TERM $$'", "exited", 128 + 15),
+        ("sleep 30", "exited", 128 + 2),
+        (f"{forged}; sleep 0.3; (exit 4)", "exited", 4),
+        (" echo kept-out-of-history", "exited", 0),
+    ], records
+    record = await sync_to_async(CommandRecord.objects.filter(command__startswith="echo out").get)()
+    assert record.source == CommandSource.HISTORY and "end mark at offset" in record.evidence
+    assert record.ended_at >= record.started_at
+    # The byte range is the command's output in the session's stream as the viewer got it: all of it.
+    assert bytes(viewer.output[record.output_start : record.output_end]) == b"out-5\r\n"
+
+
+async def test_a_repeated_line_and_one_kept_out_of_history_under_ignoreboth(stack, terminal, operator):
+    viewer, session, _ = await open_viewer(stack, terminal, operator)
+    await viewer.type("HISTCONTROL=ignoreboth\r")
+    await viewer.type("echo same\r")
+    await viewer.type("echo same\r")  # a repeat history does not take: the screen shows it typed again
+    await viewer.type(" echo secret-$((1+1))\r")  # kept out of history on purpose: out of the record too
+    await _prompt(viewer, "done")
+    records = await sync_to_async(_records_settle)(session.id, 5)
+    assert [r[0] for r in records[:4]] == ["HISTCONTROL=ignoreboth", "echo same", "echo same", ""], records
+    hidden = await sync_to_async(CommandRecord.objects.filter(session_id=session.id).order_by("id").__getitem__)(3)
+    assert hidden.source == CommandSource.HIDDEN and hidden.state == "exited" and hidden.exit_status == 0
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("holder", ["1", "0"])
+async def test_worker_killed_mid_command(terminal, operator, holder):
+    """kill -9 of the worker while `sleep 7; (exit 3)` runs. Held (a session holder keeps the shell):
+    the adopter reads the holder's stream on and records the command's own end. Plain (the shell dies with
+    its worker): the command is unknown, never "exited 0"; so is tmux's, which is adopted: seen to its end."""
+    stack = Stack()
+    stack.extra_env["TETHER_HOLDER"] = holder
+    stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
+    try:
+        await sync_to_async(stack.start_daphne)()
+        first = await sync_to_async(stack.start_worker)("local,tmux")
+        sessions, viewers = [], []
+        for backend in ("local", "tmux") if holder == "1" else ("local",):
+            viewer, session, _ = await open_viewer(stack, terminal, operator, backend)
+            await viewer.type("sleep 7; (exit 3)\r")
+            await viewer.wait_for("command")  # started: on the record before the kill
+            viewers.append(viewer)
+            sessions.append(session)
+        first.kill()
+        await sync_to_async(first.wait)()
+        await sync_to_async(stack.start_worker)("local,tmux")
+        for session in sessions:
+            if holder == "1":
+                records = await sync_to_async(_records_settle)(session.id, 1)
+                assert records == [("sleep 7; (exit 3)", "exited", 3)], (session, records)
+            else:
+                records = await sync_to_async(_records_settle)(session.id, 1)
+                assert records == [("sleep 7; (exit 3)", "unknown", None)], records
+                record = await sync_to_async(CommandRecord.objects.get)(session_id=session.id)
+                assert "ended first" in record.evidence, record.evidence
+    finally:
+        await sync_to_async(stack.stop)()
+
+
+async def test_a_machine_with_tracking_off_starts_its_shell_as_given(stack, place, operator):
+    from terminals import actions
+
+    machine = await sync_to_async(place)("local")
+    machine.track_commands = False
+    await sync_to_async(machine.save)()
+    session, _ = await sync_to_async(actions.open_terminal)(machine, operator)
+    from tests.bridge.harness import session_cookie
+
+    viewer = await Viewer.open(stack.ports[0], session.id, await sync_to_async(session_cookie)(operator))
+    await viewer.attach()
+    await _prompt(viewer, "plain")
+    assert b"\x1b]133;" not in viewer.output
+    session = await sync_to_async(TerminalSession.objects.get)(pk=session.id)
+    assert session.marks_note == "shell integration is off for this machine" and not session.marks_nonce
+    assert await sync_to_async(_records)(session.id) == []
