@@ -89,6 +89,7 @@ class LiveProcess:
     adopted_screen: int = 0
     marks: MarkReader | None = None  # the shell's command marks, when it was started with the integration
     marks_seen: bool = False
+    prompt_shown_at: float | None = None  # when a POSIX shell's last prompt ended (its B mark), our clock
 
     def __post_init__(self) -> None:
         self.flow_open.set()

@@ -4,10 +4,12 @@ the reader that finds them in the output stream (docs/commands.md).
 A mark is ``ESC ] 133 ; KIND ; key=value ; … BEL`` (or ``ESC \\`` for BEL):
 
 - ``A``: a prompt starts (the shell waits for a command);
-- ``C``: a command line was read and runs now (``cmdline``: the line as the shell's history has it,
+- ``B``: the prompt ends, the command line's input begins (POSIX shells, which cannot mark ``C``);
+- ``C``: a command line was read and runs now (bash; ``cmdline``: the line as the shell's history has it,
   ``\\\\`` and ``\\xHH`` escaped; ``fresh=0`` when history did not take the line);
 - ``D;STATUS``: the last command ended with ``STATUS`` (printed at every prompt; it means something only
-  after a ``C``).
+  after a command ran). A POSIX shell's carries ``hist`` and ``cmdhex``: the number and line (hex) of the
+  last line its history holds (busybox ash; empty where the shell keeps none, as dash).
 
 Each carries ``tether=NONCE``: a secret of this shell, given to it in its environment, which it keeps in
 an unexported variable. A mark without it (printed by a program: a file with marks in it, a nested shell,
@@ -24,12 +26,13 @@ from pathlib import Path
 
 from django.conf import settings
 
-from terminals.backends.base import SpawnSpec
+from terminals.backends.base import BackendError, SpawnSpec
 
 PREFIX = b"\x1b]133;"
 MAX_MARK_BYTES = 16 * 1024  # an escaped 2000-character command line fits several times over
 MAX_TYPED_BYTES = 8 * 1024  # what is kept of the screen between a prompt and its command
 BASH_SCRIPT = Path(__file__).parent / "shell" / "tether.bash"
+SH_SCRIPT = Path(__file__).parent / "shell" / "tether.sh"
 BASH_HOOK = 'eval "$TETHER_BASH"'
 # bash started with these alone is an interactive shell whose PROMPT_COMMAND comes from its environment.
 INTERACTIVE_FLAGS = {"-l", "--login", "-i", "-il", "-li", "--noprofile", "--norc"}
@@ -39,32 +42,41 @@ def new_nonce() -> str:
     return secrets.token_hex(12)
 
 
-def plan(spec: SpawnSpec, *, machine_tracks: bool) -> tuple[SpawnSpec, str, str]:
+def shell_of(spec: SpawnSpec) -> str:
+    """Which integration ``spec``'s program takes: "bash", "sh" (busybox ash, dash: POSIX shells read an ENV
+    file), or "" (another program, or a shell given a script or a command: it runs exactly as given)."""
+    name = Path(spec.argv[0]).name if spec.argv else ""
+    if not all(arg in INTERACTIVE_FLAGS for arg in spec.argv[1:]):
+        return ""
+    return {"bash": "bash", "sh": "sh", "ash": "sh", "dash": "sh"}.get(name, "")
+
+
+async def plan(spec: SpawnSpec, *, machine_tracks: bool, place) -> tuple[SpawnSpec, str, str]:
     """How a terminal's shell starts: (spec, nonce, note). With the integration: the nonce its marks carry;
-    without: why not (the note the page shows), and the spec as given."""
+    without: why not (the note the page shows), and the spec as given. ``place(path)`` is where the shell
+    reads one of Tether's files (the backend copies it into a container)."""
     if not settings.TETHER_TRACK_COMMANDS:
         return spec, "", "shell integration is off on this server (TETHER_TRACK_COMMANDS)"
     if not machine_tracks:
         return spec, "", "shell integration is off for this machine"
-    nonce = new_nonce()
-    integrated, shell = integrate(spec, nonce)
+    shell = shell_of(spec)
     if not shell:
         program = " ".join(spec.argv)[:80]
-        return spec, "", f"{program} is not a shell Tether integrates with (bash)"
-    return integrated, nonce, ""
-
-
-def integrate(spec: SpawnSpec, nonce: str) -> tuple[SpawnSpec, str]:
-    """``spec`` with the shell integration added, and which shell it is for ("" when the program is not a
-    shell Tether integrates with: it then runs exactly as given)."""
-    shell = Path(spec.argv[0]).name if spec.argv else ""
-    interactive = all(arg in INTERACTIVE_FLAGS for arg in spec.argv[1:])
-    if shell != "bash" or not interactive:
-        return spec, ""
-    # bash reads PROMPT_COMMAND from its environment: at the first prompt, after the user's own startup
-    # files, it runs the script, which puts its hooks in place and takes itself out of PROMPT_COMMAND.
-    env = {**spec.env, "TETHER_MARKS": nonce, "TETHER_BASH": BASH_SCRIPT.read_text(), "PROMPT_COMMAND": BASH_HOOK}
-    return SpawnSpec(argv=spec.argv, env=env, cwd=spec.cwd, cols=spec.cols, rows=spec.rows), shell
+        return spec, "", f"{program} is not a shell Tether integrates with (bash, sh)"
+    nonce = new_nonce()
+    env = {**spec.env, "TETHER_MARKS": nonce}
+    if shell == "bash":
+        # bash reads PROMPT_COMMAND from its environment: at the first prompt, after the user's own startup
+        # files, it runs the script, which puts its hooks in place and takes itself out of PROMPT_COMMAND.
+        env |= {"TETHER_BASH": BASH_SCRIPT.read_text(), "PROMPT_COMMAND": BASH_HOOK}
+    else:
+        try:
+            env["ENV"] = await place(SH_SCRIPT)
+        except BackendError as error:
+            return spec, "", f"the shell integration could not be placed where the shell runs: {error}"
+        if "ENV" in spec.env:
+            env["TETHER_ENV_WAS"] = spec.env["ENV"]
+    return SpawnSpec(argv=spec.argv, env=env, cwd=spec.cwd, cols=spec.cols, rows=spec.rows), nonce, ""
 
 
 @dataclass(frozen=True)
@@ -75,10 +87,22 @@ class Mark:
     fields: dict[str, str] = field(default_factory=dict)
     status: int | None = None  # D: the shell's $?
     typed: str = ""  # C: what the screen showed between the prompt and the command (escapes removed)
+    after: int = 0  # D: where the prompt before it ended (a POSIX shell's B mark), as read in order
 
     @property
     def command_line(self) -> str:
         return unescape(self.fields.get("cmdline", ""))
+
+    @property
+    def history(self) -> tuple[str, str] | None:
+        """A POSIX shell's end mark: (number, line) of its history's last line; None for bash's."""
+        if "hist" not in self.fields:
+            return None
+        try:
+            line = bytes.fromhex(self.fields.get("cmdhex", "")).decode("utf-8", "replace")
+        except ValueError:
+            line = ""
+        return self.fields["hist"], line
 
     @property
     def fresh(self) -> bool:
@@ -127,6 +151,10 @@ class MarkReader:
         self.pending = b""  # the start of a mark (or of its prefix) that the next read completes
         self.pending_at = 0
         self.typed: bytearray | None = None  # the screen since the last prompt mark, until its command
+        self.prompt_len = 0  # where in ``typed`` the prompt ended (a B mark) and the command line began
+        self.at_prompt = False  # a POSIX shell's prompt is shown and no Enter was typed since
+        self.prompt_end = 0  # the stream offset where that prompt ended
+        self.last_history: tuple[str, str] | None = None  # the last end mark's history line, as it said
         self.foreign = 0  # marks without this shell's nonce: printed by a program, ignored
 
     def feed(self, offset: int, data: bytes) -> list[Mark]:
@@ -158,6 +186,11 @@ class MarkReader:
                 marks.append(mark)
             at = stop
 
+    def line_typed(self) -> str:
+        """What the screen shows typed at the prompt since it ended (escapes removed; a line editor's
+        redraws and wraps move to a new line, which this one line of input does not have)."""
+        return visible(bytes((self.typed or b"")[self.prompt_len :])).replace("\n", "")
+
     def _keep_typed(self, data: bytes) -> None:
         if self.typed is not None and len(self.typed) < MAX_TYPED_BYTES:
             self.typed.extend(data[: MAX_TYPED_BYTES - len(self.typed)])
@@ -169,16 +202,22 @@ class MarkReader:
         if kind == "D" and rest and rest[0].lstrip("-").isdigit():
             status, rest = int(rest[0]), rest[1:]
         fields = dict(part.split("=", 1) for part in rest if "=" in part)
-        if kind not in ("A", "C", "D") or not hmac.compare_digest(fields.get("tether", ""), self.nonce):
+        if kind not in ("A", "B", "C", "D") or not hmac.compare_digest(fields.get("tether", ""), self.nonce):
             self.foreign += 1
             return None
         typed = ""
         if kind == "A":
-            self.typed = bytearray()
+            self.typed, self.prompt_len, self.at_prompt = bytearray(), 0, False
+        elif kind == "B":
+            self.prompt_len = len(self.typed) if self.typed is not None else 0
+            self.at_prompt = True
         elif kind == "C":
             typed = visible(bytes(self.typed or b""))
             self.typed = None
-        return Mark(kind, start, end, fields, status, typed)
+        mark = Mark(kind, start, end, fields, status, typed, self.prompt_end)
+        if kind == "B":
+            self.prompt_end = end
+        return mark
 
 
 def _terminator(data: bytes, start: int) -> tuple[int, int]:

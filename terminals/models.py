@@ -234,6 +234,7 @@ class CommandSource(models.TextChoices):
     """Where the command line came from."""
 
     HISTORY = "history", "the shell's history"
+    SCREEN = "screen", "the screen, as typed at the prompt"
     HIDDEN = "hidden", "kept out of the shell's history"
 
 

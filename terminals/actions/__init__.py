@@ -13,6 +13,7 @@ audit event. One module per domain; callers use ``from terminals import actions`
 from executions.actions import Actor
 from terminals.actions.commands import (
     begin_marks,
+    command_ended_at_prompt,
     command_finished,
     command_started,
     marks_seen,
@@ -72,6 +73,7 @@ __all__ = [
     "claim_next_execution",
     "close_session",
     "closed_by",
+    "command_ended_at_prompt",
     "command_finished",
     "command_started",
     "command_summary",

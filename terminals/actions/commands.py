@@ -64,10 +64,15 @@ def command_started(
     command: str,
     source: str,
     shell_time: float | None,
+    evidence: str = "",
 ) -> tuple[CommandRecord, bool]:
     """The shell ran a command line: its record, running (created False when this mark was read before:
-    a holder's stream read again by a new owner). A command still open before it never got its end."""
+    a holder's stream read again by a new owner). A command still open before it never got its end.
+    ``evidence``: how its start is known, when not from the shell's own command mark."""
     started_at = _when(shell_time)
+    if not evidence:
+        clock = "" if shell_time is None else " (the shell's clock)"
+        evidence = f"started: the shell's command mark at offset {output_start}{clock}"
     with leases.fenced(execution_pk, worker, token):
         found = CommandRecord.objects.filter(
             execution_id=execution_pk, stream=stream, output_start=output_start
@@ -85,8 +90,7 @@ def command_started(
             source=source,
             started_at=started_at,
             output_start=output_start,
-            evidence=f"started: the shell's command mark at offset {output_start}"
-            + ("" if shell_time is None else " (the shell's clock)"),
+            evidence=evidence,
         )
     return record, True
 
@@ -113,6 +117,69 @@ def command_finished(
             return None
         record.refresh_from_db()
     return record
+
+
+def command_ended_at_prompt(
+    *,
+    worker: Worker,
+    token: int,
+    execution_pk: int,
+    session_pk,
+    generation: int,
+    stream: int,
+    offset: int,
+    status: int,
+    line: str | None,
+    since: tuple[int, float],
+    last: str = "",
+) -> CommandRecord | None:
+    """A POSIX shell's prompt mark at ``offset``: the last command ended with ``status``. ``line``: the line
+    its history took since the last prompt, None when it took none (an empty line, a repeat, or a shell
+    without history; ``last``: its last line all the same). The open command (opened when Enter was
+    typed) ends so, named as history has it (a repeat history did not take is its last line again, as the
+    screen showed it typed, redraws aside); with no open command but a
+    line history took (pasted with others, typed before this owner saw its Enter), one is recorded at its
+    end, started at the prompt before it (``since``: that prompt's end, offset and time)."""
+    with leases.fenced(execution_pk, worker, token):
+        if CommandRecord.objects.filter(execution_id=execution_pk, stream=stream, output_end=offset).exists():
+            return None  # read again (a holder's stream after a new owner took it): already recorded
+        ended = f"ended: the shell's prompt mark at offset {offset} with status {status}"
+        record = _open_before(execution_pk, stream, offset).first()
+        if record is not None:
+            updates = {"state": CommandState.EXITED, "exit_status": status, "ended_at": timezone.now()}
+            updates |= {"output_end": offset, "evidence": f"{record.evidence}; {ended}"}
+            named = line or (last if last and _squashed(last) == _squashed(record.command) else "")
+            if named:
+                updates |= {"command": named[:MAX_COMMAND_CHARS], "source": CommandSource.HISTORY}
+            if not CommandRecord.objects.filter(pk=record.pk, state=CommandState.RUNNING).update(**updates):
+                return None
+            record.refresh_from_db()
+            return record
+        if not line:
+            return None
+        after, shown = since
+        start = f"started: not marked by the shell; it ran after the prompt that ended at offset {after}"
+        record, created = CommandRecord.objects.get_or_create(
+            execution_id=execution_pk,
+            stream=stream,
+            output_start=after,
+            defaults={
+                "session_id": session_pk,
+                "generation": generation,
+                "command": line[:MAX_COMMAND_CHARS],
+                "state": CommandState.EXITED,
+                "exit_status": status,
+                "started_at": datetime.fromtimestamp(shown, tz=UTC),
+                "ended_at": timezone.now(),
+                "output_end": offset,
+                "evidence": f"{start}; {ended}",
+            },
+        )
+    return record if created else None
+
+
+def _squashed(text: str) -> str:
+    return "".join(text.split())
 
 
 def _open_before(execution_pk: int, stream: int, offset: int):

@@ -20,6 +20,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 
 from executions.outcomes import wait_status_label
 
@@ -193,6 +194,11 @@ class Backend(abc.ABC):
         """The identity of the object behind the machine now (a container's id, the tmux server), "" when
         there is none; ``ensure`` starts what a spawn would start anyway (the tmux server)."""
         return ""
+
+    async def place_file(self, source: Path, instance: str = "") -> str:
+        """Where a program started here reads ``source`` (a file of Tether's: the shell integration): on a
+        host, where it is. Raises BackendError when it cannot be placed where the program runs."""
+        return str(source)
 
     async def vacancy(self, instance: str) -> str | None:
         """Why nothing that ran in ``instance`` (as recorded at its dispatch; "" when not recorded) can run

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from pathlib import Path
 
 import docker
 from docker.errors import APIError, NotFound
@@ -58,7 +59,7 @@ from terminals.backends.docker_exec import (
     settled,
     survivors,
 )
-from terminals.backends.docker_held import Unheld, attach_held, inspect_held, remove_held, spawn_held
+from terminals.backends.docker_held import Unheld, attach_held, inspect_held, place, remove_held, spawn_held
 from terminals.backends.docker_process import DockerProcess
 from terminals.backends.holder import holder_binary
 
@@ -301,6 +302,22 @@ class DockerBackend(Backend):
             return None
         except ENGINE_ERRORS as error:
             raise BackendError(f"cannot inspect container {container!r}: {error}") from None
+
+    async def place_file(self, source: Path, instance: str = "") -> str:
+        """Copied into the container (``/tmp/.tether``, checked by its digest), as the holder is."""
+        api = await self._client(self.engine)
+        engine_id, _, container = instance.rpartition("/")
+        try:
+            return await place(
+                api,
+                engine_id or await self._daemon(api),
+                container or self.container,
+                source,
+                "rc",
+                "the shell integration",
+            )
+        except Unheld as why:
+            raise BackendError(str(why)) from None
 
     async def instance(self, *, ensure: bool = False) -> str:
         """``ENGINE-ID/CONTAINER-ID`` of the machine's container now, "" when there is none by its name."""

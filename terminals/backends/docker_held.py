@@ -36,8 +36,8 @@ from terminals.backends.procfs import MARKER_VARIABLE
 ROOT = "/tmp/.tether"  # Tether's own directory in the container
 PROGRAM_ONLY = (MARKER_VARIABLE, "TETHER_SESSION")
 ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386"}
-# (engine id, container id) -> the holder's path there, once copied and checked
-_installed: dict[tuple[str, str], str] = {}
+# (engine id, container id, source) -> its path there, once copied and checked
+_installed: dict[tuple[str, str, str], str] = {}
 
 
 class Unheld(Exception):
@@ -76,26 +76,34 @@ def _read_archive(api: docker.APIClient, container: str, path: str) -> bytes | N
 
 async def install(api: docker.APIClient, engine_id: str, container: str, binary: Path) -> str:
     """The holder's path in ``container``: copied there when missing, and checked by its digest."""
-    if (known := _installed.get((engine_id, container))) is not None:
+    if (known := _installed.get((engine_id, container, str(binary)))) is not None:
         return known
     info = await asyncio.to_thread(api.inspect_container, container)
     image = await asyncio.to_thread(api.inspect_image, info["Image"])
     mine = ARCHITECTURES.get(platform.machine(), platform.machine())
     if image.get("Architecture") and image["Architecture"] != mine:
         raise Unheld(f"the container is {image['Architecture']}, the holder was built for {mine}")
-    digest = await asyncio.to_thread(_digest, binary)
-    name = f"holder-{digest[:16]}"
+    return await place(api, engine_id, container, binary, "holder", "the holder")
+
+
+async def place(api: docker.APIClient, engine_id: str, container: str, source: Path, prefix: str, what: str) -> str:
+    """``source``'s path in ``container`` (``ROOT/PREFIX-DIGEST``): copied there when missing, and checked by
+    its digest. Raises Unheld when it cannot be placed there."""
+    if (known := _installed.get((engine_id, container, str(source)))) is not None:
+        return known
+    digest = await asyncio.to_thread(_digest, source)
+    name = f"{prefix}-{digest[:16]}"
     path = f"{ROOT}/{name}"
     there = await asyncio.to_thread(_read_archive, api, container, path)
     if there is None or hashlib.sha256(there).hexdigest() != digest:
         try:
-            placed = await asyncio.to_thread(api.put_archive, container, "/tmp", _tar_of(binary, name))
+            placed = await asyncio.to_thread(api.put_archive, container, "/tmp", _tar_of(source, name))
         except APIError as error:
-            raise Unheld(f"the holder cannot be copied into the container: {error.explanation}") from None
+            raise Unheld(f"{what} cannot be copied into the container: {error.explanation}") from None
         there = await asyncio.to_thread(_read_archive, api, container, path) if placed else None
         if there is None or hashlib.sha256(there).hexdigest() != digest:
-            raise Unheld("the holder copied into the container does not read back the same (read-only /tmp?)")
-    _installed[(engine_id, container)] = path
+            raise Unheld(f"{what} copied into the container does not read back the same (read-only /tmp?)")
+    _installed[(engine_id, container, str(source))] = path
     return path
 
 

@@ -9,6 +9,7 @@ session, or when the next command starts.
 from __future__ import annotations
 
 import logging
+import time
 
 from channels.db import database_sync_to_async as db
 
@@ -48,16 +49,57 @@ class CommandTracker:
             except Exception:
                 log.exception("execution %s: could not record a %s mark", live.execution_pk, mark.kind)
 
+    async def typed(self, live: LiveProcess, data: bytes) -> None:
+        """The viewer's input, before it is written: Enter at a POSIX shell's prompt (which cannot mark a
+        command's start) starts the line the screen shows typed there."""
+        reader = live.marks
+        if reader is None or not live.session_id or not reader.at_prompt or not (b"\r" in data or b"\n" in data):
+            return
+        reader.at_prompt = False
+        line = reader.line_typed().strip()
+        if not line:
+            return  # an empty line: no command (the next prompt's history says so too)
+        try:
+            record, created = await db(actions.command_started)(
+                **self._where(live),
+                session_pk=live.session_id,
+                generation=live.generation,
+                stream=self._stream(live),
+                output_start=live.buffer.end,
+                command=line,
+                source=CommandSource.SCREEN,
+                shell_time=None,
+                evidence=f"started: Enter typed at the shell's prompt, at offset {live.buffer.end}",
+            )
+        except actions.LeaseLost:
+            return  # the supervisor finds out and lets go
+        except Exception:
+            log.exception("execution %s: could not record a command typed at a prompt", live.execution_pk)
+            return
+        if created:
+            await self.outbox.to_viewer(live, CommandSeen(actions.command_summary(record), True, live.token))
+
+    def _where(self, live: LiveProcess) -> dict:
+        return {"worker": self.context.worker, "token": live.token, "execution_pk": live.execution_pk}
+
+    @staticmethod
+    def _stream(live: LiveProcess) -> int:
+        return 0 if live.process.offsets_survive_owner else live.token
+
     async def _on(self, live: LiveProcess, mark: Mark) -> None:
-        where = {"worker": self.context.worker, "token": live.token, "execution_pk": live.execution_pk}
-        stream = 0 if live.process.offsets_survive_owner else live.token
-        if mark.kind == "A":
+        where, stream = self._where(live), self._stream(live)
+        if mark.kind in ("A", "B"):
+            if mark.kind == "B":
+                live.prompt_shown_at = time.time()
             if not live.marks_seen:
                 live.marks_seen = True
                 if await db(actions.marks_seen)(live.session_id, live.generation):
                     await self.outbox.to_viewer(live, CommandSeen(None, True, live.token))
             return
-        if mark.kind == "C":
+        if mark.kind == "D" and mark.status is not None and (history := mark.history) is not None:
+            record = await self._ended_at_prompt(live, mark, history)
+            created = record is not None
+        elif mark.kind == "C":
             line, source = command_line(mark)
             record, created = await db(actions.command_started)(
                 **where,
@@ -78,3 +120,22 @@ class CommandTracker:
             return
         if created:
             await self.outbox.to_viewer(live, CommandSeen(actions.command_summary(record), True, live.token))
+
+    async def _ended_at_prompt(self, live: LiveProcess, mark: Mark, history: tuple[str, str]):
+        """A POSIX shell's end mark: its history's last line tells whether a command ran since the prompt
+        before (the line changed) and which; the first one an owner reads only sets where history stands."""
+        reader = live.marks
+        number, line = history
+        before, reader.last_history = reader.last_history, history
+        took = bool(number) and before is not None and history != before
+        return await db(actions.command_ended_at_prompt)(
+            **self._where(live),
+            session_pk=live.session_id,
+            generation=live.generation,
+            stream=self._stream(live),
+            offset=mark.start,
+            status=mark.status,
+            line=line if took else None,
+            last=line,
+            since=(mark.after, live.prompt_shown_at or time.time()),
+        )

@@ -76,14 +76,6 @@ class Launcher:
             heartbeat=int(time.time()),
         )
         backend = backend_for(machine)
-        if session is not None:
-            spec, nonce, note = marks.plan(spec, machine_tracks=machine.track_commands)
-            await until_recorded(
-                lambda: db(actions.begin_marks)(
-                    session.pk, session.generation, self.context.worker, token, execution.pk, nonce, note
-                )
-            )
-            session.marks_nonce, session.marks_note = nonce, note
 
         async def before_start(handle: dict) -> None:
             starting = {**handle, "launch": Launch.STARTING}
@@ -95,6 +87,8 @@ class Launcher:
                 instance = await backend.instance(ensure=True)
             except BackendError as error:  # nothing was asked to start: as plain a refusal as a failed spawn
                 raise SpawnError(str(error)) from None
+            if session is not None:
+                spec = await self._integrate(spec, execution, token, session, backend, instance)
             intent = {"launch": Launch.SPAWNING, "backend": machine.backend, "instance": instance}
             intent |= {"marker": tags.marker, "session": tags.session}
             execution = await until_recorded(
@@ -130,6 +124,16 @@ class Launcher:
             await self._started_for_nobody(execution, process, error)
             return
         self.host.hold(execution, token, process, session, machine.backend)
+
+    async def _integrate(self, spec, execution, token: int, session, backend, instance: str) -> SpawnSpec:
+        """The shell integration (terminals.marks): its nonce, or why there is none, kept before the shell
+        starts, so whoever holds the shell later reads its marks."""
+        place = lambda path: backend.place_file(path, instance)  # noqa: E731
+        spec, nonce, note = await marks.plan(spec, machine_tracks=execution.machine.track_commands, place=place)
+        pk, generation, worker = session.pk, session.generation, self.context.worker
+        await until_recorded(lambda: db(actions.begin_marks)(pk, generation, worker, token, execution.pk, nonce, note))
+        session.marks_nonce, session.marks_note = nonce, note
+        return spec
 
     async def _started_for_nobody(self, execution: Execution, process, error: Exception) -> None:
         """We stalled while starting it and recovery took the lease meanwhile. If the new owner holds the

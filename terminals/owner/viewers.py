@@ -218,6 +218,7 @@ class ViewerService:
                 return
             live.viewer.input_seq = message.seq
         live.touch()
+        await self.host.commands.typed(live, message.data)
         await live.process.write(message.data)
 
     async def on_keepalive(self, message: Keepalive) -> None:

@@ -3,6 +3,7 @@ program prints (no nonce, a wrong one, one left open) neither opens, closes nor 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pty
 import select
@@ -10,14 +11,28 @@ import time
 
 import pytest
 
+from terminals import marks
 from terminals.backends.base import SpawnSpec
-from terminals.marks import MarkReader, integrate, new_nonce, plan, unescape, visible
+from terminals.marks import MarkReader, new_nonce, plan, shell_of, unescape, visible
+
+
+async def _plan(spec: SpawnSpec, nonce: str | None = None, machine_tracks: bool = True):
+    if nonce is not None:
+        marks.new_nonce = lambda: nonce  # the session's, to read its marks with
+    try:
+        return await plan(spec, machine_tracks=machine_tracks, place=_on_this_host)
+    finally:
+        marks.new_nonce = new_nonce
+
+
+async def _on_this_host(path) -> str:
+    return str(path)
 
 
 def _bash_session(nonce: str, lines: list[bytes]) -> bytes:
     """What a real interactive bash with the integration prints while ``lines`` are typed into it."""
-    spec, shell = integrate(SpawnSpec(argv=("/bin/bash", "--noprofile", "--norc")), nonce)
-    assert shell == "bash"
+    spec, given, note = asyncio.run(_plan(SpawnSpec(argv=("/bin/bash", "--noprofile", "--norc")), nonce))
+    assert given == nonce and not note
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TERM": "xterm-256color", "LANG": "C.UTF-8", **spec.env}
     pid, fd = pty.fork()
     if pid == 0:  # the child: the shell
@@ -107,13 +122,27 @@ def test_unescape_and_visible():
     assert visible(b"\x1b]0;title\x07ab\x08c\x1b[K") == "ac"
 
 
-def test_only_plain_interactive_bash_is_integrated(settings):
-    nonce = new_nonce()
-    for argv in (("/bin/sh",), ("/bin/bash", "-c", "make"), ("/usr/bin/zsh",)):
+def test_only_interactive_bash_and_posix_shells_are_integrated(settings):
+    assert [shell_of(SpawnSpec(argv=argv)) for argv in (("/bin/bash", "-l"), ("/bin/sh",), ("ash", "-i"))] == [
+        "bash",
+        "sh",
+        "sh",
+    ]
+    for argv in (("/bin/bash", "-c", "make"), ("/usr/bin/zsh",), ("/bin/sh", "script.sh"), ("python3",)):
         spec = SpawnSpec(argv=argv)
-        assert integrate(spec, nonce) == (spec, "")
-    _, given, note = plan(SpawnSpec(argv=("/bin/sh",)), machine_tracks=True)
-    assert given == "" and note == "/bin/sh is not a shell Tether integrates with (bash)"
+        assert shell_of(spec) == ""
+        assert asyncio.run(_plan(spec)) == (
+            spec,
+            "",
+            f"{' '.join(argv)} is not a shell Tether integrates with (bash, sh)",
+        )
+    spec, nonce, _ = asyncio.run(_plan(SpawnSpec(argv=("/bin/sh",), env={"ENV": "/home/me/.shrc"})))
+    assert spec.env["ENV"].endswith("terminals/shell/tether.sh") and spec.env["TETHER_ENV_WAS"] == "/home/me/.shrc"
+    assert spec.env["TETHER_MARKS"] == nonce
+    assert asyncio.run(_plan(SpawnSpec(argv=("/bin/sh",)), machine_tracks=False))[1:] == (
+        "",
+        "shell integration is off for this machine",
+    )
     settings.TETHER_TRACK_COMMANDS = False
-    _, given, note = plan(SpawnSpec(argv=("/bin/bash",)), machine_tracks=True)
+    _, given, note = asyncio.run(_plan(SpawnSpec(argv=("/bin/bash",))))
     assert given == "" and "TETHER_TRACK_COMMANDS" in note

@@ -5,6 +5,9 @@ unknown where the shell died with its worker."""
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import pytest
 from asgiref.sync import sync_to_async
 
@@ -131,3 +134,50 @@ async def test_a_machine_with_tracking_off_starts_its_shell_as_given(stack, plac
     session = await sync_to_async(TerminalSession.objects.get)(pk=session.id)
     assert session.marks_note == "shell integration is off for this machine" and not session.marks_nonce
     assert await sync_to_async(_records)(session.id) == []
+
+
+async def test_busybox_sh_in_a_container_is_tracked_from_its_prompts(stack, terminal, operator):
+    """busybox ash marks no command's start: Enter at its prompt starts one, its next prompt's mark ends
+    it with $? and the line its history took (a repeat it does not take keeps the typed line)."""
+    viewer, session, _ = await open_viewer(stack, terminal, operator, "docker")
+    answered = 0
+
+    async def read_as_a_terminal(seconds: float) -> None:
+        """Read on, answering the shell's cursor-position queries as a terminal does (busybox asks one at
+        every prompt and redraws what was typed when no answer comes)."""
+        nonlocal answered
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await viewer._next(left)
+            while bytes(viewer.output).count(b"\x1b[6n") > answered:  # at once, as xterm.js answers
+                answered += 1
+                await viewer.type("\x1b[1;5R")
+
+    await read_as_a_terminal(0.5)
+    for line in ("true", "false", "echo same", "echo same", "sleep 30"):
+        await viewer.type(line)
+        await read_as_a_terminal(0.3)  # the echo: what the screen shows typed at the prompt
+        await viewer.type("\r")
+        await read_as_a_terminal(0.3)
+    await viewer.type("\x03")
+    await read_as_a_terminal(0.3)
+    await viewer.type("echo a-$((1+1))\recho b-$((2+2))\r")  # pasted: typed before their Enter was seen
+    await read_as_a_terminal(1.0)
+    await viewer.type("echo done-$((6*7))\r")
+    await viewer.read_until(b"done-42")
+    records = await sync_to_async(_records_settle)(session.id, 8)
+    assert records[:7] == [
+        ("true", "exited", 0),
+        ("false", "exited", 1),
+        ("echo same", "exited", 0),
+        ("echo same", "exited", 0),
+        ("sleep 30", "exited", 130),
+        ("echo a-$((1+1))", "exited", 0),
+        ("echo b-$((2+2))", "exited", 0),
+    ], records
+    pasted = await sync_to_async(
+        CommandRecord.objects.filter(session_id=session.id, command__startswith="echo b").get
+    )()
+    assert "not marked by the shell" in pasted.evidence and pasted.output_start < pasted.output_end
+    assert bytes(viewer.output[pasted.output_start : pasted.output_end]).endswith(b"b-4\r\n")
