@@ -4,6 +4,7 @@ Full path: a WebSocket client -> daphne (consumer) -> Redis (channels-redis) -> 
 tmux / docker exec, and back.
 """
 
+from bench.commands import bench_commands
 from bench.endurance import bench_reconnect, bench_recovery, bench_stalled
 from bench.held import bench_holder
 from bench.latency import bench_echo, bench_echo_other_layer, bench_layers
@@ -19,6 +20,7 @@ BENCHMARKS = {
     "echo_other_layer": bench_echo_other_layer,
     "throughput": bench_throughput,
     "holder": bench_holder,
+    "commands": bench_commands,
     "stalled": bench_stalled,
     "reconnect": bench_reconnect,
     "recovery": bench_recovery,

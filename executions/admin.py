@@ -98,7 +98,7 @@ class MachineAdmin(NothingEditableOnChange, admin.ModelAdmin):
     list_select_related = ["active_execution"]
     readonly_fields = ["state", "instance", "incarnation", "active_execution", "created_at", "updated_at"]
     inlines = [MachineEventInline]
-    actions = ["stop_machines", "start_machines"]
+    actions = ["stop_machines", "start_machines", "track_commands", "stop_tracking_commands"]
 
     @admin.display(description="command slot")
     def slot_holder(self, obj: Machine) -> str:
@@ -109,7 +109,7 @@ class MachineAdmin(NothingEditableOnChange, admin.ModelAdmin):
         if obj is None:
             return self.readonly_fields
         # Identity of an existing machine is fixed: a new container is a new machine.
-        return [*self.readonly_fields, "name", "backend", "ref", "engine", "host", "scope"]
+        return [*self.readonly_fields, "name", "backend", "ref", "engine", "host", "scope", "track_commands"]
 
     def has_delete_permission(self, request, obj=None):
         return False  # machines are marked deleted through actions, never removed
@@ -124,10 +124,25 @@ class MachineAdmin(NothingEditableOnChange, admin.ModelAdmin):
             scope=obj.scope,
             engine=obj.engine,
             host=obj.host,
+            track_commands=obj.track_commands,
             actor=actions.Actor.for_user(request.user),
         )
         obj.pk = created.pk
         obj.refresh_from_db()
+
+    @admin.action(description="Track the commands typed in their next shells", permissions=["change"])
+    def track_commands(self, request, queryset):
+        self._track(request, queryset, True)
+
+    @admin.action(description="Stop tracking the commands typed in their next shells", permissions=["change"])
+    def stop_tracking_commands(self, request, queryset):
+        self._track(request, queryset, False)
+
+    def _track(self, request, queryset, track: bool) -> None:
+        actor = actions.Actor.for_user(request.user)
+        changed = sum(actions.set_track_commands(machine, track, actor=actor) for machine in queryset)
+        said = "tracks" if track else "no longer tracks"
+        self.message_user(request, f"{changed} machine(s) changed: each {said} the commands of its next shells.")
 
     @admin.action(description="Stop selected machines (refused while a slot is held)", permissions=["change"])
     def stop_machines(self, request, queryset):

@@ -79,10 +79,11 @@ export class CommandRail {
     return true; // handled: nothing is drawn for a mark
   }
 
-  // On every attach: the record as the server has it, and what became of the last command.
-  async attached() {
+  // On every attach: the record as the server has it; and, coming back (a load, a reload, a reconnect;
+  // not our own reattach for a new grid), what became of the last command.
+  async attached({ tell = true } = {}) {
     const last = await this.refresh();
-    if (last) this.notice(told(last));
+    if (last && tell) this.notice(told(last));
   }
 
   async refresh() {

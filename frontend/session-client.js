@@ -137,13 +137,14 @@ export class SessionClient {
   on_attached(message) {
     this.clearTimer("attach");
     this.page.durability(message.ends_with_worker || "");
+    const regrid = this.phase === "suspended"; // our own reattach for a new grid, not a coming back
     if (!this.stream.attached(message)) return;
     this.backoff.reset();
     // "Connected" is shown once the replay is drawn: keys typed before that are dropped.
     this.setPhase("live", this.status, "info");
     this.page.showActions([]);
     this.page.warn(null);
-    this.commands?.attached();
+    this.commands?.attached({ tell: !regrid });
   }
 
   on_command(message) {

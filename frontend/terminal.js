@@ -93,9 +93,12 @@ class Page {
     }
   }
 
-  notice(text) {
+  // `alongside`: said beside a notice still showing instead of replacing it (what became of the last
+  // command, told on every attach, must not hide why keys were dropped).
+  notice(text, { alongside = false } = {}) {
     this.notices.push(text);
-    this.noticeEl.textContent = text;
+    const showing = !this.noticeEl.hidden && this.noticeEl.textContent;
+    this.noticeEl.textContent = alongside && showing ? `${this.noticeEl.textContent} · ${text}` : text;
     this.noticeEl.hidden = false;
     clearTimeout(this.noticeTimer);
     this.noticeTimer = setTimeout(() => {
@@ -104,12 +107,12 @@ class Page {
   }
 }
 
-// The command rail: open by default on wide windows (set before the first fit, so it costs no regrid), and
-// as the person last left it.
+// The command rail: open by default on wide windows (set before the first fit, so it costs no regrid; on
+// narrower ones it would take too many columns), and as the person last left it.
 function installRailToggle(root) {
   const rail = root.querySelector("#terminal-commands");
   const button = root.querySelector("#terminal-commands-toggle");
-  let open = window.matchMedia("(min-width: 1000px)").matches;
+  let open = window.matchMedia("(min-width: 1280px)").matches;
   try {
     const kept = localStorage.getItem("tether.commandRail");
     if (kept !== null) open = kept === "open";
@@ -160,7 +163,12 @@ async function main() {
 
   const page = new Page(root);
   const screen = new Screen(term, () => {});
-  const commands = new CommandRail({ root, term, url: config.commandsUrl, notice: (text) => page.notice(text) });
+  const commands = new CommandRail({
+    root,
+    term,
+    url: config.commandsUrl,
+    notice: (text) => page.notice(text, { alongside: true }),
+  });
   const client = new SessionClient({ term, fit, screen, page, config, commands });
 
   const copyKeys = clipboardKeys(term, async (text) => {

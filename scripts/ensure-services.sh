@@ -69,8 +69,9 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; then
     wait_for 15 Redis sh -c 'redis-cli -h 127.0.0.1 -p 6379 ping | grep -q PONG'
 fi
 
-# --- tmux -------------------------------------------------------------------------------------
+# --- tmux, and zsh (the shell integration is tested on it too: docs/commands.md) -----------------
 command -v tmux >/dev/null || apt_install tmux
+command -v zsh >/dev/null || apt_install zsh
 
 # --- Docker engine and the local test image -----------------------------------------------------
 command -v dockerd >/dev/null || apt_install docker.io
@@ -98,4 +99,4 @@ fi
 # --- Chromium for the browser tests -------------------------------------------------------------
 [ -x /usr/bin/chromium ] || apt_install chromium
 
-log "ready: PostgreSQL, Redis, tmux, dockerd ($IMAGE), Chromium"
+log "ready: PostgreSQL, Redis, tmux, zsh, dockerd ($IMAGE), Chromium"

@@ -33,6 +33,7 @@ MAX_MARK_BYTES = 16 * 1024  # an escaped 2000-character command line fits severa
 MAX_TYPED_BYTES = 8 * 1024  # what is kept of the screen between a prompt and its command
 BASH_SCRIPT = Path(__file__).parent / "shell" / "tether.bash"
 SH_SCRIPT = Path(__file__).parent / "shell" / "tether.sh"
+ZSH_DIR = Path(__file__).parent / "shell" / "zsh"  # a ZDOTDIR whose files read the user's own
 BASH_HOOK = 'eval "$TETHER_BASH"'
 # bash started with these alone is an interactive shell whose PROMPT_COMMAND comes from its environment.
 INTERACTIVE_FLAGS = {"-l", "--login", "-i", "-il", "-li", "--noprofile", "--norc"}
@@ -48,7 +49,7 @@ def shell_of(spec: SpawnSpec) -> str:
     name = Path(spec.argv[0]).name if spec.argv else ""
     if not all(arg in INTERACTIVE_FLAGS for arg in spec.argv[1:]):
         return ""
-    return {"bash": "bash", "sh": "sh", "ash": "sh", "dash": "sh"}.get(name, "")
+    return {"bash": "bash", "zsh": "zsh", "sh": "sh", "ash": "sh", "dash": "sh"}.get(name, "")
 
 
 async def plan(spec: SpawnSpec, *, machine_tracks: bool, place) -> tuple[SpawnSpec, str, str]:
@@ -62,7 +63,7 @@ async def plan(spec: SpawnSpec, *, machine_tracks: bool, place) -> tuple[SpawnSp
     shell = shell_of(spec)
     if not shell:
         program = " ".join(spec.argv)[:80]
-        return spec, "", f"{program} is not a shell Tether integrates with (bash, sh)"
+        return spec, "", f"{program} is not a shell Tether integrates with (bash, zsh, sh)"
     nonce = new_nonce()
     env = {**spec.env, "TETHER_MARKS": nonce}
     if shell == "bash":
@@ -70,12 +71,16 @@ async def plan(spec: SpawnSpec, *, machine_tracks: bool, place) -> tuple[SpawnSp
         # files, it runs the script, which puts its hooks in place and takes itself out of PROMPT_COMMAND.
         env |= {"TETHER_BASH": BASH_SCRIPT.read_text(), "PROMPT_COMMAND": BASH_HOOK}
     else:
+        # zsh reads its startup files from ZDOTDIR (Tether's, which read the user's); POSIX shells, ENV.
+        variable, source, was = (
+            ("ZDOTDIR", ZSH_DIR, "TETHER_ZDOTDIR") if shell == "zsh" else ("ENV", SH_SCRIPT, "TETHER_ENV_WAS")
+        )
         try:
-            env["ENV"] = await place(SH_SCRIPT)
+            env[variable] = await place(source)
         except BackendError as error:
             return spec, "", f"the shell integration could not be placed where the shell runs: {error}"
-        if "ENV" in spec.env:
-            env["TETHER_ENV_WAS"] = spec.env["ENV"]
+        if variable in spec.env:
+            env[was] = spec.env[variable]
     return SpawnSpec(argv=spec.argv, env=env, cwd=spec.cwd, cols=spec.cols, rows=spec.rows), nonce, ""
 
 

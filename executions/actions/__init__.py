@@ -23,6 +23,7 @@ from executions.actions.machines import (
     note_machine,
     record_placement,
     set_machine_state,
+    set_track_commands,
 )
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "record_fact",
     "record_placement",
     "set_machine_state",
+    "set_track_commands",
     "submit_execution",
     "transition",
 ]

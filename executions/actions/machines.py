@@ -120,3 +120,17 @@ def set_machine_state(machine: Machine, to_state: str, *, actor: Actor, reason: 
         )
     machine.refresh_from_db()
     return machine
+
+
+def set_track_commands(machine: Machine, track: bool, *, actor: Actor) -> bool:
+    """Turn the shell integration on or off for the machine's next shells (compare-and-set, with an event).
+    False when it was so already."""
+    with transaction.atomic():
+        if not Machine.objects.filter(pk=machine.pk, track_commands=not track).update(
+            track_commands=track, updated_at=Now()
+        ):
+            return False
+        machine.track_commands = track
+        said = "on" if track else "off"
+        note_machine(machine, actor, f"command tracking turned {said} for its next shells")
+    return True

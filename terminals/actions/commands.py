@@ -42,13 +42,14 @@ def begin_marks(session_pk, generation: int, worker: Worker, token: int, executi
         TerminalSession.objects.filter(pk=session_pk, generation=generation).update(marks_nonce=nonce, marks_note=note)
 
 
-def marks_seen(session_pk, generation: int) -> bool:
+def marks_seen(session_pk, generation: int, *, worker: Worker, token: int, execution_pk: int) -> bool:
     """The shell of ``generation`` marks its commands (its first prompt mark arrived). True when newly so."""
-    changed = (
-        TerminalSession.objects.filter(pk=session_pk, generation=generation)
-        .exclude(marks_generation=generation)
-        .update(marks_generation=generation)
-    )
+    with leases.fenced(execution_pk, worker, token):
+        changed = (
+            TerminalSession.objects.filter(pk=session_pk, generation=generation)
+            .exclude(marks_generation=generation)
+            .update(marks_generation=generation)
+        )
     return bool(changed)
 
 

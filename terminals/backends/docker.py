@@ -305,6 +305,8 @@ class DockerBackend(Backend):
 
     async def place_file(self, source: Path, instance: str = "") -> str:
         """Copied into the container (``/tmp/.tether``, checked by its digest), as the holder is."""
+        if source.is_dir():
+            raise BackendError(f"{source.name}: a directory of startup files is not copied into containers yet")
         api = await self._client(self.engine)
         engine_id, _, container = instance.rpartition("/")
         try:

@@ -93,7 +93,7 @@ class CommandTracker:
                 live.prompt_shown_at = time.time()
             if not live.marks_seen:
                 live.marks_seen = True
-                if await db(actions.marks_seen)(live.session_id, live.generation):
+                if await db(actions.marks_seen)(live.session_id, live.generation, **where):
                     await self.outbox.to_viewer(live, CommandSeen(None, True, live.token))
             return
         if mark.kind == "D" and mark.status is not None and (history := mark.history) is not None:

@@ -30,6 +30,14 @@ REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 STREAM_1MBS = (sys.executable, "-c", "import os, time\nwhile True: os.write(1, b'x' * 102400); time.sleep(0.1)")
 
 
+SHELL_MARKS = re.compile(rb"\x1b\]133;[^\x07\x1b]*(?:\x07|\x1b\\)")
+
+
+def without_marks(data: bytes | bytearray) -> bytes:
+    """Output as it shows: the shell's command marks (docs/commands.md) are not drawn."""
+    return SHELL_MARKS.sub(b"", bytes(data))
+
+
 def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
     """Poll ``predicate`` (a synchronous check, e.g. a query) until it returns something true; return that."""
     deadline = time.monotonic() + timeout

@@ -14,6 +14,14 @@ from tests.browser.test_terminal_page import log_in, open_workspace, run, wait_f
 pytestmark = [pytest.mark.browser, pytest.mark.django_db, pytest.mark.asyncio(loop_scope="module")]
 
 
+async def open_the_rail(page) -> None:
+    """Click Commands: the rail takes columns, so the page reattaches with its new grid; wait for that."""
+    cols = await page.evaluate("window.tetherTerminal.state().cols")
+    await page.locator("#terminal-commands-toggle").click()
+    await page.wait_for_function("(cols) => window.tetherTerminal.state().cols < cols", arg=cols)
+    await wait_live(page)
+
+
 async def last_notice(page) -> str:
     return await page.evaluate("window.tetherTerminal.notices().at(-1) || ''")
 
@@ -22,6 +30,9 @@ async def test_the_rail_lists_commands_and_a_reload_says_what_became_of_the_last
     await log_in(page, "operator", "operator-password")
     await open_workspace(page, host_machine)
     rail = page.locator("#terminal-command-list")
+    # Closed by default below 1280 px (it would take too many columns); opened, it stays open.
+    await expect(page.locator("#terminal-commands")).to_be_hidden()
+    await open_the_rail(page)
     await expect(page.locator("#terminal-commands")).to_be_visible()
     await expect(page.locator("#terminal-commands-off")).to_be_hidden()
     await run(page, "true")
@@ -63,3 +74,20 @@ async def test_the_rail_lists_commands_and_a_reload_says_what_became_of_the_last
     cell = page.locator(f'tr[data-machine="{host_machine}"] td.last-command')
     await expect(cell).to_contain_text("sleep 3; echo slept")
     await expect(cell).to_contain_text("exited 0")
+
+
+async def test_a_shell_without_tracking_says_so(page, stack):
+    from executions.actions import Actor, add_machine
+    from tests.browser.conftest import committed
+
+    committed(add_machine, name="quiet-box", backend="local", scope="team-a", actor=Actor.command("tests"),
+              track_commands=False)  # fmt: skip
+    await log_in(page, "operator", "operator-password")
+    await open_workspace(page, "quiet-box")
+    await open_the_rail(page)
+    off = page.locator("#terminal-commands-off")
+    await expect(off).to_be_visible()
+    await expect(off).to_have_text("Commands are not being tracked: shell integration is off for this machine.")
+    await run(page, "echo works-$((3*3))")
+    await wait_for_text(page, r"^works-9$")  # the shell works exactly as before
+    await expect(page.locator("#terminal-command-list li")).to_have_count(0)

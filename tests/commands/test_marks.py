@@ -123,22 +123,21 @@ def test_unescape_and_visible():
 
 
 def test_only_interactive_bash_and_posix_shells_are_integrated(settings):
-    assert [shell_of(SpawnSpec(argv=argv)) for argv in (("/bin/bash", "-l"), ("/bin/sh",), ("ash", "-i"))] == [
-        "bash",
-        "sh",
-        "sh",
-    ]
-    for argv in (("/bin/bash", "-c", "make"), ("/usr/bin/zsh",), ("/bin/sh", "script.sh"), ("python3",)):
+    shells = (("/bin/bash", "-l"), ("/usr/bin/zsh",), ("/bin/sh",), ("ash", "-i"))
+    assert [shell_of(SpawnSpec(argv=argv)) for argv in shells] == ["bash", "zsh", "sh", "sh"]
+    for argv in (("/bin/bash", "-c", "make"), ("/usr/bin/fish",), ("/bin/sh", "script.sh"), ("python3",)):
         spec = SpawnSpec(argv=argv)
         assert shell_of(spec) == ""
         assert asyncio.run(_plan(spec)) == (
             spec,
             "",
-            f"{' '.join(argv)} is not a shell Tether integrates with (bash, sh)",
+            f"{' '.join(argv)} is not a shell Tether integrates with (bash, zsh, sh)",
         )
     spec, nonce, _ = asyncio.run(_plan(SpawnSpec(argv=("/bin/sh",), env={"ENV": "/home/me/.shrc"})))
     assert spec.env["ENV"].endswith("terminals/shell/tether.sh") and spec.env["TETHER_ENV_WAS"] == "/home/me/.shrc"
     assert spec.env["TETHER_MARKS"] == nonce
+    spec, _, _ = asyncio.run(_plan(SpawnSpec(argv=("/usr/bin/zsh", "-l"), env={"ZDOTDIR": "/home/me/.config/zsh"})))
+    assert spec.env["ZDOTDIR"].endswith("terminals/shell/zsh") and spec.env["TETHER_ZDOTDIR"] == "/home/me/.config/zsh"
     assert asyncio.run(_plan(SpawnSpec(argv=("/bin/sh",)), machine_tracks=False))[1:] == (
         "",
         "shell integration is off for this machine",

@@ -31,6 +31,17 @@ def _records_settle(session_id, count: int) -> list[tuple]:
     return _records(session_id)
 
 
+async def _started(viewer: Viewer) -> dict:
+    """The next command message with a record (the one saying the shell is tracked may come first)."""
+    seen = len(viewer.messages)
+    while True:
+        for message in viewer.messages[seen:]:
+            if message["type"] == "command" and message["record"] is not None:
+                return message
+        seen = len(viewer.messages)
+        await viewer._next(20)
+
+
 async def _prompt(viewer: Viewer, token: str) -> None:
     await viewer.type(f"echo {token}-$((6*7))\r")
     await viewer.read_until(f"{token}-42".encode())
@@ -39,7 +50,7 @@ async def _prompt(viewer: Viewer, token: str) -> None:
 async def test_typed_commands_are_recorded_with_the_shells_own_status(stack, terminal, operator):
     viewer, session, _ = await open_viewer(stack, terminal, operator)
     await viewer.type("true\r")
-    started = await viewer.wait_for("command")
+    started = await _started(viewer)
     assert started["tracked"] and started["record"]["command"] == "true", started
     assert started["record"]["state"] == "running"
     await viewer.type("false\r")
@@ -85,37 +96,48 @@ async def test_a_repeated_line_and_one_kept_out_of_history_under_ignoreboth(stac
 
 @pytest.mark.faults
 @pytest.mark.parametrize("holder", ["1", "0"])
-async def test_worker_killed_mid_command(terminal, operator, holder):
-    """kill -9 of the worker while `sleep 7; (exit 3)` runs. Held (a session holder keeps the shell):
-    the adopter reads the holder's stream on and records the command's own end. Plain (the shell dies with
-    its worker): the command is unknown, never "exited 0"; so is tmux's, which is adopted: seen to its end."""
+async def test_worker_killed_mid_command(terminal, operator, holder, tmp_path):
+    """kill -9 of the worker while a command runs; it ends (exit 3) once the next worker has taken the
+    session. Held (a session holder, or tmux, keeps the shell): the adopter reads the stream on and records
+    the command's own end. Plain (the shell dies with its worker): the command is unknown, never "exited"."""
     stack = Stack()
     stack.extra_env["TETHER_HOLDER"] = holder
     stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
+    flag = tmp_path / "go"
+    line = f"until [ -e {flag} ]; do sleep 0.1; done; (exit 3)"
     try:
         await sync_to_async(stack.start_daphne)()
         first = await sync_to_async(stack.start_worker)("local,tmux")
-        sessions, viewers = [], []
+        sessions = []
         for backend in ("local", "tmux") if holder == "1" else ("local",):
             viewer, session, _ = await open_viewer(stack, terminal, operator, backend)
-            await viewer.type("sleep 7; (exit 3)\r")
-            await viewer.wait_for("command")  # started: on the record before the kill
-            viewers.append(viewer)
+            await viewer.type(f"{line}\r")
+            await _started(viewer)  # on the record before the kill
             sessions.append(session)
         first.kill()
         await sync_to_async(first.wait)()
         await sync_to_async(stack.start_worker)("local,tmux")
+        if holder == "1":
+            for session in sessions:
+                await sync_to_async(wait_for)(lambda s=session: _lease_token(s) > 1, what="the adoption")
+        flag.touch()
         for session in sessions:
+            records = await sync_to_async(_records_settle)(session.id, 1)
             if holder == "1":
-                records = await sync_to_async(_records_settle)(session.id, 1)
-                assert records == [("sleep 7; (exit 3)", "exited", 3)], (session, records)
+                assert records == [(line, "exited", 3)], (session, records)
             else:
-                records = await sync_to_async(_records_settle)(session.id, 1)
-                assert records == [("sleep 7; (exit 3)", "unknown", None)], records
+                assert records == [(line, "unknown", None)], records
                 record = await sync_to_async(CommandRecord.objects.get)(session_id=session.id)
                 assert "ended first" in record.evidence, record.evidence
     finally:
         await sync_to_async(stack.stop)()
+
+
+def _lease_token(session) -> int:
+    from terminals.models import ProcessLease
+
+    lease = ProcessLease.objects.filter(execution_id=session.execution_id, released_at__isnull=True).first()
+    return lease.token if lease else 0
 
 
 async def test_a_machine_with_tracking_off_starts_its_shell_as_given(stack, place, operator):
@@ -181,3 +203,46 @@ async def test_busybox_sh_in_a_container_is_tracked_from_its_prompts(stack, term
     )()
     assert "not marked by the shell" in pasted.evidence and pasted.output_start < pasted.output_end
     assert bytes(viewer.output[pasted.output_start : pasted.output_end]).endswith(b"b-4\r\n")
+
+
+async def test_a_reset_ends_the_running_command_as_unknown_and_the_next_shell_is_tracked(stack, terminal, operator):
+    viewer, session, _ = await open_viewer(stack, terminal, operator)
+    await viewer.type("sleep 30\r")
+    started = await _started(viewer)
+    assert started["record"]["state"] == "running"
+    await viewer.send_json({"type": "reset"})
+    await viewer.wait_for("reset")
+    record = await sync_to_async(CommandRecord.objects.get)(session_id=session.id, command="sleep 30")
+    assert record.state == "unknown" and record.exit_status is None
+    assert "the shell's session ended first" in record.evidence, record.evidence
+    # The fresh shell (generation 2) has its own nonce and its commands are on the record too.
+    await viewer.attach(generation=2)
+    await viewer.type("true\r")
+    message = await _started(viewer)
+    assert message["record"]["command"] == "true" and message["record"]["generation"] == 2
+
+
+async def test_zsh_is_tracked_with_the_line_as_typed(stack, place, operator):
+    from terminals import actions
+    from tests.bridge.harness import session_cookie
+
+    machine = await sync_to_async(place)("local")
+    session, _ = await sync_to_async(actions.open_terminal)(machine, operator, shell=["/usr/bin/zsh", "-l"])
+    viewer = await Viewer.open(stack.ports[0], session.id, await sync_to_async(session_cookie)(operator))
+    await viewer.attach()
+    await viewer.type("setopt hist_ignore_space\r")
+    await viewer.type("echo a;(exit 5)\r")
+    await viewer.type(" echo secret\r")  # kept out of history on purpose: out of the record too
+    await viewer.type("sleep 30\r")
+    await viewer.read_for(0.5)
+    await viewer.type("\x03")
+    await _prompt(viewer, "zsh")
+    records = await sync_to_async(_records_settle)(session.id, 5)
+    assert records[:4] == [
+        ("setopt hist_ignore_space", "exited", 0),
+        ("echo a;(exit 5)", "exited", 5),
+        ("", "exited", 0),
+        ("sleep 30", "exited", 130),
+    ], records
+    await viewer.type("echo dotdir=${ZDOTDIR-unset} marks=${TETHER_MARKS-unset}\r")
+    await viewer.read_until(b"dotdir=unset marks=unset")  # the user's own ZDOTDIR (none: HOME) and no nonce

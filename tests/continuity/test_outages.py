@@ -9,7 +9,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from tests.bridge.harness import RedisServer, Stack, Viewer
+from tests.bridge.harness import RedisServer, Stack, Viewer, without_marks
 
 pytestmark = [pytest.mark.continuity, pytest.mark.django_db(transaction=True)]
 
@@ -70,6 +70,7 @@ class Reader:
 
 def check_sequence(received: bytes) -> None:
     """Every number exactly once and in order: no gap, no duplicate."""
+    received = without_marks(received)  # the shell's command marks are not drawn (docs/commands.md)
     start = received.index(b"\r1\r\n") + 1  # after the echoed command line (and bash's paste-mode escape)
     body = received[start : received.index(b"!DONE!\r\n", start)]
     numbers = body.split(b"\r\n")[:-1]

@@ -1,0 +1,2 @@
+__tether_source .zlogin
+__tether_restore

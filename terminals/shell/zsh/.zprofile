@@ -1,0 +1,1 @@
+__tether_source .zprofile
