@@ -49,10 +49,11 @@ export function told(record) {
 }
 
 export class CommandRail {
-  constructor({ root, term, url, notice }) {
+  constructor({ root, term, url, notice, told }) {
     this.term = term;
     this.url = url;
-    this.notice = notice;
+    this.notice = notice; // a passing remark (a jump that cannot be made)
+    this.told = told; // what became of the last command
     this.rail = root.querySelector("#terminal-commands");
     this.list = root.querySelector("#terminal-command-list");
     this.off = root.querySelector("#terminal-commands-off");
@@ -83,7 +84,7 @@ export class CommandRail {
   // not our own reattach for a new grid), what became of the last command.
   async attached({ tell = true } = {}) {
     const last = await this.refresh();
-    if (last && tell) this.notice(told(last));
+    if (last && tell) this.told(told(last));
   }
 
   async refresh() {

@@ -55,6 +55,8 @@ class Page {
   constructor(root) {
     this.status = root.querySelector("#terminal-status");
     this.noticeEl = root.querySelector("#terminal-notice");
+    this.commandNoticeEl = root.querySelector("#terminal-command-notice");
+    this.commandNoticeTimer = null;
     this.actions = {
       takeover: root.querySelector("#terminal-takeover"),
       "new-shell": root.querySelector("#terminal-new-shell"),
@@ -93,12 +95,21 @@ class Page {
     }
   }
 
-  // `alongside`: said beside a notice still showing instead of replacing it (what became of the last
-  // command, told on every attach, must not hide why keys were dropped).
-  notice(text, { alongside = false } = {}) {
+  // What became of the last command, told on every attach: in a place of its own, so it never hides a
+  // notice of another kind (why keys were dropped) nor is hidden by one.
+  commandNotice(text) {
     this.notices.push(text);
-    const showing = !this.noticeEl.hidden && this.noticeEl.textContent;
-    this.noticeEl.textContent = alongside && showing ? `${this.noticeEl.textContent} · ${text}` : text;
+    this.commandNoticeEl.textContent = text;
+    this.commandNoticeEl.hidden = false;
+    clearTimeout(this.commandNoticeTimer);
+    this.commandNoticeTimer = setTimeout(() => {
+      this.commandNoticeEl.hidden = true;
+    }, NOTICE_MS);
+  }
+
+  notice(text) {
+    this.notices.push(text);
+    this.noticeEl.textContent = text;
     this.noticeEl.hidden = false;
     clearTimeout(this.noticeTimer);
     this.noticeTimer = setTimeout(() => {
@@ -167,7 +178,8 @@ async function main() {
     root,
     term,
     url: config.commandsUrl,
-    notice: (text) => page.notice(text, { alongside: true }),
+    notice: (text) => page.notice(text),
+    told: (text) => page.commandNotice(text),
   });
   const client = new SessionClient({ term, fit, screen, page, config, commands });
 

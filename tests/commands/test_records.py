@@ -80,17 +80,16 @@ async def test_typed_commands_are_recorded_with_the_shells_own_status(stack, ter
     # The byte range is the command's output in the session's stream as the viewer got it: all of it.
     assert bytes(viewer.output[record.output_start : record.output_end]) == b"out-5\r\n"
 
-
-async def test_a_repeated_line_and_one_kept_out_of_history_under_ignoreboth(stack, terminal, operator):
-    viewer, session, _ = await open_viewer(stack, terminal, operator)
+    # Under HISTCONTROL=ignoreboth (Debian's default): a repeat history does not take is still named (the
+    # screen shows it typed again); a line kept out of history on purpose is kept out of the record too.
     await viewer.type("HISTCONTROL=ignoreboth\r")
     await viewer.type("echo same\r")
-    await viewer.type("echo same\r")  # a repeat history does not take: the screen shows it typed again
-    await viewer.type(" echo secret-$((1+1))\r")  # kept out of history on purpose: out of the record too
+    await viewer.type("echo same\r")
+    await viewer.type(" echo secret-$((1+1))\r")
     await _prompt(viewer, "done")
-    records = await sync_to_async(_records_settle)(session.id, 5)
-    assert [r[0] for r in records[:4]] == ["HISTCONTROL=ignoreboth", "echo same", "echo same", ""], records
-    hidden = await sync_to_async(CommandRecord.objects.filter(session_id=session.id).order_by("id").__getitem__)(3)
+    records = await sync_to_async(_records_settle)(session.id, 13)
+    assert [r[0] for r in records[8:12]] == ["HISTCONTROL=ignoreboth", "echo same", "echo same", ""], records
+    hidden = await sync_to_async(CommandRecord.objects.filter(session_id=session.id).order_by("id").__getitem__)(11)
     assert hidden.source == CommandSource.HIDDEN and hidden.state == "exited" and hidden.exit_status == 0
 
 
@@ -138,24 +137,6 @@ def _lease_token(session) -> int:
 
     lease = ProcessLease.objects.filter(execution_id=session.execution_id, released_at__isnull=True).first()
     return lease.token if lease else 0
-
-
-async def test_a_machine_with_tracking_off_starts_its_shell_as_given(stack, place, operator):
-    from terminals import actions
-
-    machine = await sync_to_async(place)("local")
-    machine.track_commands = False
-    await sync_to_async(machine.save)()
-    session, _ = await sync_to_async(actions.open_terminal)(machine, operator)
-    from tests.bridge.harness import session_cookie
-
-    viewer = await Viewer.open(stack.ports[0], session.id, await sync_to_async(session_cookie)(operator))
-    await viewer.attach()
-    await _prompt(viewer, "plain")
-    assert b"\x1b]133;" not in viewer.output
-    session = await sync_to_async(TerminalSession.objects.get)(pk=session.id)
-    assert session.marks_note == "shell integration is off for this machine" and not session.marks_nonce
-    assert await sync_to_async(_records)(session.id) == []
 
 
 async def test_busybox_sh_in_a_container_is_tracked_from_its_prompts(stack, terminal, operator):
@@ -222,7 +203,7 @@ async def test_a_reset_ends_the_running_command_as_unknown_and_the_next_shell_is
     assert message["record"]["command"] == "true" and message["record"]["generation"] == 2
 
 
-async def test_zsh_is_tracked_with_the_line_as_typed(stack, place, operator):
+async def test_zsh_is_tracked_and_a_machine_can_turn_tracking_off(stack, place, operator):
     from terminals import actions
     from tests.bridge.harness import session_cookie
 
@@ -246,3 +227,16 @@ async def test_zsh_is_tracked_with_the_line_as_typed(stack, place, operator):
     ], records
     await viewer.type("echo dotdir=${ZDOTDIR-unset} marks=${TETHER_MARKS-unset}\r")
     await viewer.read_until(b"dotdir=unset marks=unset")  # the user's own ZDOTDIR (none: HOME) and no nonce
+
+    # A machine with tracking off: its shell starts exactly as given, with no marks and no records.
+    quiet = await sync_to_async(place)("local", "quiet-box")
+    quiet.track_commands = False
+    await sync_to_async(quiet.save)()
+    session, _ = await sync_to_async(actions.open_terminal)(quiet, operator)
+    viewer = await Viewer.open(stack.ports[0], session.id, await sync_to_async(session_cookie)(operator))
+    await viewer.attach()
+    await _prompt(viewer, "plain")
+    assert b"\x1b]133;" not in viewer.output
+    session = await sync_to_async(TerminalSession.objects.get)(pk=session.id)
+    assert session.marks_note == "shell integration is off for this machine" and not session.marks_nonce
+    assert await sync_to_async(_records)(session.id) == []
