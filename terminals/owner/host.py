@@ -97,8 +97,9 @@ class SessionHost:
                 captured.extend(data)
                 if len(captured) > limit:
                     del captured[: len(captured) - limit]
-            await self.commands.feed(live, offset, data)
             await self.outbox.output(live, offset, data)
+            # After the output is on its way: a command's record never holds back what it printed.
+            await self.commands.feed(live, offset, data)
 
         try:
             await live.pump(deliver)
