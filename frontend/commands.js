@@ -23,7 +23,9 @@ function duration(seconds) {
 // The shell's mark time ("1796151390.835575") and a record's ISO time as one key: microseconds since the epoch.
 function markKey(at) {
   const [seconds, fraction = ""] = String(at).split(/[.,]/); // the shell's locale may write a comma
-  return `${seconds}${fraction.padEnd(6, "0").slice(0, 6)}`;
+  // Rounded to microseconds, as the record's time was (zsh says nanoseconds).
+  const micro = Math.round(Number(`0.${fraction || "0"}`) * 1e6);
+  return micro >= 1e6 ? `${BigInt(seconds) + 1n}000000` : `${seconds}${String(micro).padStart(6, "0")}`;
 }
 
 function isoKey(iso) {
@@ -33,6 +35,7 @@ function isoKey(iso) {
 }
 
 export function nameOf(record) {
+  if (record.expired) return "A command (its line removed by retention cleanup)";
   return record.hidden ? "A command kept out of the shell's history" : `\`${record.command}\``;
 }
 
@@ -132,7 +135,7 @@ export class CommandRail {
     glyph.className = "glyph";
     glyph.textContent = GLYPH[li.dataset.state];
     const line = document.createElement("code");
-    line.textContent = record.hidden ? "(kept out of history)" : record.command;
+    line.textContent = record.expired ? "(removed)" : record.hidden ? "(kept out of history)" : record.command;
     const meta = document.createElement("span");
     meta.className = "meta";
     if (record.state === "running") meta.textContent = `running since ${clock(record.started_at)}`;

@@ -31,6 +31,7 @@ from terminals.backends.base import BackendError, SpawnSpec
 PREFIX = b"\x1b]133;"
 MAX_MARK_BYTES = 16 * 1024  # an escaped 2000-character command line fits several times over
 MAX_TYPED_BYTES = 8 * 1024  # what is kept of the screen between a prompt and its command
+STATUS = re.compile(r"[0-9]{1,3}")  # a shell's $? (ASCII digits only: "²" is a digit to str.isdigit)
 BASH_SCRIPT = Path(__file__).parent / "shell" / "tether.bash"
 SH_SCRIPT = Path(__file__).parent / "shell" / "tether.sh"
 ZSH_DIR = Path(__file__).parent / "shell" / "zsh"  # a ZDOTDIR whose files read the user's own
@@ -69,7 +70,8 @@ async def plan(spec: SpawnSpec, *, machine_tracks: bool, place) -> tuple[SpawnSp
     if shell == "bash":
         # bash reads PROMPT_COMMAND from its environment: at the first prompt, after the user's own startup
         # files, it runs the script, which puts its hooks in place and takes itself out of PROMPT_COMMAND.
-        env |= {"TETHER_BASH": BASH_SCRIPT.read_text(), "PROMPT_COMMAND": BASH_HOOK}
+        theirs = spec.env.get("PROMPT_COMMAND", "")  # kept: the script takes only its own hook out
+        env |= {"TETHER_BASH": BASH_SCRIPT.read_text(), "PROMPT_COMMAND": BASH_HOOK + (f"; {theirs}" if theirs else "")}
     else:
         # zsh reads its startup files from ZDOTDIR (Tether's, which read the user's); POSIX shells, ENV.
         variable, source, was = (
@@ -108,6 +110,12 @@ class Mark:
         except ValueError:
             line = ""
         return self.fields["hist"], line
+
+    @property
+    def prompt(self) -> int | None:
+        """bash, zsh: the number of the prompt a C mark's command was typed at, or that a D mark starts."""
+        value = self.fields.get("p", "")
+        return int(value) if value.isascii() and value.isdigit() and len(value) < 12 else None
 
     @property
     def fresh(self) -> bool:
@@ -203,13 +211,16 @@ class MarkReader:
     def _mark(self, payload: bytes, start: int, end: int) -> Mark | None:
         parts = payload.decode("utf-8", "surrogateescape").split(";")
         kind, rest = parts[0], parts[1:]
-        status = None
-        if kind == "D" and rest and rest[0].lstrip("-").isdigit():
-            status, rest = int(rest[0]), rest[1:]
         fields = dict(part.split("=", 1) for part in rest if "=" in part)
-        if kind not in ("A", "B", "C", "D") or not hmac.compare_digest(fields.get("tether", ""), self.nonce):
+        # Whose it is first: nothing of a foreign mark is looked at further.
+        if kind not in ("A", "B", "C", "D") or not hmac.compare_digest(
+            fields.get("tether", "").encode("utf-8", "surrogateescape"), self.nonce.encode()
+        ):
             self.foreign += 1
             return None
+        status = None
+        if kind == "D" and rest and STATUS.fullmatch(rest[0]):
+            status = int(rest[0])
         typed = ""
         if kind == "A":
             self.typed, self.prompt_len, self.at_prompt = bytearray(), 0, False

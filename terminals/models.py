@@ -236,6 +236,7 @@ class CommandSource(models.TextChoices):
     HISTORY = "history", "the shell's history"
     SCREEN = "screen", "the screen, as typed at the prompt"
     HIDDEN = "hidden", "kept out of the shell's history"
+    EXPIRED = "expired", "removed by retention cleanup"
 
 
 class CommandRecord(models.Model):
@@ -259,6 +260,7 @@ class CommandRecord(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     output_start = models.PositiveBigIntegerField(help_text="Stream offset where its output begins.")
     output_end = models.PositiveBigIntegerField(null=True, blank=True, help_text="Where it ended, if seen.")
+    prompt = models.PositiveIntegerField(null=True, blank=True, help_text="The prompt it was typed at (bash, zsh).")
     evidence = models.TextField(blank=True, help_text="How its start and its end are known.")
     recorded_at = models.DateTimeField(auto_now_add=True)
 

@@ -7,10 +7,11 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from executions.models import Execution
 from terminals import actions
-from terminals.models import CloseReason, SessionEvent, TerminalSession
+from terminals.models import CloseReason, CommandRecord, SessionEvent, TerminalSession
 from tests.factories import TEST_ACTOR
 
 pytestmark = pytest.mark.django_db
@@ -29,9 +30,17 @@ def closed_session(place, user, name: str, hours_ago: float) -> TerminalSession:
     return TerminalSession.objects.get(pk=session.pk)
 
 
+def _typed(session: TerminalSession, line: str) -> CommandRecord:
+    return CommandRecord.objects.create(
+        session=session, execution=session.execution, generation=1, stream=0, command=line, state="exited",
+        exit_status=0, started_at=timezone.now(), ended_at=timezone.now(), output_start=0,
+    )  # fmt: skip
+
+
 def test_cleanup_removes_only_expired_final_screens_and_keeps_the_records(place, operator, capsys):
     old = closed_session(place, operator, "old-box", 25)
     recent = closed_session(place, operator, "recent-box", 1)
+    typed_old, typed_recent = _typed(old, "mysql -psecret"), _typed(recent, "make")
     live, _ = actions.open_terminal(place("local", "live-box"), operator)
 
     call_command("cleanup_terminals", "--dry-run")
@@ -45,6 +54,10 @@ def test_cleanup_removes_only_expired_final_screens_and_keeps_the_records(place,
     assert (old.close_reason, old.output_offset, old.generation) == (CloseReason.EXITED, 42, 1)
     assert Execution.objects.filter(pk=old.execution_id).exists()
     assert SessionEvent.objects.filter(session=old, kind="snapshot_expired").count() == 1
+    # Typed command lines (which can hold secrets) go with the screen; their outcomes stay.
+    typed_old.refresh_from_db()
+    assert (typed_old.command, typed_old.source, typed_old.state, typed_old.exit_status) == ("", "expired", "exited", 0)
+    assert CommandRecord.objects.get(pk=typed_recent.pk).command == "make"
     assert bytes(TerminalSession.objects.get(pk=recent.pk).snapshot) == b"final screen of recent-box"
     assert TerminalSession.objects.get(pk=live.pk).expired_at is None
 

@@ -20,6 +20,7 @@ from terminals.models import CommandRecord, CommandSource, CommandState, Termina
 MAX_COMMAND_CHARS = 4000
 # The shell's clock is believed within this much of ours (the same host's, or a container's on it).
 CLOCK_SLACK = timedelta(minutes=10)
+STOPPED = {128 + 19, 128 + 20, 128 + 21, 128 + 22}  # SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU
 EXIT_BUILTIN = re.compile(r"^\s*(exit|logout)(\s+-?\d+)?\s*;?\s*$")
 
 
@@ -39,7 +40,9 @@ def _when(shell_time: float | None) -> datetime:
 def begin_marks(session_pk, generation: int, worker: Worker, token: int, execution_pk: int, nonce: str, note: str):
     """At a launch, before the shell starts: its nonce (or why its commands will not be tracked)."""
     with leases.fenced(execution_pk, worker, token):
-        TerminalSession.objects.filter(pk=session_pk, generation=generation).update(marks_nonce=nonce, marks_note=note)
+        TerminalSession.objects.filter(pk=session_pk, generation=generation).update(
+            marks_nonce=nonce, marks_note=note[:200]
+        )
 
 
 def marks_seen(session_pk, generation: int, *, worker: Worker, token: int, execution_pk: int) -> bool:
@@ -66,6 +69,7 @@ def command_started(
     source: str,
     shell_time: float | None,
     evidence: str = "",
+    prompt: int | None = None,
 ) -> tuple[CommandRecord, bool]:
     """The shell ran a command line: its record, running (created False when this mark was read before:
     a holder's stream read again by a new owner). A command still open before it never got its end.
@@ -91,22 +95,48 @@ def command_started(
             source=source,
             started_at=started_at,
             output_start=output_start,
+            prompt=prompt,
             evidence=evidence,
         )
     return record, True
 
 
 def command_finished(
-    *, worker: Worker, token: int, execution_pk: int, stream: int, offset: int, status: int, shell_time: float | None
+    *,
+    worker: Worker,
+    token: int,
+    execution_pk: int,
+    stream: int,
+    offset: int,
+    status: int,
+    shell_time: float | None,
+    prompt: int | None = None,
 ) -> CommandRecord | None:
-    """The shell's end mark at ``offset`` with ``status``: the open command before it exited so. None when
-    no command was open (a prompt after an empty line, or this mark was read before)."""
+    """The shell's end mark at ``offset`` with ``status``, starting prompt ``prompt``: the open command
+    typed at the prompt before it exited so. None when no command was open (a prompt after an empty line,
+    or this mark was read before).
+
+    Its end is believed only when it is this command's: the next prompt after the one it was typed at
+    (bash, zsh number them), or, for a shell that does not, a mark in the same stream. A later prompt's
+    mark (the command's own end came while no worker read the shell, and a tmux adoption does not replay
+    it) or one from another owner's stream leaves it unknown. A stop (Ctrl-Z: 128 + SIGTSTP and its kin)
+    is no end: the job may run on."""
     with leases.fenced(execution_pk, worker, token):
         if CommandRecord.objects.filter(execution_id=execution_pk, stream=stream, output_end=offset).exists():
             return None  # read again (a holder's stream after a new owner took it): already recorded
         record = _open_before(execution_pk, stream, offset).first()
         if record is None:
             return None
+        if record.prompt is not None and prompt is not None:
+            if prompt != record.prompt + 1:
+                _end_unknown(record, f"its end was not seen (the shell's prompt {prompt} came after it)")
+                return _fresh(record)
+        elif record.stream != stream:
+            _end_unknown(record, "its end may have come while no worker read the shell")
+            return _fresh(record)
+        if status in STOPPED:
+            _end_unknown(record, f"stopped (status {status}: Ctrl-Z or a stop signal); it may run on")
+            return _fresh(record)
         changed = CommandRecord.objects.filter(pk=record.pk, state=CommandState.RUNNING).update(
             state=CommandState.EXITED,
             exit_status=status,
@@ -146,6 +176,10 @@ def command_ended_at_prompt(
             return None  # read again (a holder's stream after a new owner took it): already recorded
         ended = f"ended: the shell's prompt mark at offset {offset} with status {status}"
         record = _open_before(execution_pk, stream, offset).first()
+        if record is not None and (record.stream != stream or status in STOPPED):
+            why = "its end may have come while no worker read the shell" if record.stream != stream else ""
+            _end_unknown(record, why or f"stopped (status {status}: Ctrl-Z or a stop signal); it may run on")
+            return _fresh(record)
         if record is not None:
             updates = {"state": CommandState.EXITED, "exit_status": status, "ended_at": timezone.now()}
             updates |= {"output_end": offset, "evidence": f"{record.evidence}; {ended}"}
@@ -177,6 +211,11 @@ def command_ended_at_prompt(
             },
         )
     return record if created else None
+
+
+def _fresh(record: CommandRecord) -> CommandRecord:
+    record.refresh_from_db()
+    return record
 
 
 def _squashed(text: str) -> str:
@@ -228,8 +267,9 @@ def summary(record: CommandRecord) -> dict:
     duration = (record.ended_at - record.started_at).total_seconds() if record.ended_at else None
     return {
         "id": record.pk,
-        "command": record.command if record.source != CommandSource.HIDDEN else "",
+        "command": record.command if record.source not in (CommandSource.HIDDEN, CommandSource.EXPIRED) else "",
         "hidden": record.source == CommandSource.HIDDEN,
+        "expired": record.source == CommandSource.EXPIRED,
         "state": record.state,
         "exit_status": record.exit_status,
         "started_at": record.started_at.isoformat(),

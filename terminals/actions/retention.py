@@ -10,14 +10,15 @@ from django.db.models.functions import Now
 
 from executions.actions import Actor
 from terminals.actions.sessions import session_event
-from terminals.models import ProcessState, TerminalSession
+from terminals.models import CommandRecord, CommandSource, ProcessState, TerminalSession
 
 
 def expire_closed_sessions(*, actor: Actor, hours: int | None = None, dry_run: bool = False) -> list[TerminalSession]:
     """Remove the final screens of sessions closed longer than the retention period (default 24 h).
 
     The session's identity, exit, close reason and output cursor stay, as do every execution record and
-    event: only the bytes of the screen go. Each removal is a compare-and-set with a ``snapshot_expired`` event.
+    event: only the bytes of the screen go, and the typed command lines (each command's state and status
+    stay). Each removal is a compare-and-set with a ``snapshot_expired`` event.
     """
     hours = settings.TETHER_RETENTION_HOURS if hours is None else hours
     due = TerminalSession.objects.filter(
@@ -33,6 +34,13 @@ def expire_closed_sessions(*, actor: Actor, hours: int | None = None, dry_run: b
                 snapshot=b"", expired_at=Now(), updated_at=Now()
             )
             if changed:
-                session_event(session, "snapshot_expired", actor, f"closed more than {hours} h ago", hours=hours)
+                # Typed command lines can hold secrets (a password on a command line): they go with the
+                # screen; each command's state, status and times stay.
+                lines = CommandRecord.objects.filter(session=session).exclude(source=CommandSource.EXPIRED)
+                blanked = lines.update(command="", source=CommandSource.EXPIRED)
+                session_event(
+                    session, "snapshot_expired", actor, f"closed more than {hours} h ago", hours=hours,
+                    command_lines=blanked,
+                )  # fmt: skip
                 expired.append(session)
     return expired

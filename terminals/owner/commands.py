@@ -29,7 +29,13 @@ def command_line(mark: Mark) -> tuple[str, str]:
     one before: right for a repeat (the screen shows the same line typed again), but for a line kept out of
     history on purpose (a leading space) it is kept out of the record too."""
     line = mark.command_line
-    if mark.fresh or (line and mark.typed.rstrip("\r\n ").endswith(line.strip())):
+    if mark.fresh:
+        return line, CommandSource.HISTORY
+    typed, wanted = mark.typed.rstrip("\r\n "), line.strip()
+    before = typed[: len(typed) - len(wanted)].rstrip(" ")
+    # The same line typed again, right after the prompt (whose last character is no part of a word):
+    # not a hidden " cmake" or " sudo make" after a `make`.
+    if wanted and typed.endswith(wanted) and (not before or not (before[-1].isalnum() or before[-1] in "_-./")):
         return line, CommandSource.HISTORY
     return "", CommandSource.HIDDEN
 
@@ -41,7 +47,13 @@ class CommandTracker:
     async def feed(self, live: LiveProcess, offset: int, data: bytes) -> None:
         if live.marks is None or not live.session_id:
             return
-        for mark in live.marks.feed(offset, data):
+        try:
+            marks = live.marks.feed(offset, data)
+        except Exception:  # never the output's end: a mark that cannot be read records nothing
+            log.exception("execution %s: could not read the marks at offset %s", live.execution_pk, offset)
+            live.marks.pending = b""
+            return
+        for mark in marks:
             try:
                 await self._on(live, mark)
             except actions.LeaseLost:
@@ -110,10 +122,11 @@ class CommandTracker:
                 command=line,
                 source=source,
                 shell_time=mark.at,
+                prompt=mark.prompt,
             )
         elif mark.kind == "D" and mark.status is not None:
             record = await db(actions.command_finished)(
-                **where, stream=stream, offset=mark.start, status=mark.status, shell_time=mark.at
+                **where, stream=stream, offset=mark.start, status=mark.status, shell_time=mark.at, prompt=mark.prompt
             )
             created = record is not None
         else:

@@ -129,7 +129,11 @@ class Launcher:
         """The shell integration (terminals.marks): its nonce, or why there is none, kept before the shell
         starts, so whoever holds the shell later reads its marks."""
         place = lambda path: backend.place_file(path, instance)  # noqa: E731
-        spec, nonce, note = await marks.plan(spec, machine_tracks=execution.machine.track_commands, place=place)
+        try:
+            spec, nonce, note = await marks.plan(spec, machine_tracks=execution.machine.track_commands, place=place)
+        except Exception as error:  # the shell starts as given: tracking is never worth a launch
+            log.warning("execution %s: no shell integration: %r", execution.pk, error)
+            nonce, note = "", f"the shell integration could not be set up: {error}"
         pk, generation, worker = session.pk, session.generation, self.context.worker
         await until_recorded(lambda: db(actions.begin_marks)(pk, generation, worker, token, execution.pk, nonce, note))
         session.marks_nonce, session.marks_note = nonce, note

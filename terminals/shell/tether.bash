@@ -6,24 +6,49 @@
 __tether_nonce=${TETHER_MARKS-}
 unset TETHER_MARKS TETHER_BASH
 export -n PROMPT_COMMAND PS0 2>/dev/null
-PROMPT_COMMAND=${PROMPT_COMMAND//'eval "$TETHER_BASH"'/}
+# The user's prompt commands, without the hook that ran this script (and the separators it leaves).
+__tether_theirs() {
+    local rest=${PROMPT_COMMAND//'eval "$TETHER_BASH"'/}
+    rest=${rest//'__tether_precmd'/}
+    rest=${rest//'__tether_hist=${HISTCMD-0}'/}
+    while [[ $rest =~ ^[[:space:]\;]+ ]]; do rest=${rest:${#BASH_REMATCH[0]}}; done
+    while [[ $rest =~ [[:space:]\;]+$ ]]; do rest=${rest:0:${#rest}-${#BASH_REMATCH[0]}}; done
+    while [[ $rest == *';'*([[:space:]])';'* ]]; do rest=${rest/;+([[:space:]]);/;}; done
+    printf '%s' "$rest"
+}
 if [[ -n $__tether_nonce && $- == *i* ]]; then
-    __tether_hist=$HISTCMD
+    shopt -s extglob
+    __tether_hist=${HISTCMD-0}
+    __tether_prompt=0
 
-    # At every prompt, first: how the last command ended ($? is still its status), then the prompt.
+    # At every prompt, first: how the last command ended ($? is still its status; p: this prompt's
+    # number, so the end is matched to the command typed at the prompt before), then the prompt. When
+    # the user's setup put its own prompt commands before this one, $? is theirs: no status is said,
+    # and the order is put right for the next prompt.
     __tether_precmd() {
         local status=$?
-        builtin printf '\e]133;D;%s;at=%s;tether=%s\a\e]133;A;tether=%s\a' \
-            "$status" "${EPOCHREALTIME-}" "$__tether_nonce" "$__tether_nonce"
-        __tether_hist=$HISTCMD
-        return $status
+        ((__tether_prompt++))
+        if [[ ${PROMPT_COMMAND%%;*} != __tether_precmd ]]; then
+            __tether_order
+            status=
+        fi
+        builtin printf '\e]133;D;%s;p=%s;at=%s;tether=%s\a\e]133;A;tether=%s\a' \
+            "$status" "$__tether_prompt" "${EPOCHREALTIME-}" "$__tether_nonce" "$__tether_nonce"
+        return ${status:-0}
+    }
+    # Ours first ($? is the last command's), theirs, then where history stands once theirs ran (a
+    # `history -a; history -n` of theirs moves it).
+    __tether_order() {
+        local theirs
+        theirs=$(__tether_theirs)
+        PROMPT_COMMAND="__tether_precmd${theirs:+; $theirs}; __tether_hist=\${HISTCMD-0}"
     }
 
     # From PS0 (in a subshell, after the line is read, before it runs): the command line as history
     # has it. fresh=0 when history did not take the line (a repeat, or one kept out of it).
     __tether_preexec() {
         local LC_ALL=C line fresh=0
-        ((HISTCMD > __tether_hist)) && fresh=1
+        ((${HISTCMD-0} > __tether_hist)) && fresh=1
         line=$(builtin fc -l -0 2>/dev/null)
         line=${line#*$'\t'}
         line=${line# }
@@ -44,11 +69,11 @@ if [[ -n $__tether_nonce && $- == *i* ]]; then
             done
             line=$out
         fi
-        builtin printf '\e]133;C;fresh=%s;at=%s;cmdline=%s;tether=%s\a' \
-            "$fresh" "${EPOCHREALTIME-}" "$line" "$__tether_nonce"
+        builtin printf '\e]133;C;fresh=%s;p=%s;at=%s;cmdline=%s;tether=%s\a' \
+            "$fresh" "$__tether_prompt" "${EPOCHREALTIME-}" "$line" "$__tether_nonce"
     }
 
-    PROMPT_COMMAND="__tether_precmd${PROMPT_COMMAND:+; $PROMPT_COMMAND}"
+    __tether_order
     PS0='$(__tether_preexec)'"${PS0-}"
     builtin printf '\e]133;A;tether=%s\a' "$__tether_nonce"
 else

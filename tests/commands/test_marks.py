@@ -33,6 +33,10 @@ def _bash_session(nonce: str, lines: list[bytes]) -> bytes:
     """What a real interactive bash with the integration prints while ``lines`` are typed into it."""
     spec, given, note = asyncio.run(_plan(SpawnSpec(argv=("/bin/bash", "--noprofile", "--norc")), nonce))
     assert given == nonce and not note
+    return _run_bash(spec, lines)
+
+
+def _run_bash(spec: SpawnSpec, lines: list[bytes]) -> bytes:
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TERM": "xterm-256color", "LANG": "C.UTF-8", **spec.env}
     pid, fd = pty.fork()
     if pid == 0:  # the child: the shell
@@ -145,3 +149,29 @@ def test_only_interactive_bash_and_posix_shells_are_integrated(settings):
     settings.TETHER_TRACK_COMMANDS = False
     _, given, note = asyncio.run(_plan(SpawnSpec(argv=("/bin/bash",))))
     assert given == "" and "TETHER_TRACK_COMMANDS" in note
+
+
+def test_a_malformed_mark_is_no_crash_and_no_record():
+    reader = MarkReader("n")
+    marks = reader.feed(
+        0,
+        "\x1b]133;D;\u00b2;tether=n\x07\x1b]133;D;0;tether=\u00e9\x07\x1b]133;D;99999999999;tether=n\x07".encode()
+        + b"\x1b]133;C;tether=\xff\xfe\x07\x1b]133;D;0;tether=n\x07",
+    )
+    assert [(m.kind, m.status) for m in marks] == [("D", None), ("D", None), ("D", 0)]
+    assert reader.foreign == 2
+
+
+def test_the_users_own_prompt_commands_still_run_after_the_hook(tmp_path):
+    """A PROMPT_COMMAND of the user's (here from the spec's environment) runs after Tether's, with no
+    syntax error left by taking the hook out, and the statuses are still the commands' own."""
+    nonce = new_nonce()
+    log = tmp_path / "theirs"
+    spec = SpawnSpec(argv=("/bin/bash", "--noprofile", "--norc"), env={"PROMPT_COMMAND": f"echo ran >> {log}"})
+    spec, _, _ = asyncio.run(_plan(spec, nonce))
+    assert spec.env["PROMPT_COMMAND"] == f'eval "$TETHER_BASH"; echo ran >> {log}'
+    out = _run_bash(spec, [b"false\r", b"echo $PROMPT_COMMAND\r"])
+    assert b"syntax error" not in out
+    assert f"__tether_precmd; echo ran >> {log}; __tether_hist=${{HISTCMD-0}}".encode() in out
+    statuses = [m.status for m in MarkReader(nonce).feed(0, out) if m.kind == "D"]
+    assert statuses[:2] == [1, 0] and log.read_text().count("ran") >= 3

@@ -92,3 +92,47 @@ def test_the_admin_lists_a_sessions_commands_and_turns_tracking_off(session, ope
     assert not machine.track_commands
     event = MachineEvent.objects.filter(machine=machine).last()
     assert event.reason == "command tracking turned off for its next shells" and event.user == operator
+
+
+def _held(operator, name: str):
+    """A local machine's terminal session whose execution a registered worker holds (its lease, token)."""
+    from django.conf import settings
+
+    session, _ = actions.open_terminal(make_machine(name, backend=Backend.LOCAL), operator)
+    worker = actions.register_worker(
+        worker_id=f"w-{name}", host=settings.TETHER_HOST, pid=1, started_at=1, boot_id="b", channel_name=name
+    )
+    _, lease = actions.claim_next_execution(worker, {"local"})
+    return session, {"worker": worker, "token": lease.token, "execution_pk": session.execution_id}
+
+
+def _start(session, where, *, stream: int, offset: int, prompt: int | None, line: str = "make"):
+    return actions.command_started(
+        **where, session_pk=session.pk, generation=1, stream=stream, output_start=offset, command=line,
+        source="history", shell_time=None, prompt=prompt,
+    )[0]  # fmt: skip
+
+
+def test_an_end_mark_closes_only_its_own_command(operator):
+    """The end a shell marks is believed only when it is the command's: the next prompt after the one it
+    was typed at. A later prompt's (its own end came while no worker read the shell), one from another
+    owner's stream without prompt numbers, or a stop (Ctrl-Z) leaves it unknown."""
+    session, where = _held(operator, "ends-box")
+    record = _start(session, where, stream=7, offset=100, prompt=4)
+    ended = actions.command_finished(**where, stream=7, offset=150, status=2, shell_time=None, prompt=5)
+    assert (ended.state, ended.exit_status) == ("exited", 2)
+    # Read again (a holder's stream replayed to a new owner): nothing new.
+    assert actions.command_finished(**where, stream=7, offset=150, status=2, shell_time=None, prompt=5) is None
+
+    record = _start(session, where, stream=7, offset=200, prompt=5)
+    missed = actions.command_finished(**where, stream=8, offset=10, status=130, shell_time=None, prompt=7)
+    assert missed.pk == record.pk and missed.state == "unknown" and missed.exit_status is None
+    assert "prompt 7 came after it" in missed.evidence
+
+    record = _start(session, where, stream=8, offset=20, prompt=None, line="cat")
+    other = actions.command_finished(**where, stream=9, offset=5, status=0, shell_time=None)
+    assert other.pk == record.pk and other.state == "unknown" and "no worker read" in other.evidence
+
+    record = _start(session, where, stream=9, offset=30, prompt=8, line="vim")
+    stopped = actions.command_finished(**where, stream=9, offset=40, status=148, shell_time=None, prompt=9)
+    assert stopped.state == "unknown" and "Ctrl-Z" in stopped.evidence

@@ -3,10 +3,12 @@ __tether_source .zshrc
 if [[ -n $__tether_nonce && -o interactive ]]; then
     zmodload zsh/datetime 2>/dev/null
     # First among the precmd hooks, so $? is still the last command's; given back for the others.
+    typeset -gi __tether_prompt=0
     __tether_precmd() {
         local last=$?
-        builtin printf '\e]133;D;%s;at=%s;tether=%s\a\e]133;A;tether=%s\a' \
-            $last "${EPOCHREALTIME-}" $__tether_nonce $__tether_nonce
+        (( __tether_prompt++ ))
+        builtin printf '\e]133;D;%s;p=%s;at=%s;tether=%s\a\e]133;A;tether=%s\a' \
+            $last $__tether_prompt "${EPOCHREALTIME-}" $__tether_nonce $__tether_nonce
         return $last
     }
     # $1 is the line as typed (zsh hands it to preexec hooks; $3 when history is off). A line kept out of
@@ -23,11 +25,21 @@ if [[ -n $__tether_nonce && -o interactive ]]; then
         line=${line//$'\r'/\\x0d}
         line=${line//$'\e'/\\x1b}
         line=${line//$'\a'/\\x07}
-        builtin printf '\e]133;C;fresh=%s;at=%s;cmdline=%s;tether=%s\a' $fresh "${EPOCHREALTIME-}" "$line" \
-            $__tether_nonce
+        if [[ $line == *[[:cntrl:]]* ]]; then  # every other control character too, as bash's does
+            local out= ch i
+            for (( i = 1; i <= ${#line}; i++ )); do
+                ch=${line[i]}
+                [[ $ch == [[:cntrl:]] ]] && ch=$(builtin printf '\\x%02x' "'$ch")
+                out+=$ch
+            done
+            line=$out
+        fi
+        builtin printf '\e]133;C;fresh=%s;p=%s;at=%s;cmdline=%s;tether=%s\a' $fresh $__tether_prompt \
+            "${EPOCHREALTIME-}" "$line" $__tether_nonce
     }
-    precmd_functions=(__tether_precmd $precmd_functions)
-    preexec_functions=(__tether_preexec $preexec_functions)
+    typeset -ga precmd_functions preexec_functions  # declared (kept) for a shell under nounset
+    precmd_functions=(__tether_precmd "${precmd_functions[@]}")
+    preexec_functions=(__tether_preexec "${preexec_functions[@]}")
 else
     unset __tether_nonce
 fi
