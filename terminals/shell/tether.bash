@@ -13,11 +13,10 @@ __tether_theirs() {
     rest=${rest//'__tether_hist=${HISTCMD-0}'/}
     while [[ $rest =~ ^[[:space:]\;]+ ]]; do rest=${rest:${#BASH_REMATCH[0]}}; done
     while [[ $rest =~ [[:space:]\;]+$ ]]; do rest=${rest:0:${#rest}-${#BASH_REMATCH[0]}}; done
-    while [[ $rest == *';'*([[:space:]])';'* ]]; do rest=${rest/;+([[:space:]]);/;}; done
+    while [[ $rest =~ \;[[:space:]]*\; ]]; do rest=${rest/"${BASH_REMATCH[0]}"/;}; done
     printf '%s' "$rest"
 }
 if [[ -n $__tether_nonce && $- == *i* ]]; then
-    shopt -s extglob
     __tether_hist=${HISTCMD-0}
     __tether_prompt=0
 

@@ -42,6 +42,17 @@ async def _started(viewer: Viewer) -> dict:
         await viewer._next(20)
 
 
+async def _ended(viewer: Viewer) -> dict:
+    """The next command message saying a command ended."""
+    seen = len(viewer.messages)
+    while True:
+        for message in viewer.messages[seen:]:
+            if message["type"] == "command" and (message["record"] or {}).get("state", "running") != "running":
+                return message
+        seen = len(viewer.messages)
+        await viewer._next(20)
+
+
 async def _prompt(viewer: Viewer, token: str) -> None:
     await viewer.type(f"echo {token}-$((6*7))\r")
     await viewer.read_until(f"{token}-42".encode())
@@ -82,10 +93,10 @@ async def test_typed_commands_are_recorded_with_the_shells_own_status(stack, ter
 
     # Under HISTCONTROL=ignoreboth (Debian's default): a repeat history does not take is still named (the
     # screen shows it typed again); a line kept out of history on purpose is kept out of the record too.
-    await viewer.type("HISTCONTROL=ignoreboth\r")
-    await viewer.type("echo same\r")
-    await viewer.type("echo same\r")
-    await viewer.type(" echo secret-$((1+1))\r")
+    for line in ("HISTCONTROL=ignoreboth", "echo same", "echo same", " echo secret-$((1+1))"):
+        # Each at its own prompt (typed ahead, a line would be echoed before the prompt, not after it).
+        await viewer.type(f"{line}\r")
+        await _ended(viewer)
     await _prompt(viewer, "done")
     records = await sync_to_async(_records_settle)(session.id, 13)
     assert [r[0] for r in records[8:12]] == ["HISTCONTROL=ignoreboth", "echo same", "echo same", ""], records
