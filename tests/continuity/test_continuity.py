@@ -68,6 +68,8 @@ async def test_reconnect_after_the_buffer_rolled_over_gets_a_gap_with_the_right_
         await sync_to_async(stack.start_worker)("local")
         viewer, session, cookie = await _open(stack, terminal, operator)
         command = "head -c 3000000 /dev/zero | tr '\\0' x; printf '\\nDONE\\n'\r"
+        # At the prompt: typed ahead of it, the line is echoed twice (by the terminal, then by readline).
+        await viewer.read_until(b"\x1b]133;A;")
         await viewer.type(command)
         while viewer.output.count(b"x") < 100_000:
             await viewer._next(10)
