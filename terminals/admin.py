@@ -263,15 +263,9 @@ class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
         return self._has(request, "reset")
 
 
-@admin.register(CommandRecord)
-class CommandRecordAdmin(NothingEditableOnChange, admin.ModelAdmin):
-    """Typed commands, as their shells' marks told them: read-only (the owner worker writes them)."""
-
-    list_display = ["command", "state", "exit_status", "started_at", "ended_at", "session", "generation"]
-    list_filter = ["state"]
-    search_fields = ["command", "session__id", "session__machine__name"]
-    list_select_related = ["session__machine"]
-    readonly_fields = [f.name for f in CommandRecord._meta.fields]
+class WrittenElsewhere(NothingEditableOnChange):
+    """Rows only their owner writes (a worker, the commands its shells mark): shown, never added, changed
+    or deleted here."""
 
     def has_add_permission(self, request):
         return False
@@ -283,20 +277,24 @@ class CommandRecordAdmin(NothingEditableOnChange, admin.ModelAdmin):
         return
 
 
+@admin.register(CommandRecord)
+class CommandRecordAdmin(WrittenElsewhere, admin.ModelAdmin):
+    """Typed commands, as their shells' marks told them: read-only (the owner worker writes them)."""
+
+    list_display = ["command", "state", "exit_status", "started_at", "ended_at", "session", "generation"]
+    list_filter = ["state"]
+    search_fields = ["command", "session__id", "session__machine__name"]
+    list_select_related = ["session__machine"]
+    readonly_fields = [f.name for f in CommandRecord._meta.fields]
+
+
 @admin.register(Worker)
-class WorkerAdmin(NothingEditableOnChange, admin.ModelAdmin):
+class WorkerAdmin(WrittenElsewhere, admin.ModelAdmin):
+    """A worker's state moves only through drain and its own stop."""
+
     list_display = ["worker_id", "host", "pid", "state", "heartbeat_at", "started_at"]
     list_filter = ["state", "host"]
     readonly_fields = [f.name for f in Worker._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def save_model(self, request, obj, form, change):
-        return  # a worker's state moves only through drain and its own stop
 
 
 # The executions app registers its admin first (it is imported above); this one adds the resolution

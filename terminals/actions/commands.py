@@ -122,8 +122,8 @@ def command_finished(
     it) or one from another owner's stream leaves it unknown. A stop (Ctrl-Z: 128 + SIGTSTP and its kin)
     is no end: the job may run on."""
     with leases.fenced(execution_pk, worker, token):
-        if CommandRecord.objects.filter(execution_id=execution_pk, stream=stream, output_end=offset).exists():
-            return None  # read again (a holder's stream after a new owner took it): already recorded
+        if _ended_at(execution_pk, stream, offset):
+            return None
         record = _open_before(execution_pk, stream, offset).first()
         if record is None:
             return None
@@ -172,8 +172,8 @@ def command_ended_at_prompt(
     line history took (pasted with others, typed before this owner saw its Enter), one is recorded at its
     end, started at the prompt before it (``since``: that prompt's end, offset and time)."""
     with leases.fenced(execution_pk, worker, token):
-        if CommandRecord.objects.filter(execution_id=execution_pk, stream=stream, output_end=offset).exists():
-            return None  # read again (a holder's stream after a new owner took it): already recorded
+        if _ended_at(execution_pk, stream, offset):
+            return None
         ended = f"ended: the shell's prompt mark at offset {offset} with status {status}"
         record = _open_before(execution_pk, stream, offset).first()
         if record is not None and (record.stream != stream or status in STOPPED):
@@ -211,6 +211,11 @@ def command_ended_at_prompt(
             },
         )
     return record if created else None
+
+
+def _ended_at(execution_pk: int, stream: int, offset: int) -> bool:
+    """An end mark at ``offset`` was recorded already: read again (a holder's stream after a new owner)."""
+    return CommandRecord.objects.filter(execution_id=execution_pk, stream=stream, output_end=offset).exists()
 
 
 def _fresh(record: CommandRecord) -> CommandRecord:
