@@ -8,6 +8,7 @@ from bench.commands import bench_commands
 from bench.endurance import bench_reconnect, bench_recovery, bench_stalled
 from bench.held import bench_holder
 from bench.latency import bench_echo, bench_echo_other_layer, bench_layers
+from bench.recordings import bench_recordings
 from bench.scale import bench_churn, bench_density
 from bench.sessions import Context
 from bench.throughput import bench_throughput
@@ -21,6 +22,7 @@ BENCHMARKS = {
     "throughput": bench_throughput,
     "holder": bench_holder,
     "commands": bench_commands,
+    "recordings": bench_recordings,
     "stalled": bench_stalled,
     "reconnect": bench_reconnect,
     "recovery": bench_recovery,

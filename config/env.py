@@ -6,6 +6,7 @@ silently fall back to a default.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -64,6 +65,25 @@ def env_choice(name: str, default: str, choices: set[str]) -> str:
     if value not in choices:
         raise ImproperlyConfigured(f"{name}={value!r} must be one of {', '.join(sorted(choices))}")
     return value
+
+
+def storage_from_env(backend_name: str, options_name: str, default_location: Path) -> dict:
+    """A STORAGES entry: the class named by ``backend_name`` (a dotted path) with the JSON object of options in
+    ``options_name``; by default files under ``default_location``."""
+    backend = os.environ.get(backend_name, "").strip()
+    raw = os.environ.get(options_name, "").strip()
+    try:
+        options = json.loads(raw) if raw else {}
+    except ValueError:
+        raise ImproperlyConfigured(f"{options_name} is not JSON: {raw[:60]!r}") from None
+    if not isinstance(options, dict):
+        raise ImproperlyConfigured(f"{options_name} must be a JSON object of the storage's options")
+    if not backend:
+        files = "django.core.files.storage.FileSystemStorage"
+        return {"BACKEND": files, "OPTIONS": {"location": str(default_location)}}
+    if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", backend):
+        raise ImproperlyConfigured(f"{backend_name}={backend!r} is not a dotted path to a storage class")
+    return {"BACKEND": backend, "OPTIONS": options}
 
 
 def database_from_url(url: str) -> dict:

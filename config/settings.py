@@ -14,6 +14,7 @@ from config.env import (
     proxy_ssl_header,
     redis_url,
     secret_key,
+    storage_from_env,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -156,12 +157,20 @@ STATIC_ROOT = Path(env_str("TETHER_STATIC_ROOT", "") or DATA_DIR / "staticfiles"
 # serves what `manage.py collectstatic` gathered into STATIC_ROOT, compressed, under content-hashed names that
 # browsers may cache for good.
 SERVE_STATIC = not PRODUCTION
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    # Finished session recordings (docs/recordings.md): files under the data directory, or any Django storage
+    # (TETHER_RECORDINGS_STORAGE, a dotted class path, with TETHER_RECORDINGS_STORAGE_OPTIONS as JSON).
+    "recordings": storage_from_env(
+        "TETHER_RECORDINGS_STORAGE",
+        "TETHER_RECORDINGS_STORAGE_OPTIONS",
+        Path(env_str("TETHER_RECORDINGS_DIR", "") or DATA_DIR / "recordings"),
+    ),
+}
 if PRODUCTION:
     MIDDLEWARE.insert(1, "whitenoise.middleware.WhiteNoiseMiddleware")
-    STORAGES = {
-        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-        "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
-    }
+    STORAGES["staticfiles"] = {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"}
 
 # Behind a proxy that terminates TLS: the header it sets on every request, as "Name: value" (for instance
 # "X-Forwarded-Proto: https"; the proxy must replace any such header a client sent). Requests that carry it are
@@ -243,5 +252,17 @@ TETHER_RECOVERY_SECONDS = env_int("TETHER_RECOVERY_SECONDS", 30, minimum=1)
 TETHER_VIEWER_CHECK_SECONDS = env_int("TETHER_VIEWER_CHECK_SECONDS", 5, minimum=1)
 # A closed session's final screen and output are kept this long; then cleanup_terminals removes them.
 TETHER_RETENTION_HOURS = env_int("TETHER_RETENTION_HOURS", 24, minimum=1)
+# Recordings (docs/recordings.md): every session's output as asciicast v3, on by default; keys typed only when
+# TETHER_RECORD_INPUT is on (they can hold passwords). A recording past its size bound (bytes of events) is cut,
+# saying where; a finished one is kept this many days.
+TETHER_RECORDINGS = env_bool("TETHER_RECORDINGS", True)
+TETHER_RECORD_INPUT = env_bool("TETHER_RECORD_INPUT", False)
+TETHER_RECORDING_MAX_BYTES = env_int("TETHER_RECORDING_MAX_BYTES", 64 * 1024 * 1024, minimum=4096)
+TETHER_RECORDING_RETENTION_DAYS = env_int("TETHER_RECORDING_RETENTION_DAYS", 30, minimum=1)
+# How often a worker writes what its shells' recordings took (a worker killed loses at most this much).
+TETHER_RECORDING_FLUSH_SECONDS = env_int("TETHER_RECORDING_FLUSH_SECONDS", 2, minimum=1)
+# Share links (docs/recordings.md): how long a new one lasts by default, and at most.
+TETHER_SHARE_LINK_SECONDS = env_int("TETHER_SHARE_LINK_SECONDS", 3600, minimum=60)
+TETHER_SHARE_LINK_MAX_SECONDS = env_int("TETHER_SHARE_LINK_MAX_SECONDS", 7 * 24 * 3600, minimum=60)
 # The worker runs inside the web process in embedded mode (make run).
 TETHER_EMBEDDED_WORKER = env_bool("TETHER_EMBEDDED_WORKER", not PRODUCTION)

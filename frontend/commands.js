@@ -91,6 +91,7 @@ export class CommandRail {
   }
 
   async refresh() {
+    if (!this.url) return null; // watching through a share link: the record is not this viewer's to list
     try {
       const response = await fetch(this.url, { credentials: "same-origin", headers: { Accept: "application/json" } });
       if (!response.ok) return null;

@@ -5,14 +5,18 @@
 const KEY_TO_DATA_MS = 50; // onData caused by a real key press fires within its keydown
 const encoder = new TextEncoder();
 
+const READ_ONLY_NOTICE_MS = 3000; // an observer typing is told again after this long
+
 export class InputGate {
-  constructor({ live, replaying, send, notice }) {
+  constructor({ live, replaying, send, notice, readOnly = () => null }) {
     this.live = live; // () => attached, live and the socket open
     this.replaying = replaying;
     this.send = send;
     this.notice = notice;
+    this.readOnly = readOnly; // () => why keys go nowhere (this window only watches), or null
     this.dropped = 0;
     this.lastKeyAt = -Infinity;
+    this.toldReadOnly = -Infinity;
   }
 
   noteKeyPress() {
@@ -28,6 +32,14 @@ export class InputGate {
   }
 
   push(bytes) {
+    const watching = this.readOnly();
+    if (watching) {
+      if (performance.now() - this.toldReadOnly > READ_ONLY_NOTICE_MS) {
+        this.toldReadOnly = performance.now();
+        this.notice(watching);
+      }
+      return;
+    }
     if (this.live() && !this.replaying()) {
       this.send(bytes);
       return;

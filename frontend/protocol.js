@@ -74,6 +74,9 @@ export function closeVerdict(code, { exitSeen, closedInfo, idleMinutes }) {
         text: endedText(exitSeen, `Closed: ${closedInfo?.text || reason || "the session was closed"}`),
         next: AUTO_RESET_REASONS.has(reason) ? "new-shell" : "reopen",
       };
+    case CloseCode.SHARE_ENDED:
+      // The share link this page watched through was revoked or expired: nothing to reconnect to.
+      return { kind: "ended", text: closedInfo?.text || "This share link has ended", next: null };
     case CloseCode.POLICY_VIOLATION:
       return { kind: "ended", text: "Disconnected: too many bad frames", next: "reconnect", failed: true };
   }

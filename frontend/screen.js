@@ -58,18 +58,25 @@ export class Screen {
     this.empty = true;
   }
 
+  // Run `fn` once xterm has parsed everything written before, and before anything written after (a new grid
+  // for the output that follows it).
+  then(fn) {
+    this._write("", null, fn);
+  }
+
   // Resolves once xterm has parsed everything it was given.
   drained() {
     if (this.pending === 0) return Promise.resolve();
     return new Promise((resolve) => this.drainWaiters.push(resolve));
   }
 
-  _write(data, endOffset) {
+  _write(data, endOffset, after = null) {
     const epoch = this.epoch;
     this.pending += 1;
     this.term.write(data, () => {
       this.pending -= 1;
       if (endOffset !== null && epoch === this.epoch) this.rendered = endOffset;
+      if (after && epoch === this.epoch) after();
       if (this.pending === 0) {
         const waiters = this.drainWaiters;
         this.drainWaiters = [];

@@ -20,6 +20,8 @@ export class SessionClient {
     this.screen = screen;
     this.page = page; // setStatus(text, tone), showActions(names), notice(text)
     this.config = config;
+    // "writer" (types, owns the grid) or "observer" (watches read-only, drawing the writer's grid).
+    this.role = config.role === "observer" ? "observer" : "writer";
     this.phase = "connecting";
     this.conn = new Connection({
       path: config.wsPath,
@@ -48,6 +50,8 @@ export class SessionClient {
         this.page.warn(null); // input is activity: the worker's idle clock starts again
       },
       notice: (text) => this.page.notice(text),
+      readOnly: () =>
+        this.observing ? `You are watching ${this.config.owner}'s shell read-only: your keys are not sent` : null,
     });
     this.backoff = new Backoff();
     this.grid = new GridWatch({ term, fit });
@@ -60,20 +64,20 @@ export class SessionClient {
 
   start() {
     this.conn.start();
-    if (this.config.owner) {
-      // Another user's shell: nothing is attached (nobody is superseded) until the person confirms.
-      this.setPhase("foreign", `This is ${this.config.owner}'s shell`, "warn");
-      this.page.showActions(["takeover"]);
-      return;
-    }
     this.connect("attach");
   }
 
+  get observing() {
+    return this.role === "observer";
+  }
+
   connect(kind) {
-    // Into another user's shell every connect (a regrid, a reconnect) is the take-over it was confirmed as.
-    if (this.config.owner && this.phase !== "foreign") kind = "takeover";
+    // An observer's every connect watches; into another user's shell every connect after the take-over
+    // (a regrid, a reconnect) is the take-over it was confirmed as.
+    if (this.observing) kind = "observe";
+    else if (this.config.owner) kind = "takeover";
     this.clearTimer("retry");
-    this.grid.fitNow();
+    if (!this.observing) this.grid.fitNow();
     Object.assign(this, { kind, sawHello: false, closedInfo: null });
     this.stream.newSocket();
     this.serverSaidLost = false;
@@ -138,13 +142,25 @@ export class SessionClient {
     this.clearTimer("attach");
     this.page.durability(message.ends_with_worker || "");
     const regrid = this.phase === "suspended"; // our own reattach for a new grid, not a coming back
+    // An observer draws the writer's grid from the start of what it is sent.
+    if (message.role === "observer") this.page.drawGrid(message.cols, message.rows);
     if (!this.stream.attached(message)) return;
     this.backoff.reset();
     // "Connected" is shown once the replay is drawn: keys typed before that are dropped.
     this.setPhase("live", this.status, "info");
-    this.page.showActions([]);
+    this.page.showActions(this.observing && this.config.canTakeOver ? ["takeover"] : []);
     this.page.warn(null);
+    this.page.watchers(message.observers || []);
     this.commands?.attached({ tell: !regrid });
+  }
+
+  // The writer's grid changed: draw the new one once everything before it is drawn on the old one.
+  on_grid(message) {
+    if (this.observing) this.screen.then(() => this.page.drawGrid(message.cols, message.rows));
+  }
+
+  on_observers(message) {
+    this.page.watchers(message.observers);
   }
 
   on_command(message) {
@@ -181,6 +197,10 @@ export class SessionClient {
       this.stream.live = false;
       this.setPhase("connecting", STATUS.reconnecting, "warn");
       this.armAttachTimer(ATTACH_WAIT_STARTING_MS);
+      return;
+    }
+    if (message.code === ErrorCode.READ_ONLY) {
+      this.page.notice(message.message);
       return;
     }
     this.page.notice(`Server: ${message.message}`);
@@ -221,6 +241,7 @@ export class SessionClient {
     this.dropSocket(1000);
     this.setPhase("superseded", text, "warn");
     this.page.showActions(["takeover"]);
+    this.page.watchers([]);
   }
 
   ended(text, next, detail = null, failed = false) {
@@ -262,7 +283,9 @@ export class SessionClient {
 
   takeOver() {
     this.backoff.reset();
-    if (this.phase === "foreign") this.phase = "connecting"; // confirmed: from now on every connect takes over
+    this.role = "writer"; // confirmed: from now on every connect takes over, at this window's own grid
+    this.page.drawGrid(null);
+    this.grid.fitNow(true);
     this.connect("takeover");
   }
 
@@ -291,6 +314,10 @@ export class SessionClient {
   }
 
   async regridIfChanged(force = false) {
+    if (this.observing) {
+      this.page.drawGrid(); // the writer's grid, scaled again to the new box
+      return;
+    }
     if (!force && !this.grid.boxChanged()) return;
     if (!this.grid.proposedChange()) return;
     if (this.phase === "superseded" || this.phase === "ended" || this.phase === "lost") return; // keep the frame

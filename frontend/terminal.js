@@ -52,7 +52,11 @@ async function copyToClipboard(text) {
 }
 
 class Page {
-  constructor(root) {
+  constructor(root, term, me) {
+    this.term = term;
+    this.me = me; // this window's user: not listed as watching its own page
+    this.observedGrid = null; // the writer's grid, drawn scaled while this window only watches
+    this.watchersEl = root.querySelector("#terminal-watchers");
     this.status = root.querySelector("#terminal-status");
     this.noticeEl = root.querySelector("#terminal-notice");
     this.commandNoticeEl = root.querySelector("#terminal-command-notice");
@@ -74,6 +78,38 @@ class Page {
   durability(why) {
     this.durabilityEl.hidden = !why;
     this.durabilityEl.title = why ? `This shell ends if Tether's worker restarts: ${why}` : "";
+  }
+
+  // Who watches this shell read-only besides its writer (the writer sees them; so do the others).
+  watchers(list) {
+    const names = list
+      .filter(({ name, via }) => !(name === this.me && via !== ""))
+      .map(({ name, via }) => (via === "share link" ? `${name} (share link)` : name));
+    this.watchersEl.hidden = names.length === 0;
+    this.watchersEl.textContent = names.length ? `Watched by ${names.join(", ")}` : "";
+    this.watchersEl.dataset.count = String(names.length);
+  }
+
+  // An observer draws the writer's grid, scaled down to fit its own box (never reflowed to its own width):
+  // drawGrid(cols, rows) sets it, drawGrid() fits it again to a new box, drawGrid(null) gives the grid back.
+  drawGrid(cols, rows) {
+    const element = this.term.element;
+    if (cols === null) {
+      this.observedGrid = null;
+      element.style.transform = "";
+      return;
+    }
+    if (cols !== undefined) this.observedGrid = { cols, rows };
+    const grid = this.observedGrid;
+    if (!grid) return;
+    if (this.term.cols !== grid.cols || this.term.rows !== grid.rows) this.term.resize(grid.cols, grid.rows);
+    element.style.transformOrigin = "0 0";
+    element.style.transform = "";
+    const box = element.parentElement.getBoundingClientRect();
+    const drawn = element.querySelector(".xterm-screen")?.getBoundingClientRect();
+    if (!drawn || !drawn.width || !drawn.height) return;
+    const scale = Math.min(1, box.width / drawn.width, box.height / drawn.height);
+    element.style.transform = scale < 1 ? `scale(${scale})` : "";
   }
 
   // A standing warning (until cleared with null), unlike a notice that fades.
@@ -145,6 +181,17 @@ function installRailToggle(root) {
   });
 }
 
+// Share: a dialog over the page whose panel (terminals/shares.html) htmx loads and swaps in place.
+function installShareDialog(root, config) {
+  const button = root.querySelector("#terminal-share");
+  const dialog = root.querySelector("#share-dialog");
+  if (!button || !dialog || !config.sharesUrl) return;
+  button.addEventListener("click", () => {
+    dialog.showModal();
+    window.htmx?.ajax("GET", config.sharesUrl, { target: "#share-slot", swap: "innerHTML" });
+  });
+}
+
 // The first connect fits the grid once the page has settled (fonts measured, layout done).
 function settled() {
   return document.fonts.ready.then(() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done))));
@@ -172,7 +219,7 @@ async function main() {
   term.open(container);
   fit.fit();
 
-  const page = new Page(root);
+  const page = new Page(root, term, config.me);
   const screen = new Screen(term, () => {});
   const commands = new CommandRail({
     root,
@@ -190,6 +237,7 @@ async function main() {
     if (event.type === "keydown") client.input.noteKeyPress();
     return copyKeys(event);
   });
+
   container.addEventListener("paste", () => client.input.noteKeyPress(), true);
   const withTouchKeys = installTouchKeys(term, root, (data) => {
     client.input.noteKeyPress();
@@ -209,7 +257,7 @@ async function main() {
   window.addEventListener("pagehide", () => client.stream.persist());
 
   const dialog = root.querySelector("#reset-dialog");
-  root.querySelector("#terminal-reset").addEventListener("click", () => dialog.showModal());
+  root.querySelector("#terminal-reset")?.addEventListener("click", () => dialog.showModal());
   dialog.addEventListener("close", () => {
     if (dialog.returnValue === "reset") client.reset();
     term.focus();
@@ -231,6 +279,7 @@ async function main() {
     client.takeOver();
     term.focus();
   });
+  installShareDialog(root, config);
   page.actions["new-shell"].addEventListener("click", () => {
     client.startNewShell();
     term.focus();
@@ -256,6 +305,7 @@ async function main() {
       rendered: screen.rendered,
       replaying: client.stream.replay.active,
       droppedKeys: client.input.dropped,
+      role: client.role,
       cols: term.cols,
       rows: term.rows,
     }),

@@ -13,6 +13,7 @@ export const CloseCode = Object.freeze({
   EXITED: 4013,
   SERVER_RESTART: 4014,
   CLOSED: 4015,
+  SHARE_ENDED: 4016,
 });
 
 export const Reason = Object.freeze({
@@ -31,6 +32,8 @@ export const Reason = Object.freeze({
   LET_GO: "let_go",
   POLICY_VIOLATION: "policy_violation",
   LOGGED_OUT: "logged_out",
+  SHARE_REVOKED: "share_revoked",
+  SHARE_EXPIRED: "share_expired",
 });
 
 export const ErrorCode = Object.freeze({
@@ -38,6 +41,7 @@ export const ErrorCode = Object.freeze({
   NOT_HELD: "not_held",
   SUPERSEDED: "superseded",
   BAD_FRAME: "bad_frame",
+  READ_ONLY: "read_only",
 });
 
 export const StatusCode = Object.freeze({

@@ -50,10 +50,17 @@ if stale "$out/terminal.js" frontend package-lock.json "$0"; then
         --sourcemap --legal-comments=linked --log-level=warning --outfile="$out/terminal.js"
 fi
 
+if stale "$out/player.js" frontend/player.js package-lock.json "$0"; then
+    log "bundling frontend/player.js"
+    node_modules/.bin/esbuild frontend/player.js --bundle --format=iife --target=es2020 --minify \
+        --sourcemap --legal-comments=linked --log-level=warning --outfile="$out/player.js"
+fi
+
 copy() {  # copy SOURCE DEST, only when it changed
     [ -f "$1" ] || die "$1 is missing (is node_modules complete?)"
     cmp -s "$1" "$2" 2>/dev/null || { cp "$1" "$2"; log "copied $(basename "$2")"; }
 }
 copy node_modules/@xterm/xterm/css/xterm.css "$out/xterm.css"
 copy node_modules/htmx.org/dist/htmx.min.js "$out/htmx.min.js"
+copy node_modules/asciinema-player/dist/bundle/asciinema-player.css "$out/asciinema-player.css"
 copy frontend/tether.css "$out/tether.css"

@@ -66,6 +66,7 @@ def _confirmed_action(action: str, description: str):
                 "title": f"{description}?",
                 "description": description,
                 "action": f"{action}_sessions",
+                "noun": "sessions",
                 "queryset": queryset,
                 "form": form,
                 "opts": modeladmin.model._meta,
@@ -344,3 +345,7 @@ class ExecutionAdmin(executions_admin.ExecutionAdmin):
         context = {**self.admin_site.each_context(request), "execution": execution, "checks": checks, "note": note}
         context["title"] = f"Resolve {execution}"
         return TemplateResponse(request, "admin/executions/resolve.html", context)
+
+
+# Recordings and share links have an admin module of their own.
+from terminals import admin_recordings  # noqa: E402, F401

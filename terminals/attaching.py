@@ -93,6 +93,8 @@ class Attacher:
     def __init__(self, socket: ViewerSocket, session_id, stream: ViewerStream, owner: OwnerClient, tasks: Tasks):
         self.socket, self.session_id, self.stream, self.owner, self.tasks = socket, session_id, stream, owner, tasks
         self.grid: tuple[int, int] | None = None
+        self.observing = False  # read-only, beside the writer: never a new shell, never the grid
+        self.via = ""  # how an observer came: "share link", "staff", or "" (the shell's own user)
         self.refused_since: float | None = None  # when the worker first refused this attach, if it did
 
     def start(self, delay: float = 0.0) -> None:
@@ -130,6 +132,17 @@ class Attacher:
                 continue
             if owner := target["owner"]:
                 attach, since = self.stream.next_attach(target["generation"])
+                if self.observing:
+                    await self.owner.observe(
+                        owner,
+                        attach=attach,
+                        since=since,
+                        generation=target["generation"],
+                        epoch=self.stream.epoch,
+                        by=self.socket.username,
+                        via=self.via,
+                    )
+                    return
                 size = self.grid or (None, None)
                 await self.owner.attach(
                     owner,
@@ -156,7 +169,7 @@ class Attacher:
         await self.socket.send_json(target["exited"].to_browser())
         # A resolved outcome has freed the machine's slot, as a known one does: a fresh shell may start.
         again = Reason.auto_resets(target["close_reason"]) or target["state"] == State.RESOLVED
-        if settings.TETHER_AUTO_RESET and again:
+        if settings.TETHER_AUTO_RESET and again and not self.observing:  # an observer starts no shell
             await db(_restart)(self.session_id, self.socket.user, f"auto-reset after {target['close_reason']}")
             await self.socket.channel_layer.send(WAKE_CHANNEL, {"type": "wake"})
             await self.socket.send_json({"type": "reset", "text": "Started a fresh session"})
@@ -188,7 +201,9 @@ class Attacher:
                 return
             if not self.stream.attached:
                 continue
-            if target["viewer"] and target["viewer"] != self.socket.viewer_id:
+            if self.observing:
+                await self.owner.keepalive()  # still watching: the owner lists this observer a while longer
+            elif target["viewer"] and target["viewer"] != self.socket.viewer_id:
                 log.info("session %s: another window took it over; this one missed the message", self.session_id)
                 await self.socket.superseded(None)
                 return

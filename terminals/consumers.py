@@ -37,16 +37,18 @@ from terminals.protocol import (
     ErrorCode,
     Exited,
     Gap,
+    Grid,
     NextGeneration,
     Output,
     ProtocolError,
     Reason,
     Refusal,
     Superseded,
+    Watchers,
     grid,
     integer,
 )
-from terminals.stream import Deliver, FetchFrom, ViewerStream
+from terminals.stream import OBSERVER_WINDOW_BYTES, Deliver, FetchFrom, ViewerStream
 from terminals.tasks import Tasks
 
 log = logging.getLogger(__name__)
@@ -76,31 +78,48 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                 log.warning("viewer %s: could not leave cleanly: %r", getattr(self, "viewer_id", "?"), error)
             await forget_channel(getattr(self, "channel_layer", None), getattr(self, "channel_name", None))
 
+    # Whether this socket only ever watches (a share link's): it cannot attach as the writer.
+    read_only = False
+
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close()  # refused at the handshake (HTTP 403)
             return
-        self.session = await db(_load_session)(self.scope["url_route"]["kwargs"]["session"], user)
+        self.session = await self.load_session(user)
         if self.session is None:
             await self.close()  # unknown or foreign: the same refusal, so ids cannot be probed
             return
         self.user = user
         self.username = user.get_username()
-        # Another user's shell (staff with the take-over permission): only an explicit takeover writes into it.
+        # Another user's shell (staff who may watch it): only an explicit takeover writes into it.
         self.foreign = self.session.user_id != user.pk
         self.taken_over = False
+        self.watching_noted = False
+        self.told_read_only = 0.0
         self.viewer_id = uuid.uuid4().hex
         self.stream = ViewerStream()
         self.owner = OwnerClient(self.channel_layer, self.channel_name, self.viewer_id)
         self.attacher = Attacher(self, self.session.id, self.stream, self.owner, self.tasks)
+        self.attacher.via = self.via
         self.strikes: list[float] = []
         await keep_receiving(self.channel_layer)
         await self.accept()
         # Logging out anywhere closes this socket (terminals.signals); the owner check catches a lost message.
         self.user_group = f"tether.user.{user.pk}"
         await self.channel_layer.group_add(self.user_group, self.channel_name)
+        await self.connected()
         await self.send_json({"type": "hello", "session": str(self.session.id), "protocol": PROTOCOL_VERSION})
+
+    async def load_session(self, user) -> TerminalSession | None:
+        return await db(_load_session)(self.scope["url_route"]["kwargs"]["session"], user)
+
+    async def connected(self) -> None:
+        """Accepted and in the user's group: anything more this kind of socket needs before ``hello``."""
+
+    @property
+    def via(self) -> str:
+        return "staff" if self.session.user_id != self.scope["user"].pk else ""
 
     async def dispatch(self, message: dict) -> None:
         """As channels' own, less its ``aclose_old_connections()`` before every handler: a hop to the
@@ -139,6 +158,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     async def _input(self, data: bytes) -> None:
         if len(data) > MAX_FRAME_BYTES:
             raise ProtocolError(f"input frame of {len(data)} bytes is over the {MAX_FRAME_BYTES}-byte limit")
+        if self.attacher.observing:
+            await self._read_only("your keys were not sent")
+            return
         if not self.stream.attached:
             raise ProtocolError("not attached yet: input was dropped (send an attach message first)")
         await self.owner.input(data, self.stream.next_input())
@@ -166,7 +188,35 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             await self.send_json({"type": "closed", "reason": reason, "text": "too many bad frames"})
             await self.close(reason.close_code)
 
+    async def _read_only(self, what: str) -> None:
+        """An observer tried to write: said plainly (at most every 2 s), never counted as a bad frame."""
+        now = time.monotonic()
+        if now - self.told_read_only >= 2.0:
+            self.told_read_only = now
+            owner = await db(lambda: self.session.user.get_username())()
+            text = f"You are watching {owner}'s shell read-only: {what}"
+            await self.send_json({"type": "error", "code": ErrorCode.READ_ONLY, "message": text})
+
+    async def client_observe(self, message: dict) -> None:
+        """Watch read-only beside the writer: the stream and the writer's grid, no keys, no resize."""
+        since = integer(message.get("since", 0), "since")
+        generation, epoch = message.get("generation"), message.get("epoch")
+        generation = None if generation is None else integer(generation, "generation")
+        epoch = None if epoch is None else integer(epoch, "epoch")
+        if not self.watching_noted:
+            await db(actions.note_observer)(self.session, self.user, self.via)
+            self.watching_noted = True
+        self.attacher.observing = True
+        self.stream.window = OBSERVER_WINDOW_BYTES
+        self.stream.want(since, generation, epoch)
+        self.attacher.start()
+
     async def client_attach(self, message: dict) -> None:
+        if self.read_only:
+            raise ProtocolError("this link is read-only: send observe to watch")
+        if self.foreign and not await db(actions.may_take_over)(self.user, self.session):
+            owner = await db(lambda: self.session.user.get_username())()
+            raise ProtocolError(f"this is {owner}'s shell: you may watch it (observe), not write into it")
         if self.foreign and message["type"] != "takeover":
             owner = await db(lambda: self.session.user.get_username())()
             raise ProtocolError(f"this is {owner}'s shell: send takeover to write into it ({owner} is told)")
@@ -178,12 +228,17 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         generation = None if generation is None else integer(generation, "generation")
         epoch = None if epoch is None else integer(epoch, "epoch")
         self.attacher.grid = grid(message)
+        self.attacher.observing = False
+        self.stream.window = None
         self.stream.want(since, generation, epoch)  # output meanwhile is replayed by the attach
         self.attacher.start()
 
     client_takeover = client_attach
 
     async def client_resize(self, message: dict) -> None:
+        if self.attacher.observing:
+            await self._read_only("an observer draws the writer's grid and never changes it")
+            return
         size = grid(message)
         if size is None:
             raise ProtocolError("resize needs cols and rows")
@@ -192,6 +247,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             await self.owner.resize(*size)
 
     async def client_reset(self, message: dict) -> None:
+        if self.attacher.observing:
+            await self._read_only("an observer cannot reset the shell")
+            return
         if not self.stream.attached:
             raise ProtocolError("not attached: nothing to reset")
         await self.owner.reset()
@@ -199,7 +257,12 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     async def client_ack(self, message: dict) -> None:
         """Acks are coalesced: one goes on at once when it frees a good part of the flow window, else a
         short moment later. A keystroke's echo then costs one message each way, not two."""
-        now = self.stream.ack(integer(message.get("offset"), "ack offset"))
+        offset = integer(message.get("offset"), "ack offset")
+        if self.attacher.observing:  # nothing upstream waits for an observer's acks
+            if fetch := self.stream.caught_up(offset):
+                await self.owner.resend(fetch.since)
+            return
+        now = self.stream.ack(offset)
         if now:
             await self._forward_ack()
         elif now is False and not self.tasks.has("ack"):
@@ -254,6 +317,16 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     async def terminal_command(self, event: dict) -> None:
         message = CommandSeen.decode(event)
         if self.stream.current(message.epoch):
+            await self.send_json(message.to_browser())
+
+    async def terminal_grid(self, event: dict) -> None:
+        message = Grid.decode(event)
+        if self.stream.current(message.epoch) and self.stream.attached:
+            await self.send_json(message.to_browser())
+
+    async def terminal_watchers(self, event: dict) -> None:
+        message = Watchers.decode(event)
+        if self.stream.current(message.epoch) and self.stream.attached:
             await self.send_json(message.to_browser())
 
     async def terminal_superseded(self, event: dict) -> None:

@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
@@ -20,6 +21,9 @@ from terminals.buffer import OutputBuffer
 from terminals.lifetimes import Limits
 from terminals.marks import MarkReader
 from terminals.protocol import Reason
+
+if TYPE_CHECKING:
+    from terminals.owner.recordings import Take
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,22 @@ class Viewer:
     viewer_id: str
     attach_id: int | None = None
     input_seq: int = 0  # the last input message written; a repeated delivery is not written again
+
+
+@dataclass
+class Observer:
+    """A read-only viewer beside the writer: sees the stream, never types, never changes the grid, and never
+    holds back the shell (its consumer drops what its browser cannot take, then asks again by offset)."""
+
+    channel: str
+    viewer_id: str
+    name: str  # who watches
+    via: str  # how: "share link", "staff", or "" (the shell's own user, from another window)
+    attach_id: int | None = None
+    seen: float = field(default_factory=time.monotonic)  # its last attach or keep-alive
+
+    def said(self) -> dict:
+        return {"name": self.name, "via": self.via}
 
 
 MIN_WINDOW_BYTES = 4096  # the least flow window a streaming session is given, however many there are
@@ -87,6 +107,9 @@ class LiveProcess:
     budget: FlowBudget | None = None  # the worker's, shared with its other sessions
     # Bytes at the buffer's start that are the screen as adopted: drawn for the grid it had then.
     adopted_screen: int = 0
+    grid: tuple[int, int] = (80, 24)  # the writer's grid (observers draw this one)
+    observers: dict[str, Observer] = field(default_factory=dict)  # viewer id -> observer
+    recording: Take | None = None  # its recording as this owner takes it (terminals.owner.recordings)
     marks: MarkReader | None = None  # the shell's command marks, when it was started with the integration
     marks_seen: bool = False
     prompt_shown_at: float | None = None  # when a POSIX shell's last prompt ended (its B mark), our clock

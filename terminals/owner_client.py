@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from terminals.models import ProcessLease, TerminalSession, WorkerState
-from terminals.protocol import Ack, Attach, Detach, Input, Keepalive, Resend, ResetShell, Resize, ToOwner
+from terminals.protocol import Ack, Attach, Detach, Input, Keepalive, Observe, Resend, ResetShell, Resize, ToOwner
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,11 @@ class OwnerClient:
         """Ask ``owner`` to make this viewer its session's viewer (see protocol.Attach for the fields)."""
         self.owner = owner
         await self._send(Attach, **fields)
+
+    async def observe(self, owner: Owner, **fields) -> None:
+        """Ask ``owner`` to let this viewer watch its session read-only (see protocol.Observe)."""
+        self.owner = owner
+        await self._send(Observe, **fields)
 
     async def input(self, data: bytes, seq: int) -> None:
         await self._send(Input, data=data, seq=seq)

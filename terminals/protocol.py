@@ -41,6 +41,7 @@ class CloseCode(IntEnum):
     EXITED = 4013
     SERVER_RESTART = 4014
     CLOSED = 4015
+    SHARE_ENDED = 4016  # the share link this observer came through was revoked or expired
 
 
 class Reason(StrEnum):
@@ -76,6 +77,8 @@ class Reason(StrEnum):
     LET_GO = "let_go", CloseCode.SERVER_RESTART, False, False
     POLICY_VIOLATION = "policy_violation", CloseCode.POLICY_VIOLATION, False, False
     LOGGED_OUT = "logged_out", CloseCode.FORBIDDEN, False, False
+    SHARE_REVOKED = "share_revoked", CloseCode.SHARE_ENDED, False, False
+    SHARE_EXPIRED = "share_expired", CloseCode.SHARE_ENDED, False, False
 
     @classmethod
     def close_code_for(cls, value: str) -> CloseCode:
@@ -113,6 +116,7 @@ class ErrorCode(StrEnum):
     NOT_HELD = "not_held"  # the process is not running here
     SUPERSEDED = "superseded"  # another window is the viewer
     BAD_FRAME = "bad_frame"  # the browser's frame broke the protocol
+    READ_ONLY = "read_only"  # an observer's keys, grid or reset: observers only watch
 
 
 class StatusCode(StrEnum):
@@ -192,6 +196,19 @@ class Attach(ToOwner):
 
 
 @dataclass(frozen=True, slots=True)
+class Observe(ToOwner):
+    """Watch the session read-only, beside its writer (no grid: an observer draws the writer's)."""
+
+    TYPE = "session.observe"
+    attach: int | None = None
+    since: int = 0
+    generation: int | None = None
+    epoch: int | None = None
+    by: str = ""  # who watches, told to the writer
+    via: str = ""  # how: "share link", "staff", or "" (the shell's own user)
+
+
+@dataclass(frozen=True, slots=True)
 class Input(ToOwner):
     TYPE = "session.input"
     data: bytes = b""
@@ -261,12 +278,18 @@ class Attached(Message):
     process_state: str = "live"
     ends_with_worker: str = ""  # why this shell will not outlive its worker ("": a holder or tmux keeps it)
     tracked: bool = False  # its shell marks its commands (terminals.marks): they are on the record
+    role: str = "writer"  # or "observer": read-only, drawing the writer's grid
+    cols: int = 80  # the writer's grid
+    rows: int = 24
+    observers: tuple = ()  # who watches besides the writer: ({"name", "via"}, ...)
 
     def to_browser(self) -> dict:
-        names = ("offset", "end", "lost", "generation", "epoch", "fresh", "ends_with_worker", "tracked")
+        names = ("offset", "end", "lost", "generation", "epoch", "fresh", "ends_with_worker", "tracked", "role")
+        names += ("cols", "rows")
         said = {name: getattr(self, name) for name in names}
         # Bytes lost past the buffer, tmux: the screen as it is now (base64), drawn before the stream.
         screen = base64.b64encode(self.screen).decode() if self.screen else None
+        said["observers"] = [dict(observer) for observer in self.observers]
         return {"type": "attached", **said, "screen": screen, "process_state": self.process_state}
 
 
@@ -356,6 +379,32 @@ class CommandSeen(Message):
 
     def to_browser(self) -> dict:
         return {"type": "command", "record": self.record, "tracked": self.tracked}
+
+
+@dataclass(frozen=True, slots=True)
+class Grid(Message):
+    """The writer's grid changed, from ``offset`` on: observers draw the new one."""
+
+    TYPE = "terminal.grid"
+    offset: int
+    cols: int
+    rows: int
+    epoch: int
+
+    def to_browser(self) -> dict:
+        return {"type": "grid", "offset": self.offset, "cols": self.cols, "rows": self.rows}
+
+
+@dataclass(frozen=True, slots=True)
+class Watchers(Message):
+    """Who watches the session now (observers come and go), told to the writer and the observers."""
+
+    TYPE = "terminal.watchers"
+    observers: tuple
+    epoch: int
+
+    def to_browser(self) -> dict:
+        return {"type": "observers", "observers": [dict(observer) for observer in self.observers]}
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.urls import path, re_path
 
 from terminals.consumers import TerminalConsumer
+from terminals.share_consumer import SharedTerminalConsumer
 
 
 class NoSuchSocket(AsyncWebsocketConsumer):
@@ -14,5 +15,6 @@ class NoSuchSocket(AsyncWebsocketConsumer):
 
 websocket_urlpatterns = [
     path("ws/terminals/<uuid:session>/", TerminalConsumer.as_asgi()),
+    path("ws/shares/<str:token>/", SharedTerminalConsumer.as_asgi()),
     re_path(r"", NoSuchSocket.as_asgi()),
 ]

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from terminals.protocol import Attached, Gap, Output
 
 ACK_BATCH_BYTES = 128 * 1024  # an ack freeing this much of the flow window goes to the worker at once
+# An observer never holds back the shell, so nothing upstream waits for its browser: output it has not
+# rendered past this much is dropped here, and asked for again by offset once it has caught up.
+OBSERVER_WINDOW_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +36,11 @@ class FetchFrom:
 
 
 class ViewerStream:
-    def __init__(self) -> None:
+    """``window`` (an observer's): how far output may run ahead of the browser's acks before it is dropped."""
+
+    def __init__(self, window: int | None = None) -> None:
+        self.window = window
+        self.behind = False  # an observer's browser fell a window behind: output waits for it to catch up
         self.expected = 0  # the next output offset the browser should receive
         self.generation: int | None = None  # the shell (generation) those offsets belong to
         self.epoch: int | None = None  # the owner's stream (lease token) those offsets belong to
@@ -63,6 +70,7 @@ class ViewerStream:
         if self.attached or message.attach != self.attach_id:
             return False
         self.attached = True
+        self.behind = False
         self.expected, self.generation, self.epoch = message.offset, message.generation, message.epoch
         self.ack_pending = self.ack_forwarded = message.offset  # the worker's flow window starts here
         return True
@@ -89,10 +97,13 @@ class ViewerStream:
         if not self.current(message.epoch) or not self.attached:
             return None  # a dead owner's, or a stream not (re)joined yet: the attach replays it
         end = message.offset + len(message.data)
-        if end <= self.expected:
-            return None  # a repeat
+        if end <= self.expected or self.behind:
+            return None  # a repeat, or an observer's browser that is not keeping up (caught_up asks again)
         if message.offset > self.expected:
             return FetchFrom(self.expected)
+        if self.window is not None and self.expected - self.ack_pending >= self.window:
+            self.behind = True
+            return None
         data = message.data[self.expected - message.offset :]
         self.expected = end
         return Deliver(data)
@@ -119,6 +130,17 @@ class ViewerStream:
         if self.ack_pending <= self.ack_forwarded:
             return None
         return self.ack_pending - self.ack_forwarded >= ACK_BATCH_BYTES
+
+    def caught_up(self, offset: int) -> FetchFrom | None:
+        """An observer's browser rendered up to ``offset`` (its acks stay here: it holds nothing back). Once
+        it is well inside its window again after falling behind, what it missed is asked for again."""
+        if not self.attached:
+            return None
+        self.ack_pending = max(self.ack_pending, min(offset, self.expected))
+        if self.behind and self.expected - self.ack_pending <= (self.window or 0) // 2:
+            self.behind = False
+            return FetchFrom(self.expected)
+        return None
 
     def take_ack(self) -> int | None:
         """The ack to forward now, if there is a new one."""

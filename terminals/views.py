@@ -180,9 +180,18 @@ def terminal(request: HttpRequest, session_id: UUID) -> HttpResponse:
         "idleMinutes": max(1, round(ExecutionSpec.from_json(session.execution.spec).idle_seconds / 60)),
         "loginUrl": f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': request.get_full_path()})}",
         "workspacesUrl": reverse("terminals:workspaces"),
-        # Another user's shell (staff with the take-over permission): the page asks before it attaches.
+        # Another user's shell (staff who may watch it): the page watches it read-only; taking it over (with
+        # that permission) is a click the user is told of.
         "owner": session.user.get_username() if foreign else "",
+        "role": "observer" if foreign else "writer",
+        "via": "staff" if foreign else "",
+        "canTakeOver": foreign and actions.may_take_over(request.user, session),
+        "sharesUrl": reverse("terminals:session_shares", args=[session.id])
+        if actions.may_share(request.user, session)
+        else "",
+        "recordingsUrl": reverse("terminals:machine_recordings", args=[session.machine.name]),
         "fontSize": actions.font_size_of(request.user),
+        "me": request.user.get_username(),
         "preferencesUrl": reverse("terminals:preferences"),
         "commandsUrl": reverse("terminals:commands", args=[session.id]),
     }

@@ -5,6 +5,7 @@ A small root over named services (terminals/owner/), each with one concern:
 - ``LeaseKeeper``: the heartbeat, and the one check that the worker's leases still stand;
 - ``Launcher``: starts a claimed execution, writing each launch step before the next;
 - ``SessionHost``: holds started processes, supervises them, ends them on purpose, settles their outcome;
+  its ``Recorder`` keeps each shell's recording;
 - ``Recoverer``: settles, adopts or watches what dead owners left behind;
 - ``ViewerService``: the viewers' messages (attach, input, acks...).
 
@@ -97,6 +98,7 @@ class OwnerWorker:
                         self.viewers.run(),
                         self.leases.run(),
                         self.host.run_lifetimes(),
+                        self.host.recorder.run(),
                         self.recoverer.run(),
                         self.recoverer.watch_siblings(),
                         self._wake_loop(),

@@ -14,7 +14,7 @@ from django.db import connection
 
 from executions.actions import Actor, add_machine
 from terminals import actions as terminal_actions
-from tests.bridge.harness import TEST_IMAGE, Stack, session_cookie, start_container
+from tests.bridge.harness import RECORDINGS_DIR, TEST_IMAGE, Stack, session_cookie, start_container
 
 # Session holders of test shells keep their sockets here, apart from a real install's (workers started by the
 # tests inherit it).
@@ -33,11 +33,19 @@ def _no_holder_outlives_the_run():
         except OSError:
             continue
     shutil.rmtree(HELD_DIR, ignore_errors=True)
+    shutil.rmtree(RECORDINGS_DIR, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
 def _held_test_shells(settings):
     settings.TETHER_HOLDER_DIR = HELD_DIR
+
+
+@pytest.fixture(autouse=True)
+def _test_recordings(settings):
+    """Recordings go where the test servers put theirs (tests/bridge/harness.py), apart from a real install's."""
+    recordings = {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": RECORDINGS_DIR}}
+    settings.STORAGES = {**settings.STORAGES, "recordings": recordings}
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -90,3 +90,21 @@ def test_an_answer_to_an_attach_sent_before_the_browser_asked_again_is_stale():
     assert not stream.confirmed(Attached(previous, 0, 40, 0, 1, 9, execution=1))
     attach, _ = stream.next_attach(2)
     assert stream.confirmed(Attached(attach, 0, 0, 0, 2, 9, execution=2)) and stream.generation == 2
+
+
+def test_an_observer_that_falls_a_window_behind_is_sent_nothing_more_until_it_catches_up():
+    stream = attached(ViewerStream(window=100))
+    assert stream.output(Output(0, b"a" * 60, 9)) == Deliver(b"a" * 60)
+    assert stream.output(Output(60, b"b" * 60, 9)) == Deliver(b"b" * 60)  # 120 unrendered: over its window
+    assert stream.output(Output(120, b"c" * 60, 9)) is None  # dropped here, nothing upstream waits
+    assert stream.output(Output(180, b"d" * 60, 9)) is None  # no fetch storm while it is behind
+    assert stream.caught_up(30) is None  # still more than half a window behind
+    assert stream.caught_up(80) == FetchFrom(120)  # caught up: what it missed, asked for again by offset
+    assert stream.output(Output(120, b"c" * 60, 9)) == Deliver(b"c" * 60)
+    assert stream.caught_up(500) is None and stream.ack_pending == 180  # an ack never runs past what was sent
+
+
+def test_a_writers_stream_has_no_window_of_its_own():
+    stream = attached(ViewerStream())
+    for n in range(10):
+        assert stream.output(Output(n * 1000, b"x" * 1000, 9)) == Deliver(b"x" * 1000)

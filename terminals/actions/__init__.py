@@ -7,7 +7,9 @@ audit event. One module per domain; callers use ``from terminals import actions`
 - ``operator``: requests to a process's owner and operator actions on sessions;
 - ``permissions``: who may open, view or take over a shell (checks only);
 - ``retention``: removing long-closed sessions' screens;
-- ``commands``: the commands typed into sessions, as their shells' marks told them.
+- ``commands``: the commands typed into sessions, as their shells' marks told them;
+- ``recordings``: sessions' recordings, written, finished, expired and read;
+- ``shares``: share links to a live session or a recording.
 """
 
 from executions.actions import Actor
@@ -43,16 +45,30 @@ from terminals.actions.operator import (
     request_process_action,
 )
 from terminals.actions.permissions import (
+    OBSERVE_PERMISSION,
     TAKEOVER_PERMISSION,
     in_use_refusal,
+    may_observe,
+    may_revoke_share,
+    may_share,
     may_take_over,
     may_use_machine,
     may_view_session,
+)
+from terminals.actions.recordings import (
+    begin_recording,
+    cast_lines,
+    expire_recordings,
+    finish_recording,
+    note_recording_seen,
+    unfinished_recordings,
+    write_chunk,
 )
 from terminals.actions.retention import expire_closed_sessions
 from terminals.actions.sessions import (
     close_session,
     font_size_of,
+    note_observer,
     note_takeover,
     note_viewer,
     open_terminal,
@@ -60,16 +76,28 @@ from terminals.actions.sessions import (
     set_font_size,
     start_next_generation,
 )
+from terminals.actions.shares import (
+    create_share_link,
+    link_ended,
+    note_share_opened,
+    revoke_share_link,
+    share_group,
+    share_links_of,
+    valid_share_link,
+)
 from terminals.actions.workers import drain_worker, register_worker, stop_worker, worker_heartbeat
 
 __all__ = [
+    "OBSERVE_PERMISSION",
     "OPERATOR_ACTIONS",
     "REQUESTABLE",
     "TAKEOVER_PERMISSION",
     "Actor",
     "LeaseLost",
     "begin_marks",
+    "begin_recording",
     "begin_spawn",
+    "cast_lines",
     "claim_next_execution",
     "close_session",
     "closed_by",
@@ -77,18 +105,28 @@ __all__ = [
     "command_finished",
     "command_started",
     "command_summary",
+    "create_share_link",
     "drain_worker",
     "expire_closed_sessions",
+    "expire_recordings",
     "fenced",
     "fenced_transition",
+    "finish_recording",
     "font_size_of",
     "in_use_refusal",
     "lease_expiry",
     "lease_follows",
+    "link_ended",
     "marks_seen",
+    "may_observe",
+    "may_revoke_share",
+    "may_share",
     "may_take_over",
     "may_use_machine",
     "may_view_session",
+    "note_observer",
+    "note_recording_seen",
+    "note_share_opened",
     "note_takeover",
     "note_viewer",
     "open_terminal",
@@ -97,14 +135,20 @@ __all__ = [
     "register_worker",
     "release_lease",
     "request_process_action",
+    "revoke_share_link",
     "save_handle",
     "session_commands",
     "session_event",
     "set_font_size",
     "settle_execution",
+    "share_group",
+    "share_links_of",
     "start_next_generation",
     "stop_worker",
     "take_over_lease",
     "tracking",
+    "unfinished_recordings",
+    "valid_share_link",
     "worker_heartbeat",
+    "write_chunk",
 ]

@@ -173,6 +173,16 @@ def note_takeover(session: TerminalSession, user) -> None:
     )
 
 
+def note_observer(session: TerminalSession, user, via: str) -> None:
+    """Audit someone starting to watch a session read-only (once a socket; not again right after the same)."""
+    last = SessionEvent.objects.filter(session=session).order_by("-at", "-id").first()
+    if last is not None and last.kind == "observed" and last.user_id == user.pk and last.detail.get("via") == via:
+        return
+    how = f" through a {via}" if via == "share link" else ""
+    text = f"{user.get_username()} watches {session.user.get_username()}'s shell{how}"
+    session_event(session, "observed", Actor.for_user(user), text, via=via or "owner")
+
+
 def font_size_of(user) -> int:
     preference = ViewerPreference.objects.filter(user=user).first()
     return preference.font_size if preference else 14

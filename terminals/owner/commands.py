@@ -18,6 +18,7 @@ from terminals.live import LiveProcess
 from terminals.marks import Mark
 from terminals.models import CommandSource
 from terminals.owner.context import WorkerContext
+from terminals.owner.recordings import Recorder
 from terminals.owner.viewers import Outbox
 from terminals.protocol import CommandSeen
 
@@ -41,8 +42,8 @@ def command_line(mark: Mark) -> tuple[str, str]:
 
 
 class CommandTracker:
-    def __init__(self, context: WorkerContext, outbox: Outbox):
-        self.context, self.outbox = context, outbox
+    def __init__(self, context: WorkerContext, outbox: Outbox, recorder: Recorder):
+        self.context, self.outbox, self.recorder = context, outbox, recorder
 
     async def feed(self, live: LiveProcess, offset: int, data: bytes) -> None:
         if live.marks is None or not live.session_id:
@@ -89,7 +90,8 @@ class CommandTracker:
             log.exception("execution %s: could not record a command typed at a prompt", live.execution_pk)
             return
         if created:
-            await self.outbox.to_viewer(live, CommandSeen(actions.command_summary(record), True, live.token))
+            self.recorder.marker(live, line)
+            await self.outbox.to_all(live, CommandSeen(actions.command_summary(record), True, live.token))
 
     def _where(self, live: LiveProcess) -> dict:
         return {"worker": self.context.worker, "token": live.token, "execution_pk": live.execution_pk}
@@ -106,7 +108,7 @@ class CommandTracker:
             if not live.marks_seen:
                 live.marks_seen = True
                 if await db(actions.marks_seen)(live.session_id, live.generation, **where):
-                    await self.outbox.to_viewer(live, CommandSeen(None, True, live.token))
+                    await self.outbox.to_all(live, CommandSeen(None, True, live.token))
             return
         if mark.kind == "D" and mark.status is not None and (history := mark.history) is not None:
             record = await self._ended_at_prompt(live, mark, history)
@@ -124,6 +126,8 @@ class CommandTracker:
                 shell_time=mark.at,
                 prompt=mark.prompt,
             )
+            if created:
+                self.recorder.marker(live, line or "(a command kept out of the shell's history)")
         elif mark.kind == "D" and mark.status is not None:
             record = await db(actions.command_finished)(
                 **where, stream=stream, offset=mark.start, status=mark.status, shell_time=mark.at, prompt=mark.prompt
@@ -132,7 +136,7 @@ class CommandTracker:
         else:
             return
         if created:
-            await self.outbox.to_viewer(live, CommandSeen(actions.command_summary(record), True, live.token))
+            await self.outbox.to_all(live, CommandSeen(actions.command_summary(record), True, live.token))
 
     async def _ended_at_prompt(self, live: LiveProcess, mark: Mark, history: tuple[str, str]):
         """A POSIX shell's end mark: its history's last line tells whether a command ran since the prompt

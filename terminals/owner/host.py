@@ -28,6 +28,7 @@ from terminals.outcome import Outcome
 from terminals.owner.commands import CommandTracker
 from terminals.owner.context import WorkerContext, every, until_recorded
 from terminals.owner.leases import LeaseKeeper
+from terminals.owner.recordings import Recorder
 from terminals.owner.viewers import Outbox
 from terminals.protocol import Closed, ClosingSoon, Exited, NextGeneration, Reason, Request
 from terminals.wake import WAKE_CHANNEL
@@ -38,7 +39,8 @@ log = logging.getLogger(__name__)
 class SessionHost:
     def __init__(self, context: WorkerContext, leases: LeaseKeeper, outbox: Outbox):
         self.context, self.leases, self.outbox = context, leases, outbox
-        self.commands = CommandTracker(context, outbox)
+        self.recorder = Recorder(context)
+        self.commands = CommandTracker(context, outbox, self.recorder)
 
     def hold(
         self,
@@ -64,6 +66,7 @@ class SessionHost:
             handle_backend=backend,
             limits=Limits(spec.idle_seconds, spec.session_seconds, spec.output_limit_bytes),
             budget=self.context.budget,
+            grid=(spec.cols, spec.rows),
         )
         if session and session.marks_nonce:
             live.marks = MarkReader(session.marks_nonce)
@@ -78,7 +81,7 @@ class SessionHost:
             # that just went away, so the holder's output waits for it instead of running past its offset.
             live.viewer_gone_at = time.monotonic()
         self.context.live[execution.pk] = live
-        live.pump_task = self.context.tasks.start(self._supervise(live, execution))
+        live.pump_task = self.context.tasks.start(self._supervise(live, execution, screen))
 
     async def record_unknown(self, execution: Execution, token: int, reason: str) -> None:
         """No trustworthy exit can be had: unknown (controller_lost), the slot kept, the session closed."""
@@ -86,7 +89,7 @@ class SessionHost:
 
     # --- supervising -------------------------------------------------------------------------
 
-    async def _supervise(self, live: LiveProcess, execution: Execution) -> None:
+    async def _supervise(self, live: LiveProcess, execution: Execution, screen: bytes = b"") -> None:
         captured = bytearray()
         limit = settings.TETHER_COMMAND_OUTPUT_BYTES
 
@@ -98,17 +101,22 @@ class SessionHost:
                 if len(captured) > limit:
                     del captured[: len(captured) - limit]
             await self.outbox.output(live, offset, data)
+            self.recorder.output(live, offset, data)
             # After the output is on its way: a command's record never holds back what it printed.
             await self.commands.feed(live, offset, data)
 
         try:
+            await self.recorder.begin(live, screen)
             await live.pump(deliver)
             exit = await live.observe_exit()
+            await self.recorder.flush(live)  # while the lease, which fences it, is still ours
             # No longer a live process of ours: the heartbeat must not mistake the lease it is about
             # to release for a lost one.
             self.context.live.pop(live.execution_pk, None)
             output = bytes(captured), live.buffer.end - len(captured)
             await until_recorded(lambda: self._settle(live, execution, exit, *output))
+            if live.recording is not None:
+                await self.recorder.finish(live.recording.pk)
             if live.handle_backend == BackendKind.TMUX and not live.ended_for:
                 # The dead pane only held the exit status, which is now recorded: remove the session.
                 await live.process.terminate(grace=0.5)
@@ -144,18 +152,18 @@ class SessionHost:
             output=output if command else None,
             output_truncated=truncated,
         )
-        if live.viewer:
+        if live.viewer or live.observers:
             asked = await db(actions.closed_by)(execution.pk) if live.handled_request else {}
             reason = live.ended_for or Reason.EXITED
             told = Exited.of(execution, reason=reason, generation=live.generation, epoch=live.token, asked=asked)
-            await self.outbox.to_viewer(live, told)
+            await self.outbox.to_all(live, told)
         if live.session_id and reset and execution.state == State.COMPLETED:
             # The reset's next generation is pending (settle_execution started it): claim it, tell the viewer.
             try:
                 await self.context.layer.send(WAKE_CHANNEL, {"type": "wake"})
             except Exception as error:  # Redis away: the claim loop's poll finds the pending one anyway
                 log.info("could not wake the workers: %r", error)
-            await self.outbox.to_viewer(live, NextGeneration(ended=live.generation, epoch=live.token))
+            await self.outbox.to_all(live, NextGeneration(ended=live.generation, epoch=live.token))
 
     # --- ending and letting go ---------------------------------------------------------------
 
@@ -181,7 +189,7 @@ class SessionHost:
         self.context.live.pop(live.execution_pk, None)
         if live.pump_task and live.pump_task is not asyncio.current_task():
             live.pump_task.cancel()
-        await self.outbox.to_viewer(live, Closed(Reason.LET_GO, why, live.token))
+        await self.outbox.to_all(live, Closed(Reason.LET_GO, why, live.token))
         await live.process.detach()
 
     async def beaten(self, held: dict[int, tuple[int, str]]) -> None:
@@ -208,6 +216,7 @@ class SessionHost:
                 live.handle_backend == BackendKind.DOCKER and live.kind == Kind.COMMAND
             )
             if later:
+                await self.recorder.flush(live)  # the next owner goes on from what was written
                 await self.let_go(live, "left running for a later owner")
             else:
                 await self.end(live, Reason.SERVER_RESTART)
@@ -229,6 +238,7 @@ class SessionHost:
         for live in list(self.context.live.values()):
             if live.closing:
                 continue
+            self._forget_silent_observers(live, now)
             live.update_flow()  # a departed viewer's grace period may have run out
             verdict = judge(
                 live.limits,
@@ -246,3 +256,12 @@ class SessionHost:
                 live.warned = verdict.reason
                 warning = ClosingSoon(Reason(verdict.reason), verdict.seconds_left, live.token)
                 self.context.tasks.start(self.outbox.to_viewer(live, warning))
+
+    def _forget_silent_observers(self, live: LiveProcess, now: float) -> None:
+        """An observer whose consumer went without a word (its daphne died) stops being listed as watching."""
+        silent = max(3 * settings.TETHER_VIEWER_CHECK_SECONDS, 15)
+        gone = [key for key, observer in live.observers.items() if now - observer.seen > silent]
+        for key in gone:
+            del live.observers[key]
+        if gone:
+            self.context.tasks.start(self.outbox.watchers(live))

@@ -26,7 +26,7 @@ from terminals.registry import backend_for
 
 log = logging.getLogger(__name__)
 
-CLEANUP_SECONDS = 600  # how often a worker removes final screens past their retention
+CLEANUP_SECONDS = 600  # how often a worker removes final screens and recordings past their retention
 
 
 class Recoverer:
@@ -56,6 +56,8 @@ class Recoverer:
                 actor = actions.Actor.worker(self.context.worker.worker_id)
                 if expired := await db(actions.expire_closed_sessions)(actor=actor):
                     log.info("retention: expired the final screens of %d closed session(s)", len(expired))
+                if removed := await db(actions.expire_recordings)(actor=actor):
+                    log.info("retention: removed %d recording(s) past their retention", len(removed))
 
         await every(settings.TETHER_RECOVERY_SECONDS, step, "recovery pass")
 
@@ -82,6 +84,8 @@ class Recoverer:
                 done.append(f"{finding}: {await self._recover(finding)}")
             for finding in await recovery.find_orphan_sessions():
                 done.append(f"{finding}: {await recovery.remove_orphan(finding)}")
+            if done:
+                await self.host.recorder.sweep()  # what was settled here had no owner to finish its recording
         except Exception:
             log.exception("recovery pass failed; the next one tries again")
         for line in done:

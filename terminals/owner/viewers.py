@@ -8,13 +8,14 @@ old viewer.
 from __future__ import annotations
 
 import logging
+import time
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 
 from terminals import actions
 from terminals.layers import MessageTooLarge
-from terminals.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Viewer
+from terminals.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Observer, Viewer
 from terminals.models import ProcessState, ends_with_worker
 from terminals.owner.context import WorkerContext, receive_forever
 from terminals.owner.leases import LeaseKeeper
@@ -27,9 +28,11 @@ from terminals.protocol import (
     Detach,
     ErrorCode,
     Gap,
+    Grid,
     Input,
     Keepalive,
     Message,
+    Observe,
     Output,
     ProtocolError,
     Reason,
@@ -39,6 +42,7 @@ from terminals.protocol import (
     Resize,
     Superseded,
     ToOwner,
+    Watchers,
     decode_to_owner,
 )
 
@@ -60,15 +64,37 @@ class Outbox:
         return True
 
     async def to_viewer(self, live: LiveProcess, message: Message) -> None:
+        """To the writer only."""
         if live.viewer is not None:
             await self.send(live.viewer.channel, message)
 
+    async def to_observers(self, live: LiveProcess, message: Message) -> None:
+        for observer in list(live.observers.values()):
+            await self.send(observer.channel, message)
+
+    async def to_all(self, live: LiveProcess, message: Message) -> None:
+        """To the writer and every observer."""
+        await self.to_viewer(live, message)
+        await self.to_observers(live, message)
+
     async def output(self, live: LiveProcess, offset: int, data: bytes) -> None:
-        if live.viewer is None:
-            return
+        """New output, to the writer and every observer."""
+        channels = [observer.channel for observer in live.observers.values()]
+        if live.viewer is not None:
+            channels.append(live.viewer.channel)
+        for channel in channels:
+            await self.output_to(channel, live, offset, data)
+
+    async def output_to(self, channel: str, live: LiveProcess, offset: int, data: bytes) -> None:
+        """Output (a replay, a resend) to one viewer."""
         for start in range(0, len(data), OUTPUT_MESSAGE_BYTES):
             piece = data[start : start + OUTPUT_MESSAGE_BYTES]
-            await self.send(live.viewer.channel, Output(offset + start, piece, live.token))
+            await self.send(channel, Output(offset + start, piece, live.token))
+
+    async def watchers(self, live: LiveProcess) -> None:
+        """Tell the writer and the observers who watches now."""
+        said = tuple(observer.said() for observer in live.observers.values())
+        await self.to_all(live, Watchers(said, live.token))
 
 
 class ViewerService:
@@ -79,6 +105,7 @@ class ViewerService:
         self.context, self.leases, self.outbox, self.host = context, leases, outbox, host
         self.handlers = {
             Attach: self.on_attach,
+            Observe: self.on_observe,
             Input: self.on_input,
             Keepalive: self.on_keepalive,
             Resize: self.on_resize,
@@ -152,34 +179,12 @@ class ViewerService:
                     return
         if old and old.viewer_id != message.viewer:
             await self.outbox.send(old.channel, Superseded(live.token, message.by))
+        was_watching = live.observers.pop(message.viewer, None) is not None  # an observer taking over
         cols, rows = message.cols, message.rows
         if isinstance(cols, int) and isinstance(rows, int) and 1 <= cols <= MAX_COLS and 1 <= rows <= MAX_ROWS:
-            await live.process.resize(cols, rows)
-        # Offsets count within one owner's stream (its epoch: the lease token). After a tmux adoption the
-        # stream restarts with the screen as it is, so a cursor from the old owner means nothing here; a
-        # holder's offsets are the same for every owner, so the viewer's cursor still holds.
-        same_epoch = (message.epoch or 1) == live.token or live.process.offsets_survive_owner
-        same_stream = message.generation == live.generation and same_epoch
-        asked = max(int(message.since or 0), 0)
-        since = asked if same_stream else 0
+            await self._regrid(live, cols, rows)
         async with live.send_lock:
-            first, data, lost = live.buffer.since(since)
-            screen = None
-            # The screen as adopted was drawn for the grid the shell had then: a viewer that would replay it
-            # gets the screen as it is now, after the resize above, drawn for its own grid.
-            redraw = bool(live.adopted_screen) and live.buffer.start == 0 and first < live.adopted_screen
-            if (lost or redraw) and live.process.can_snapshot:
-                # tmux knows the screen as it is now: a labelled fresh screen beats a torn tail.
-                try:
-                    screen = (await live.process.snapshot()).render()
-                    if len(screen) > settings.TETHER_LAYER_MESSAGE_BYTES - 64 * 1024:  # room for the rest
-                        raise MessageTooLarge(f"a screen of {len(screen)} bytes")
-                except Exception as error:  # fall back to the retained tail
-                    log.info("execution %s: no snapshot (%r); replaying the tail", live.execution_pk, error)
-                    screen = None
-                else:
-                    lost = live.buffer.end - since if lost else 0
-                    first, data = live.buffer.end, b""
+            first, data, lost, screen, fresh = await self._replay(live, message)
             live.viewer = Viewer(
                 channel=message.reply,
                 viewer_id=message.viewer,
@@ -188,26 +193,95 @@ class ViewerService:
             )
             live.acked = first
             live.touch()
-            await self.outbox.send(
-                message.reply,
-                Attached(
-                    attach=message.attach,
-                    offset=first,
-                    end=first + len(data),
-                    lost=lost,
-                    generation=live.generation,
-                    epoch=live.token,
-                    execution=live.execution_pk,
-                    # The viewer's screen is of this shell, but the stream restarted (adopted): redraw it.
-                    screen=screen,
-                    fresh=message.generation == live.generation and not same_stream and asked > 0,
-                    process_state=ProcessState.LIVE,
-                    ends_with_worker="" if live.process.survives_owner else ends_with_worker(live.process.handle),
-                    tracked=live.marks_seen,
-                ),
-            )
-            await self.outbox.output(live, first, data)
+            await self.outbox.send(message.reply, self._attached(live, message, first, data, lost, screen, fresh))
+            await self.outbox.output_to(message.reply, live, first, data)
         live.update_flow()
+        if was_watching:
+            await self.outbox.watchers(live)
+
+    async def on_observe(self, message: Observe) -> None:
+        live = self._held(message)
+        if live is None or live.closing:
+            await self._refuse(message, ErrorCode.ATTACH_REFUSED, "this worker does not hold that session")
+            return
+        old = live.observers.get(message.viewer)
+        if old and message.attach is not None and old.attach_id == message.attach:
+            return  # the same attach delivered twice: it was answered already
+        if live.viewer and live.viewer.viewer_id == message.viewer:
+            live.viewer_left()  # the writer's own window steps back to watching
+        async with live.send_lock:
+            first, data, lost, screen, fresh = await self._replay(live, message)
+            live.observers[message.viewer] = Observer(
+                channel=message.reply, viewer_id=message.viewer, name=message.by, via=message.via,
+                attach_id=message.attach,
+            )  # fmt: skip
+            attached = self._attached(live, message, first, data, lost, screen, fresh, role="observer")
+            await self.outbox.send(message.reply, attached)
+            await self.outbox.output_to(message.reply, live, first, data)
+        if old is None:
+            await self.outbox.watchers(live)
+
+    async def _replay(self, live: LiveProcess, message: Attach | Observe) -> tuple[int, bytes, int, bytes | None, bool]:
+        """What a viewer attaching from ``message.since`` is sent first: (first offset, the bytes from there,
+        bytes lost before them, the screen as it is now when that beats a torn tail, whether the same
+        shell's stream restarted under this owner). Called under the send lock."""
+        # Offsets count within one owner's stream (its epoch: the lease token). After a tmux adoption the
+        # stream restarts with the screen as it is, so a cursor from the old owner means nothing here; a
+        # holder's offsets are the same for every owner, so the viewer's cursor still holds.
+        same_epoch = (message.epoch or 1) == live.token or live.process.offsets_survive_owner
+        same_stream = message.generation == live.generation and same_epoch
+        asked = max(int(message.since or 0), 0)
+        since = asked if same_stream else 0
+        first, data, lost = live.buffer.since(since)
+        screen = None
+        # The screen as adopted was drawn for the grid the shell had then: a viewer that would replay it
+        # gets the screen as it is now, after the resize above, drawn for its own grid.
+        redraw = bool(live.adopted_screen) and live.buffer.start == 0 and first < live.adopted_screen
+        if (lost or redraw) and live.process.can_snapshot:
+            # tmux knows the screen as it is now: a labelled fresh screen beats a torn tail.
+            try:
+                screen = (await live.process.snapshot()).render()
+                if len(screen) > settings.TETHER_LAYER_MESSAGE_BYTES - 64 * 1024:  # room for the rest
+                    raise MessageTooLarge(f"a screen of {len(screen)} bytes")
+            except Exception as error:  # fall back to the retained tail
+                log.info("execution %s: no snapshot (%r); replaying the tail", live.execution_pk, error)
+                screen = None
+            else:
+                lost = live.buffer.end - since if lost else 0
+                first, data = live.buffer.end, b""
+        fresh = message.generation == live.generation and not same_stream and asked > 0
+        return first, data, lost, screen, fresh
+
+    def _attached(self, live: LiveProcess, message, first, data, lost, screen, fresh, role="writer") -> Attached:
+        return Attached(
+            attach=message.attach,
+            offset=first,
+            end=first + len(data),
+            lost=lost,
+            generation=live.generation,
+            epoch=live.token,
+            execution=live.execution_pk,
+            # The viewer's screen is of this shell, but the stream restarted (adopted): redraw it.
+            screen=screen,
+            fresh=fresh,
+            process_state=ProcessState.LIVE,
+            ends_with_worker="" if live.process.survives_owner else ends_with_worker(live.process.handle),
+            tracked=live.marks_seen,
+            role=role,
+            cols=live.grid[0],
+            rows=live.grid[1],
+            observers=tuple(observer.said() for observer in live.observers.values()),
+        )
+
+    async def _regrid(self, live: LiveProcess, cols: int, rows: int) -> None:
+        """The writer's grid: the process is resized; a change is recorded and told to the observers, at the
+        offset from which output is drawn for it."""
+        await live.process.resize(cols, rows)
+        if (cols, rows) == live.grid:
+            return
+        live.grid = (cols, rows)
+        self.host.recorder.resize(live, cols, rows)
+        await self.outbox.to_observers(live, Grid(live.buffer.end, cols, rows, live.token))
 
     async def on_input(self, message: Input) -> None:
         if (live := await self._writer(message, while_closing=False)) is None:
@@ -220,28 +294,36 @@ class ViewerService:
         live.touch()
         await self.host.commands.typed(live, message.data)
         await live.process.write(message.data)
+        self.host.recorder.input(live, message.data)
 
     async def on_keepalive(self, message: Keepalive) -> None:
         if live := self._viewing(message):
             live.touch()
+        elif (live := self._held(message)) and (observer := live.observers.get(message.viewer)):
+            observer.seen = time.monotonic()  # still watching (which keeps no shell from its idle close)
 
     async def on_resize(self, message: Resize) -> None:
         if (live := self._viewing(message)) and not live.closing:
-            await live.process.resize(message.cols, message.rows)
+            await self._regrid(live, message.cols, message.rows)
 
     async def on_ack(self, message: Ack) -> None:
         if live := self._held(message):
             live.ack(message.viewer, int(message.offset))
 
     async def on_resend(self, message: Resend) -> None:
-        if live := self._viewing(message):
-            async with live.send_lock:
-                first, data, lost = live.buffer.since(int(message.since))
-                if lost:
-                    await self.outbox.to_viewer(live, Gap(first, lost, live.token))
-                await self.outbox.output(live, first, data)
+        live = self._held(message)
+        if live is None or not (self._viewing(message) or message.viewer in live.observers):
+            return
+        async with live.send_lock:
+            first, data, lost = live.buffer.since(int(message.since))
+            if lost:
+                await self.outbox.send(message.reply, Gap(first, lost, live.token))
+            await self.outbox.output_to(message.reply, live, first, data)
 
     async def on_detach(self, message: Detach) -> None:
+        if (live := self._held(message)) and live.observers.pop(message.viewer, None) is not None:
+            await self.outbox.watchers(live)
+            return
         if live := self._viewing(message):
             live.viewer_left()
             if live.session_id and not await db(actions.note_viewer)(live.session_id, self.context.worker, live.token):

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +52,8 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
 
 
 TEST_IMAGE = "tether/busybox:test"  # built locally by scripts/ensure-services.sh
+# Recordings the test servers save (tests/conftest.py points this process's recordings storage here too).
+RECORDINGS_DIR = os.environ.setdefault("TETHER_RECORDINGS_DIR", f"/tmp/tether-test-recordings-{os.getuid()}")
 
 
 @functools.cache
@@ -157,6 +161,7 @@ class Stack:
             "TETHER_HEARTBEAT_SECONDS": "1",
             "TETHER_LEASE_TTL_SECONDS": "4",
             "TETHER_DB_IDLE_TRANSACTION_SECONDS": "8",
+            "TETHER_RECORDINGS_DIR": RECORDINGS_DIR,
             **self.extra_env,
         }
 
@@ -196,12 +201,13 @@ class Stack:
         self.ports.append(port)
         return port
 
-    def start_worker(self, backends: str = "local,tmux,docker") -> subprocess.Popen:
+    def start_worker(self, backends: str = "local,tmux,docker", env: dict[str, str] | None = None) -> subprocess.Popen:
+        """A worker (``env``: settings of its own, on top of the stack's)."""
         log = self._log("worker")
         process = subprocess.Popen(
             [sys.executable, "manage.py", "terminal_worker", "--poll", str(self.worker_poll), "--backends", backends],
             cwd=ROOT,
-            env=self.env(),
+            env={**self.env(), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -225,6 +231,43 @@ class Stack:
                 process.kill()
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # a redirect is the answer itself (a login page, say)
+
+
+def http_get(port: int, path: str, cookie: str) -> tuple[int, dict, bytes]:
+    """A GET to a test daphne as the user the cookie signs in: (status, headers, body); redirects not followed."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", headers={"Cookie": f"sessionid={cookie}", "Host": "127.0.0.1"}
+    )
+    try:
+        with urllib.request.build_opener(_NoRedirects).open(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def http_post(port: int, path: str, cookie: str, fields: dict | None = None) -> tuple[int, bytes]:
+    """A POST as the page's forms make it, through daphne: the CSRF token read from a page first."""
+    import http.cookiejar
+    import urllib.parse
+
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar), _NoRedirects)
+    base = f"http://127.0.0.1:{port}"
+    page = opener.open(urllib.request.Request(f"{base}/", headers={"Cookie": f"sessionid={cookie}"}), timeout=30)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.read().decode()).group(1)
+    csrf = next(c.value for c in jar if c.name == "csrftoken")
+    data = urllib.parse.urlencode({"csrfmiddlewaretoken": token, **(fields or {})}).encode()
+    headers = {"Cookie": f"sessionid={cookie}; csrftoken={csrf}", "Referer": f"{base}/"}
+    try:
+        with opener.open(urllib.request.Request(f"{base}{path}", data=data, headers=headers), timeout=30) as done:
+            return done.status, done.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
 def session_cookie(user) -> str:
     client = Client()
     client.force_login(user)
@@ -243,10 +286,13 @@ class Viewer:
         self.acked = 0
 
     @classmethod
-    async def open(cls, port: int, session_id, cookie: str, *, origin: str | None = None) -> Viewer:
+    async def open(
+        cls, port: int, session_id, cookie: str, *, origin: str | None = None, path: str | None = None
+    ) -> Viewer:
+        """A socket to a session (or to ``path``, such as a share link's ``/ws/shares/TOKEN/``)."""
         headers = {"Cookie": f"sessionid={cookie}", "Origin": origin or f"http://127.0.0.1:{port}"}
         ws = await connect(
-            f"ws://127.0.0.1:{port}/ws/terminals/{session_id}/",
+            f"ws://127.0.0.1:{port}{path or f'/ws/terminals/{session_id}/'}",
             additional_headers=headers,
             max_size=2**22,
             ping_interval=None,
@@ -259,6 +305,11 @@ class Viewer:
         await self.send_json(
             {"type": "attach", "since": since, "cols": cols, "rows": rows, "generation": generation, "epoch": epoch}
         )
+        return await self.wait_for("attached")
+
+    async def observe(self, since: int = 0, generation: int | None = None, epoch: int | None = None) -> dict:
+        """Watch read-only beside the writer."""
+        await self.send_json({"type": "observe", "since": since, "generation": generation, "epoch": epoch})
         return await self.wait_for("attached")
 
     async def ack(self) -> None:

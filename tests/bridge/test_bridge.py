@@ -14,7 +14,7 @@ from executions.models import Evidence, Execution, ExecutionEvent, State
 from terminals.backends.procfs import ProcessIdentity
 from terminals.models import ProcessLease
 from terminals.protocol import CloseCode
-from tests.bridge.harness import Stack, Viewer, open_viewer, session_cookie
+from tests.bridge.harness import Stack, Viewer, http_post, open_viewer, session_cookie
 from tests.factories import TEST_ACTOR, make_spec
 
 pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
@@ -250,33 +250,12 @@ async def test_a_superseding_viewer_always_gets_its_replay_even_when_a_message_i
         await viewer.read_until(b"replay-42\r\n", timeout=5)  # the shell is idle: only the replay can bring it
 
 
-def _log_out_over_http(port: int, cookie: str) -> int:
-    """Log out the way the page's form does: POST /accounts/logout/ with the CSRF token, through daphne."""
-    import http.cookiejar
-    import re
-    import urllib.parse
-    import urllib.request
-
-    jar = http.cookiejar.CookieJar()
-    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    base = f"http://127.0.0.1:{port}"
-    request = urllib.request.Request(f"{base}/", headers={"Cookie": f"sessionid={cookie}"})
-    page = opener.open(request, timeout=30).read().decode()
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
-    csrf = next(c.value for c in jar if c.name == "csrftoken")
-    data = urllib.parse.urlencode({"csrfmiddlewaretoken": token}).encode()
-    headers = {"Cookie": f"sessionid={cookie}; csrftoken={csrf}", "Referer": f"{base}/"}
-    with opener.open(
-        urllib.request.Request(f"{base}/accounts/logout/", data=data, headers=headers), timeout=30
-    ) as done:
-        return done.status
-
-
 async def test_logging_out_closes_the_users_terminal_sockets(stack, terminal, operator):
     viewer, session, cookie = await open_viewer(stack, terminal, operator)
     await viewer.type("echo before-$((1+1))\r")
     await viewer.read_until(b"before-2")
-    status = await asyncio.to_thread(_log_out_over_http, stack.ports[0], cookie)
+    # Logged out the way the page's form does it, through daphne.
+    status, _ = await asyncio.to_thread(http_post, stack.ports[0], "/accounts/logout/", cookie)
     assert status == 200
     assert await viewer.wait_closed(timeout=4) == CloseCode.FORBIDDEN  # at once: before the 5 s owner check
     assert any(m.get("reason") == "logged_out" for m in viewer.messages)

@@ -63,7 +63,7 @@ def frontend_built() -> Path:
     built = subprocess.run([ROOT / "scripts" / "build-frontend.sh"], cwd=ROOT, capture_output=True, text=True)
     if built.returncode != 0:
         pytest.fail(f"scripts/build-frontend.sh failed:\n{built.stdout}\n{built.stderr}")
-    for name in ("terminal.js", "xterm.css", "htmx.min.js", "tether.css"):
+    for name in ("terminal.js", "player.js", "xterm.css", "htmx.min.js", "tether.css", "asciinema-player.css"):
         if not (DIST / name).is_file():
             pytest.fail(f"static/dist/{name} is missing after scripts/build-frontend.sh")
     return DIST

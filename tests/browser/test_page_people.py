@@ -140,14 +140,16 @@ async def test_staff_write_into_another_users_shell_only_with_the_permission_and
         refused = await operator.goto(shell_url)
         assert refused.status == 403 and "alice's shell" in await refused.text()
 
-        # Staff with it: asked first (alice is not superseded by merely looking), then told and recorded.
+        # Staff with it: they watch first, read-only (alice is not superseded by being watched, and sees who
+        # watches); writing into it is a click of its own, told to alice and recorded.
         await log_in(helper, "helper", "helper-password")
         row = helper.locator(f'tr[data-machine="{machine}"]')
         await expect(row).to_contain_text("alice's shell, live")
-        await row.locator('button:has-text("Take over")').click()
-        await expect(helper.locator("#terminal-foreign")).to_contain_text("This is alice's shell")
-        await expect(helper.locator("#terminal-status")).to_have_text("This is alice's shell")
+        await row.locator('button:has-text("Watch")').click()
+        await expect(helper.locator("#terminal-foreign")).to_contain_text("You are watching alice's shell read-only")
+        await expect(helper.locator("#terminal-status")).to_have_text("Connected")
         await expect(alice.locator("#terminal-status")).to_have_text("Connected")
+        await expect(alice.locator("#terminal-watchers")).to_have_text("Watched by helper")
         await helper.click("#terminal-takeover")
         await wait_live(helper)
         await expect(alice.locator("#terminal-status")).to_have_text("Taken over by helper")

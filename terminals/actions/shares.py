@@ -1,0 +1,123 @@
+"""Share links: a read-only, expiring, revocable link to a live session (its holder watches as an observer) or
+to a recording, for logged-in users. Only the token's SHA-256 is stored; making, opening and revoking one are
+audited on the session, and revoking one closes the sockets opened through it at once."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from datetime import timedelta
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from executions.actions import Actor
+from executions.errors import Refused, UsageError
+from terminals.actions.permissions import may_revoke_share, may_share
+from terminals.actions.sessions import session_event
+from terminals.models import Recording, ShareLink, TerminalSession
+
+log = logging.getLogger(__name__)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def share_group(link_pk: int) -> str:
+    """The channel group of the sockets opened through a link (closed together when it is revoked)."""
+    return f"tether.share.{link_pk}"
+
+
+def create_share_link(
+    user, session: TerminalSession, *, recording: Recording | None = None, seconds: int | None = None
+) -> tuple[ShareLink, str]:
+    """A new link to ``session`` live, or to one of its recordings; returns it and its token (shown once)."""
+    if not may_share(user, session):
+        raise Refused("you may not share this session")
+    if recording is not None and recording.session_id != session.pk:
+        raise UsageError("that recording is not this session's")
+    seconds = settings.TETHER_SHARE_LINK_SECONDS if seconds is None else seconds
+    longest = settings.TETHER_SHARE_LINK_MAX_SECONDS
+    if not 60 <= seconds <= longest:
+        raise UsageError(f"a share link lasts from 60 to {longest} seconds, not {seconds}")
+    token = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        link = ShareLink.objects.create(
+            token_hash=token_hash(token),
+            session=session,
+            recording=recording,
+            created_by=user,
+            expires_at=timezone.now() + timedelta(seconds=seconds),
+        )
+        what = f"recording of generation {recording.generation}" if recording else "the live session"
+        session_event(
+            session, "share_created", Actor.for_user(user), f"a share link to {what}, for {seconds // 60} min",
+            share_link=link.pk, shares=link.kind, expires_at=link.expires_at.isoformat(),
+        )  # fmt: skip
+    return link, token
+
+
+def valid_share_link(token: str) -> ShareLink | None:
+    """The link ``token`` opens, when it is neither revoked nor expired (on the database's clock)."""
+    if not isinstance(token, str) or not 20 <= len(token) <= 100:
+        return None
+    return (
+        ShareLink.objects.select_related("session__machine", "session__user", "session__execution", "recording")
+        .filter(token_hash=token_hash(token), revoked_at__isnull=True, expires_at__gt=Now())
+        .first()
+    )
+
+
+def link_ended(link_pk: int) -> str:
+    """Why a link no longer opens anything: "revoked", "expired" (on the database's clock), or "" (it does)."""
+    row = ShareLink.objects.filter(pk=link_pk).annotate(now=Now()).values("revoked_at", "expires_at", "now").first()
+    if row is None or row["revoked_at"] is not None:
+        return "revoked"
+    return "expired" if row["expires_at"] <= row["now"] else ""
+
+
+def note_share_opened(link: ShareLink, user) -> None:
+    with transaction.atomic():
+        ShareLink.objects.filter(pk=link.pk).update(opened=F("opened") + 1)
+        session_event(
+            link.session, "share_opened", Actor.for_user(user), f"opened a share link of {link.created_by}",
+            share_link=link.pk, shares=link.kind,
+        )  # fmt: skip
+
+
+def revoke_share_link(link_pk: int, user, *, reason: str = "") -> ShareLink:
+    """Revoke a link now (compare-and-set: revoking twice is one revocation); its open sockets close."""
+    link = ShareLink.objects.select_related("session__user").filter(pk=link_pk).first()
+    if link is None or not may_revoke_share(user, link):
+        raise Refused("no such share link of yours")
+    with transaction.atomic():
+        changed = ShareLink.objects.filter(pk=link_pk, revoked_at__isnull=True).update(
+            revoked_at=Now(), revoked_by=user
+        )
+        if not changed:
+            raise Refused("that share link was revoked already")
+        session_event(link.session, "share_revoked", Actor.for_user(user), reason or "revoked", share_link=link_pk)
+        transaction.on_commit(lambda: _close_sockets(link_pk))
+    link.refresh_from_db()
+    return link
+
+
+def _close_sockets(link_pk: int) -> None:
+    try:
+        async_to_sync(get_channel_layer().group_send)(share_group(link_pk), {"type": "share.revoked"})
+    except Exception as error:  # Redis away: each socket's own check of its link closes it within seconds
+        log.warning("could not tell share link %s's sockets it was revoked: %r", link_pk, error)
+
+
+def share_links_of(session: TerminalSession, user) -> list[ShareLink]:
+    """The session's links ``user`` may see (and revoke): theirs, or all of them for its owner and staff who
+    may revoke any."""
+    links = ShareLink.objects.filter(session=session).select_related("created_by", "recording", "revoked_by")
+    return [link for link in links[:50] if may_revoke_share(user, link)]

@@ -1,0 +1,175 @@
+"""asciicast v3 (and v2 for older tools): the events of a recording as they are taken, kept and written.
+
+No I/O here. ``EventLog`` takes a shell's output, input, resizes and markers as they happen and hands out
+lines of ``[unix_seconds, code, data]`` for the owner worker to store in chunks; ``write_v3`` and
+``write_v2`` turn those lines into a file (https://docs.asciinema.org/manual/asciicast/v3/).
+
+Output is decoded as UTF-8 incrementally, so a character split across two reads is one character in the
+file and the file's output, encoded again, is the shell's output byte for byte; bytes that are not UTF-8
+become U+FFFD, as asciinema's own recorder does.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+TERM_TYPE = "xterm-256color"
+UTF8 = codecs.getincrementaldecoder("utf-8")
+
+
+def event_line(at: float, code: str, data: str) -> bytes:
+    return json.dumps([round(at, 6), code, data], ensure_ascii=False).encode() + b"\n"
+
+
+@dataclass
+class EventLog:
+    """One recording's events as they are taken, up to a size bound (``limit``, bytes of event lines).
+
+    ``end`` is the stream offset the recorded output runs to, in ``stream`` (see Recording.stream): output
+    already recorded (a new owner replaying a holder's ring) is skipped, and a hole is said with a marker.
+    """
+
+    started: float  # Unix seconds
+    limit: int
+    stream: int = 0
+    end: int = 0
+    size: int = 0  # bytes of event lines taken so far (in earlier chunks too)
+    output_bytes: int = 0
+    truncated_at: int | None = None
+    pending: list[bytes] = field(default_factory=list)
+    new_markers: list[list] = field(default_factory=list)
+    _decoder: codecs.IncrementalDecoder = field(default_factory=lambda: UTF8("replace"))
+
+    @property
+    def pending_bytes(self) -> int:
+        return sum(len(line) for line in self.pending)
+
+    @property
+    def cut(self) -> bool:
+        return self.truncated_at is not None
+
+    def _add(self, at: float, code: str, data: str, *, bounded: bool = True) -> bool:
+        line = event_line(at, code, data)
+        if bounded and self.size + len(line) > self.limit:
+            return False
+        self.pending.append(line)
+        self.size += len(line)
+        return True
+
+    def output(self, stream: int, offset: int, data: bytes, at: float) -> None:
+        if self.cut:
+            return
+        if stream != self.stream:
+            # Another owner's stream, counted from its own start (an adopted tmux shell): go on from there.
+            self.stream, self.end = stream, offset
+            self._decoder.reset()
+        if offset + len(data) <= self.end:
+            return  # recorded already
+        if offset < self.end:
+            data = data[self.end - offset :]
+            offset = self.end
+        elif offset > self.end:
+            self.marker(f"{offset - self.end} bytes of output were not recorded here", at)
+            self._decoder.reset()
+        text = self._decoder.decode(data)
+        if text and not self._add(at, "o", text):
+            self._cut_at(offset, at)
+            return
+        self.end = offset + len(data)
+        self.output_bytes += len(data)
+
+    def _cut_at(self, offset: int, at: float) -> None:
+        self.truncated_at = offset
+        label = f"recording cut here: its size bound ({self.limit} bytes) was reached at output offset {offset}"
+        self.pending.append(f"# {label}; the session went on unrecorded\n".encode())
+        self.marker(label, at, bounded=False)
+
+    def input(self, data: bytes, at: float) -> None:
+        if not self.cut and not self._add(at, "i", data.decode("utf-8", "replace")):
+            self._cut_at(self.end, at)
+
+    def resize(self, cols: int, rows: int, at: float) -> None:
+        if not self.cut and not self._add(at, "r", f"{cols}x{rows}"):
+            self._cut_at(self.end, at)
+
+    def marker(self, label: str, at: float, *, bounded: bool = True) -> None:
+        if self.cut and bounded:
+            return
+        if self._add(at, "m", label, bounded=bounded):
+            self.new_markers.append([round(max(at - self.started, 0.0), 3), label])
+        else:
+            self._cut_at(self.end, at)
+
+    def exit(self, status: int, at: float) -> None:
+        """The program's own exit, observed: always recorded, past the bound too."""
+        self._add(at, "x", str(status), bounded=False)
+
+    def take(self) -> tuple[bytes, list[list]]:
+        """The event lines and markers taken since the last call."""
+        lines, markers = b"".join(self.pending), self.new_markers
+        self.pending, self.new_markers = [], []
+        return lines, markers
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+def parse_lines(data: bytes) -> Iterator[tuple[float, str, str]]:
+    """Events of stored chunk lines (comments are skipped here and written again by ``comments``)."""
+    for line in data.splitlines():
+        if line and not line.startswith(b"#"):
+            at, code, text = json.loads(line)
+            yield float(at), code, text
+
+
+def write_v3(header: dict, chunks: Iterable[bytes], started: float) -> Iterator[bytes]:
+    """The file: the header, then each event with the time since the one before it (never negative: the
+    owners that took a recording's events may have had slightly different clocks)."""
+    yield json.dumps({"version": 3, **header}, ensure_ascii=False).encode() + b"\n"
+    last = started
+    for data in chunks:
+        out = []
+        for line in data.splitlines(keepends=True):
+            if line.startswith(b"#"):
+                out.append(line)
+                continue
+            at, code, text = json.loads(line)
+            out.append(json.dumps([round(max(at - last, 0.0), 6), code, text], ensure_ascii=False).encode() + b"\n")
+            last = max(last, at)
+        yield b"".join(out)
+
+
+def v2_from_v3(lines: Iterable[bytes]) -> Iterator[bytes]:
+    """asciicast v2 from a v3 file's lines: absolute times, ``width``/``height``, the exit as a marker (v2 has
+    no exit event), comments dropped."""
+    elapsed = 0.0
+    for number, line in enumerate(lines):
+        if number == 0:
+            header = json.loads(line)
+            term = header.pop("term", {})
+            header.pop("version", None)
+            v2 = {"version": 2, "width": term.get("cols", 80), "height": term.get("rows", 24), **header}
+            v2.setdefault("env", {})["TERM"] = term.get("type", TERM_TYPE)
+            yield json.dumps(v2, ensure_ascii=False).encode() + b"\n"
+            continue
+        if not line.strip() or line.startswith(b"#"):
+            continue
+        interval, code, text = json.loads(line)
+        elapsed += interval
+        if code == "x":
+            code, text = "m", f"exit {text}"
+        yield json.dumps([round(elapsed, 6), code, text], ensure_ascii=False).encode() + b"\n"
+
+
+def output_of(lines: Iterable[bytes]) -> bytes:
+    """Every output event's data, encoded again: the shell's output as the file has it."""
+    out = bytearray()
+    for number, line in enumerate(lines):
+        if number and line.strip() and not line.startswith(b"#"):
+            _, code, text = json.loads(line)
+            if code == "o":
+                out += text.encode()
+    return bytes(out)

@@ -1,0 +1,36 @@
+"""Terminal models, one module per kind of thing; imported from here (``from terminals.models import X``)."""
+
+from terminals.models.commands import CommandRecord, CommandSource, CommandState
+from terminals.models.recordings import Recording, RecordingChunk, RecordingState, ShareLink
+from terminals.models.sessions import (
+    FONT_SIZES,
+    CloseReason,
+    ProcessState,
+    SessionEvent,
+    SnapshotKind,
+    TerminalSession,
+    ViewerPreference,
+)
+from terminals.models.workers import ProcessLease, Worker, WorkerEvent, WorkerState, ends_with_worker
+
+__all__ = [
+    "FONT_SIZES",
+    "CloseReason",
+    "CommandRecord",
+    "CommandSource",
+    "CommandState",
+    "ProcessLease",
+    "ProcessState",
+    "Recording",
+    "RecordingChunk",
+    "RecordingState",
+    "SessionEvent",
+    "ShareLink",
+    "SnapshotKind",
+    "TerminalSession",
+    "ViewerPreference",
+    "Worker",
+    "WorkerEvent",
+    "WorkerState",
+    "ends_with_worker",
+]

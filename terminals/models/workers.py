@@ -1,0 +1,102 @@
+"""Owner workers and their process leases.
+
+The lease row is authoritative for cleanup: it says which worker owns which
+live process, with a fencing token that grows on every claim. Every write a
+worker makes about a process is conditional on (worker, token); zero rows
+changed means the lease was lost and the worker lets go at once.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from executions.models import AppendOnly, Execution
+
+
+class WorkerState(models.TextChoices):
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+class Worker(models.Model):
+    """A ``terminal_worker`` process: who it is, where, and whether it still beats."""
+
+    worker_id = models.CharField(max_length=64, unique=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    process_started_at = models.BigIntegerField(help_text="Start time in clock ticks since boot (/proc/PID/stat).")
+    boot_id = models.CharField(max_length=64)
+    channel_name = models.CharField(max_length=255, blank=True, help_text="Where consumers send session messages.")
+    state = models.CharField(max_length=16, choices=WorkerState.choices, default=WorkerState.RUNNING)
+    started_at = models.DateTimeField(auto_now_add=True)
+    heartbeat_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(state__in=WorkerState.values), name="worker_state_valid")]
+
+    def __str__(self) -> str:
+        return f"{self.worker_id} ({self.host} pid {self.pid})"
+
+
+class WorkerEvent(AppendOnly):
+    """Append-only audit of a worker's life: drain requested, drained, stopped, found dead."""
+
+    worker = models.ForeignKey(Worker, on_delete=models.PROTECT, related_name="events")
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.from_state or '∅'} → {self.to_state}"
+
+
+def ends_with_worker(handle: dict) -> str:
+    """See ``ProcessLease.ends_with_worker``."""
+    if not handle or handle.get("launch") or "holder" in handle or handle.get("backend") not in ("local", "docker"):
+        return ""
+    return handle.get("unheld") or "no session holder runs on its host (TETHER_HOLDER is off, or it is not built)"
+
+
+class ProcessLease(models.Model):
+    """Ownership of one execution's live process. One row per execution; ``token`` grows on every claim."""
+
+    execution = models.OneToOneField(Execution, on_delete=models.PROTECT, related_name="lease")
+    worker = models.ForeignKey(Worker, null=True, blank=True, on_delete=models.PROTECT, related_name="leases")
+    token = models.PositiveBigIntegerField(default=1)
+    handle = models.JSONField(default=dict, blank=True, help_text="Backend handle to find the process again.")
+    heartbeat_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+    # An operator's or a command's request for the owner to act on the process (cancel, kill, fail,
+    # complete, reset). The owner picks it up on its next heartbeat: the row is the message.
+    requested_action = models.CharField(max_length=16, blank=True)
+    requested_by = models.CharField(max_length=200, blank=True)
+    requested_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["expires_at"], name="lease_live_expiry_idx", condition=Q(released_at__isnull=True)),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(released_at__isnull=False) | Q(worker__isnull=False), name="lease_live_has_owner"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"lease {self.execution_id} token {self.token}"
+
+    @property
+    def ends_with_worker(self) -> str:
+        """Why this process ends when its worker stops, "" when something else keeps it (a session holder,
+        a tmux server) or it is not started yet. The handle's secret is never shown."""
+        return ends_with_worker(self.handle or {})
+
+    @property
+    def is_live(self) -> bool:
+        return self.released_at is None

@@ -1,0 +1,221 @@
+"""Recordings and share links in the portal: a workspace's recordings, playing one, downloading it (asciicast v3
+or v2), and the links that share a live session or a recording. Every play, download and link opened is
+audited on the session; who may see a recording is who may see its session."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import render, resolve_url
+from django.urls import reverse
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from executions.errors import ExecutionError
+from executions.models import Machine
+from executions.spec import ExecutionSpec
+from terminals import actions, asciicast
+from terminals.models import Recording, RecordingState, ShareLink, TerminalSession
+
+SHARE_MINUTES = (15, 60, 8 * 60, 24 * 60)  # the choices the share form offers
+
+
+def _recording(request: HttpRequest, pk: int) -> Recording:
+    recording = Recording.objects.select_related("session__machine", "session__user", "execution").filter(pk=pk).first()
+    if recording is None or not actions.may_view_session(request.user, recording.session):
+        raise Http404("No such recording")
+    return recording
+
+
+@login_required
+@require_GET
+def machine_recordings(request: HttpRequest, name: str) -> HttpResponse:
+    """A workspace's recordings that this user may see, newest first."""
+    machine = Machine.objects.filter(name=name).first()
+    if machine is None or not actions.may_use_machine(request.user, machine):
+        raise Http404("No such workspace")
+    recordings = Recording.objects.filter(session__machine=machine).select_related("session__user", "execution")
+    visible = [r for r in recordings[:200] if actions.may_view_session(request.user, r.session)]
+    context = {"machine": machine, "recordings": visible, "retention_days": settings.TETHER_RECORDING_RETENTION_DAYS}
+    return render(request, "terminals/recordings.html", context)
+
+
+def _cast_response(recording: Recording, fmt: str, download: bool) -> StreamingHttpResponse:
+    lines = actions.cast_lines(recording)
+    if fmt == "v2":
+        lines = asciicast.v2_from_v3(lines)
+    response = StreamingHttpResponse(lines, content_type="application/x-asciicast; charset=utf-8")
+    if download:
+        name = f"{recording.session.machine.name}-{recording.session_id}-{recording.generation}"
+        suffix = "-v2" if fmt == "v2" else ""
+        response["Content-Disposition"] = f'attachment; filename="{name}{suffix}.cast"'
+    response["Cache-Control"] = "private, no-store"
+    return response
+
+
+def _format(request: HttpRequest) -> str:
+    fmt = request.GET.get("format", "v3")
+    if fmt not in ("v3", "v2"):
+        raise Http404("format is v3 or v2")
+    return fmt
+
+
+@login_required
+@require_GET
+def recording_cast(request: HttpRequest, pk: int) -> HttpResponse:
+    """The recording as a .cast file (``format`` v3 or v2); ``download=1`` saves it (audited as a download;
+    the player's own fetch is audited as its page's play)."""
+    recording = _recording(request, pk)
+    if not recording.playable:
+        raise Http404("This recording is past its retention")
+    fmt, download = _format(request), request.GET.get("download") == "1"
+    if download:
+        actions.note_recording_seen(recording, request.user, "downloaded", format=fmt)
+    return _cast_response(recording, fmt, download)
+
+
+def _player_context(recording: Recording, cast_url: str, *, downloads: bool, link: ShareLink | None = None) -> dict:
+    return {
+        "recording": recording,
+        "session": recording.session,
+        "link": link,
+        "downloads": downloads,
+        "player_state": {
+            "castUrl": cast_url,
+            "cols": recording.cols,
+            "rows": recording.rows,
+            "markers": recording.markers,
+            "live": recording.state == RecordingState.RECORDING,
+        },
+    }
+
+
+@login_required
+@require_GET
+def recording_player(request: HttpRequest, pk: int) -> HttpResponse:
+    recording = _recording(request, pk)
+    if recording.playable:
+        actions.note_recording_seen(recording, request.user, "played")
+    context = _player_context(recording, reverse("terminals:recording_cast", args=[pk]), downloads=True)
+    context["may_share"] = actions.may_share(request.user, recording.session)
+    return render(request, "terminals/recording.html", context)
+
+
+# --- share links -------------------------------------------------------------------------------
+
+
+def _share_panel(request: HttpRequest, session: TerminalSession, **extra) -> HttpResponse:
+    context = {
+        "session": session,
+        "links": actions.share_links_of(session, request.user),
+        "recordings": list(session.recordings.exclude(state=RecordingState.EXPIRED)[:20]),
+        "minutes": SHARE_MINUTES,
+        "default_minutes": settings.TETHER_SHARE_LINK_SECONDS // 60,
+        **extra,
+    }
+    # htmx swaps the panel in place; a plain request (or no JS) gets the whole page.
+    return render(request, "terminals/shares.html#share-panel" if request.htmx else "terminals/shares.html", context)
+
+
+def _shared_session(request: HttpRequest, session_id: UUID) -> TerminalSession:
+    session = TerminalSession.objects.select_related("machine", "user").filter(pk=session_id).first()
+    if session is None or not actions.may_share(request.user, session):
+        raise Http404("No such terminal")
+    return session
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def session_shares(request: HttpRequest, session_id: UUID) -> HttpResponse:
+    """The session's share links (GET), or a new one (POST: ``recording`` for a recording's, else the live
+    session's; ``minutes`` it lasts). The new link's address is shown this once."""
+    session = _shared_session(request, session_id)
+    if request.method == "GET":
+        return _share_panel(request, session)
+    recording = None
+    if raw := request.POST.get("recording"):
+        recording = Recording.objects.filter(pk=int(raw) if raw.isdigit() else 0, session=session).first()
+        if recording is None:
+            return _share_panel(request, session, error="No such recording of this session")
+    try:
+        minutes = int(request.POST.get("minutes", settings.TETHER_SHARE_LINK_SECONDS // 60))
+        link, token = actions.create_share_link(request.user, session, recording=recording, seconds=minutes * 60)
+    except (ValueError, ExecutionError) as refused:
+        return _share_panel(request, session, error=str(refused))
+    address = request.build_absolute_uri(reverse("terminals:share", args=[token]))
+    return _share_panel(request, session, new_link=link, new_address=address)
+
+
+@login_required
+@require_POST
+def revoke_share(request: HttpRequest, pk: int) -> HttpResponse:
+    try:
+        link = actions.revoke_share_link(pk, request.user)
+    except ExecutionError as refused:
+        link = ShareLink.objects.select_related("session").filter(pk=pk).first()
+        if link is None or not actions.may_revoke_share(request.user, link):
+            raise Http404("No such share link") from None
+        return _share_panel(request, link.session, error=str(refused))
+    return _share_panel(request, link.session, revoked=link)
+
+
+def _link(token: str) -> ShareLink:
+    link = actions.valid_share_link(token)
+    if link is None:
+        raise Http404("This share link does not exist, was revoked, or has expired")
+    return link
+
+
+@login_required
+@require_GET
+def share(request: HttpRequest, token: str) -> HttpResponse:
+    """Open a share link: a live session watched read-only, or a recording played."""
+    link = _link(token)
+    actions.note_share_opened(link, request.user)
+    if link.recording is not None:
+        recording = link.recording
+        recording.session = link.session
+        if recording.playable:
+            actions.note_recording_seen(recording, request.user, "played", link=link)
+        cast_url = reverse("terminals:share_cast", args=[token])
+        return render(
+            request, "terminals/recording.html", _player_context(recording, cast_url, downloads=True, link=link)
+        )
+    session = link.session
+    page_state = {
+        "session": str(session.id),
+        "machine": session.machine.name,
+        "wsPath": f"/ws/shares/{token}/",
+        "processState": session.process_state,
+        "generation": session.generation,
+        "idleMinutes": max(1, round(ExecutionSpec.from_json(session.execution.spec).idle_seconds / 60)),
+        "loginUrl": f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': request.get_full_path()})}",
+        "workspacesUrl": reverse("terminals:workspaces"),
+        "role": "observer",
+        "owner": session.user.get_username(),
+        "via": "share link",
+        "canTakeOver": False,
+        "expiresAt": link.expires_at.isoformat(),
+        "fontSize": actions.font_size_of(request.user),
+        "me": request.user.get_username(),
+        "preferencesUrl": reverse("terminals:preferences"),
+        "commandsUrl": "",
+    }
+    return render(request, "terminals/terminal.html", {"session": session, "page_state": page_state, "link": link})
+
+
+@login_required
+@require_GET
+def share_cast(request: HttpRequest, token: str) -> HttpResponse:
+    link = _link(token)
+    if link.recording is None or not link.recording.playable:
+        raise Http404("This link shares no recording that is still kept")
+    recording = link.recording
+    recording.session = link.session
+    fmt, download = _format(request), request.GET.get("download") == "1"
+    if download:
+        actions.note_recording_seen(recording, request.user, "downloaded", format=fmt, link=link)
+    return _cast_response(recording, fmt, download)
