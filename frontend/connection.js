@@ -75,7 +75,13 @@ export class Connection {
 // "login" (signed out), "gone" (no longer ours to see), or null (welcome, or the network is down).
 export async function probeWelcome() {
   try {
-    const response = await fetch(location.href, { redirect: "manual", cache: "no-store", credentials: "same-origin" });
+    // HEAD: the page's own answer (login, gone, or welcome) without its body, and with no side effect.
+    const response = await fetch(location.href, {
+      method: "HEAD",
+      redirect: "manual",
+      cache: "no-store",
+      credentials: "same-origin",
+    });
     if (response.type === "opaqueredirect") return "login";
     if (response.status === 404) return "gone";
   } catch {

@@ -246,7 +246,8 @@ export class SessionClient {
 
   ended(text, next, detail = null, failed = false) {
     this.setPhase("ended", text, failed ? "error" : "done");
-    this.page.showActions([next]);
+    // An observer starts no shell: what comes next is its writer's to do.
+    this.page.showActions(this.observing ? [] : [next]);
     if (detail) this.page.warn(detail);
   }
 

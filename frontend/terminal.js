@@ -276,6 +276,8 @@ async function main() {
   // Keys go to the terminal right after: a take-over or a fresh shell is for typing into.
   page.actions.takeover.addEventListener("click", () => {
     root.querySelector("#terminal-foreign")?.remove();
+    const reset = root.querySelector("#terminal-reset");
+    if (reset) reset.hidden = false; // the writer now: resetting is theirs too
     client.takeOver();
     term.focus();
   });

@@ -42,6 +42,7 @@ export const ErrorCode = Object.freeze({
   SUPERSEDED: "superseded",
   BAD_FRAME: "bad_frame",
   READ_ONLY: "read_only",
+  NOT_WATCHING: "not_watching",
 });
 
 export const StatusCode = Object.freeze({

@@ -13,6 +13,7 @@ from executions.admin import apply_each, badge
 from terminals import actions
 from terminals.admin import ReasonForm, WrittenElsewhere
 from terminals.models import Recording, RecordingState, ShareLink
+from terminals.recording_views import player_state
 
 STATE_COLOURS = {
     RecordingState.RECORDING: "#2563eb",
@@ -75,13 +76,7 @@ class RecordingAdmin(WrittenElsewhere, admin.ModelAdmin):
         recording = Recording.objects.select_related("session").filter(pk=object_id).first()
         if recording and recording.playable and actions.may_view_session(request.user, recording.session):
             actions.note_recording_seen(recording, request.user, "played", format="admin")
-            extra["player_state"] = {
-                "castUrl": reverse("terminals:recording_cast", args=[recording.pk]),
-                "cols": recording.cols,
-                "rows": recording.rows,
-                "markers": recording.markers,
-                "live": recording.state == RecordingState.RECORDING,
-            }
+            extra["player_state"] = player_state(recording, reverse("terminals:recording_cast", args=[recording.pk]))
             extra["portal_url"] = reverse("terminals:recording", args=[recording.pk])
         elif recording and recording.playable:
             extra["not_playable"] = "Playing another user's recording needs the permission to watch their shells."

@@ -34,6 +34,7 @@ class EventLog:
 
     started: float  # Unix seconds
     limit: int
+    grid: tuple[int, int] = (80, 24)  # the grid as last recorded
     stream: int = 0
     end: int = 0
     size: int = 0  # bytes of event lines taken so far (in earlier chunks too)
@@ -92,6 +93,7 @@ class EventLog:
             self._cut_at(self.end, at)
 
     def resize(self, cols: int, rows: int, at: float) -> None:
+        self.grid = (cols, rows)
         if not self.cut and not self._add(at, "r", f"{cols}x{rows}"):
             self._cut_at(self.end, at)
 
@@ -103,15 +105,45 @@ class EventLog:
         else:
             self._cut_at(self.end, at)
 
-    def exit(self, status: int, at: float) -> None:
-        """The program's own exit, observed: always recorded, past the bound too."""
-        self._add(at, "x", str(status), bounded=False)
+    def close(self, at: float) -> None:
+        """The output has ended: a character it left unfinished is written as U+FFFD."""
+        if not self.cut and (text := self._decoder.decode(b"", final=True)):
+            self._add(at, "o", text, bounded=False)
 
-    def take(self) -> tuple[bytes, list[list]]:
-        """The event lines and markers taken since the last call."""
-        lines, markers = b"".join(self.pending), self.new_markers
+    def take(self) -> Taken:
+        """The event lines and markers taken since the last call, and where the recording stands with them:
+        its output offset less the bytes of a character still unfinished (a later owner starts there, and
+        records that character whole)."""
+        unfinished = len(self._decoder.getstate()[0])
+        taken = Taken(
+            b"".join(self.pending),
+            self.new_markers,
+            stream=self.stream,
+            grid=self.grid,
+            end=self.end - unfinished,
+            size=self.size,
+            output_bytes=self.output_bytes - unfinished,
+            truncated_at=self.truncated_at,
+        )
         self.pending, self.new_markers = [], []
-        return lines, markers
+        return taken
+
+    def give_back(self, taken: Taken) -> None:
+        """Lines that could not be written yet go out with the next write."""
+        self.pending.insert(0, taken.lines)
+        self.new_markers[:0] = taken.markers
+
+
+@dataclass(frozen=True)
+class Taken:
+    lines: bytes
+    markers: list
+    stream: int
+    grid: tuple[int, int]
+    end: int
+    size: int
+    output_bytes: int
+    truncated_at: int | None
 
 
 # --- files ---------------------------------------------------------------------------------------

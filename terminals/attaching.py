@@ -190,6 +190,10 @@ class Attacher:
             await asyncio.sleep(settings.TETHER_VIEWER_CHECK_SECONDS)
             if not self.stream.attached:
                 continue
+            if self.observing:
+                # Still watching, said before the database is asked (which may be away): the owner keeps
+                # listing this observer, or tells it that it no longer does.
+                await self.owner.keepalive(observing=True)
             try:
                 signed_in = await db(_still_signed_in)(self.socket.scope.get("session"))
                 target = await db(_attach_target)(self.session_id)
@@ -201,9 +205,7 @@ class Attacher:
                 return
             if not self.stream.attached:
                 continue
-            if self.observing:
-                await self.owner.keepalive()  # still watching: the owner lists this observer a while longer
-            elif target["viewer"] and target["viewer"] != self.socket.viewer_id:
+            if not self.observing and target["viewer"] and target["viewer"] != self.socket.viewer_id:
                 log.info("session %s: another window took it over; this one missed the message", self.session_id)
                 await self.socket.superseded(None)
                 return

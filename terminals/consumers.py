@@ -57,7 +57,7 @@ ACK_DELAY_SECONDS = 0.01  # an ack freeing little of the flow window waits this 
 
 
 def _load_session(session_id: str, user) -> TerminalSession | None:
-    session = TerminalSession.objects.select_related("machine", "execution").filter(pk=session_id).first()
+    session = TerminalSession.objects.select_related("machine", "execution", "user").filter(pk=session_id).first()
     if session is None or not actions.may_view_session(user, session):
         return None
     return session
@@ -137,8 +137,14 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     async def _leave(self) -> None:
         """Stop everything this viewer started; safe to call more than once."""
         await self.tasks.close()
-        if (stream := getattr(self, "stream", None)) is not None and stream.attached:
-            stream.leave()  # the worker must hear it: it keeps a departed viewer's flow window a while
+        if getattr(self, "stream", None) is not None:
+            await self.detach()
+
+    async def detach(self) -> None:
+        """Attached no more, and the worker told at once: it keeps a departed writer's flow window a while,
+        and stops listing a departed observer as watching."""
+        if self.stream.attached:
+            self.stream.leave()
             await self.owner.detach()
         if group := getattr(self, "user_group", None):
             self.user_group = None
@@ -193,8 +199,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         now = time.monotonic()
         if now - self.told_read_only >= 2.0:
             self.told_read_only = now
-            owner = await db(lambda: self.session.user.get_username())()
-            text = f"You are watching {owner}'s shell read-only: {what}"
+            text = f"You are watching {self.session.user.get_username()}'s shell read-only: {what}"
             await self.send_json({"type": "error", "code": ErrorCode.READ_ONLY, "message": text})
 
     async def client_observe(self, message: dict) -> None:
@@ -215,10 +220,10 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if self.read_only:
             raise ProtocolError("this link is read-only: send observe to watch")
         if self.foreign and not await db(actions.may_take_over)(self.user, self.session):
-            owner = await db(lambda: self.session.user.get_username())()
+            owner = self.session.user.get_username()
             raise ProtocolError(f"this is {owner}'s shell: you may watch it (observe), not write into it")
         if self.foreign and message["type"] != "takeover":
-            owner = await db(lambda: self.session.user.get_username())()
+            owner = self.session.user.get_username()
             raise ProtocolError(f"this is {owner}'s shell: send takeover to write into it ({owner} is told)")
         if self.foreign and not self.taken_over:
             await db(actions.note_takeover)(self.session, self.user)
@@ -307,6 +312,10 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         message = Refusal.decode(event)
         if message.code == ErrorCode.ATTACH_REFUSED and not self.stream.attached and self.attacher.retry_refused():
             return  # the page hears of it only if it never settles
+        if message.code == ErrorCode.NOT_WATCHING and self.attacher.observing:
+            self.stream.leave()  # observe again, from where this viewer's stream is
+            self.attacher.start()
+            return
         await self.send_json({"type": "error", "code": message.code, "message": message.message})
 
     async def terminal_warning(self, event: dict) -> None:
@@ -368,7 +377,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         await self.close(Reason.close_code_for(message.reason))
 
     async def user_logged_out(self, event: dict) -> None:
-        self.stream.leave()
+        await self.detach()
         reason = Reason.LOGGED_OUT
         await self.send_json({"type": "closed", "reason": reason, "text": "Signed out"})
         await self.close(reason.close_code)

@@ -77,8 +77,8 @@ class OwnerClient:
     async def resend(self, since: int) -> None:
         await self._send(Resend, since=since)
 
-    async def keepalive(self) -> None:
-        await self._send(Keepalive)
+    async def keepalive(self, observing: bool = False) -> None:
+        await self._send(Keepalive, observing=observing)
 
     async def reset(self) -> None:
         await self._send(ResetShell)

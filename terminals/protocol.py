@@ -117,6 +117,7 @@ class ErrorCode(StrEnum):
     SUPERSEDED = "superseded"  # another window is the viewer
     BAD_FRAME = "bad_frame"  # the browser's frame broke the protocol
     READ_ONLY = "read_only"  # an observer's keys, grid or reset: observers only watch
+    NOT_WATCHING = "not_watching"  # the worker no longer lists this observer (silent too long): observe again
 
 
 class StatusCode(StrEnum):
@@ -237,6 +238,7 @@ class Resend(ToOwner):
 @dataclass(frozen=True, slots=True)
 class Keepalive(ToOwner):
     TYPE = "session.keepalive"
+    observing: bool = False  # an observer's: the worker says when it no longer lists it
 
 
 @dataclass(frozen=True, slots=True)

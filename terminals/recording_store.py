@@ -21,7 +21,7 @@ def save(name: str, lines: Iterable[bytes]) -> tuple[str, int]:
     """Compress ``lines`` into ``name`` (replacing a file an interrupted save left there); returns the name the
     storage gave it and its compressed size."""
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as spool:
-        with gzip.GzipFile(fileobj=spool, mode="wb", mtime=0) as packed:
+        with gzip.GzipFile(fileobj=spool, mode="wb", mtime=0, compresslevel=6) as packed:
             for line in lines:
                 packed.write(line)
         size = spool.tell()

@@ -4,21 +4,23 @@ audited on the session; who may see a recording is who may see its session."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import AsyncIterator, Iterator
 from uuid import UUID
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
-from django.shortcuts import render, resolve_url
+from django.shortcuts import render
 from django.urls import reverse
-from django.utils.http import urlencode
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST, require_safe
 
 from executions.errors import ExecutionError
 from executions.models import Machine
-from executions.spec import ExecutionSpec
 from terminals import actions, asciicast
 from terminals.models import Recording, RecordingState, ShareLink, TerminalSession
+from terminals.views import terminal_page_state
 
 SHARE_MINUTES = (15, 60, 8 * 60, 24 * 60)  # the choices the share form offers
 
@@ -38,16 +40,26 @@ def machine_recordings(request: HttpRequest, name: str) -> HttpResponse:
     if machine is None or not actions.may_use_machine(request.user, machine):
         raise Http404("No such workspace")
     recordings = Recording.objects.filter(session__machine=machine).select_related("session__user", "execution")
-    visible = [r for r in recordings[:200] if actions.may_view_session(request.user, r.session)]
+    if not actions.may_observe_others(request.user):
+        recordings = recordings.filter(session__user=request.user)
+    visible = list(recordings[:200])
     context = {"machine": machine, "recordings": visible, "retention_days": settings.TETHER_RECORDING_RETENTION_DAYS}
     return render(request, "terminals/recordings.html", context)
+
+
+async def _streamed(lines: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """A file read (and decompressed, or assembled from chunks) a batch of lines at a time in the sync thread,
+    sent as it is read: under ASGI a plain iterator would be read whole into memory first."""
+    batch = sync_to_async(lambda: b"".join(itertools.islice(lines, 512)))
+    while data := await batch():
+        yield data
 
 
 def _cast_response(recording: Recording, fmt: str, download: bool) -> StreamingHttpResponse:
     lines = actions.cast_lines(recording)
     if fmt == "v2":
         lines = asciicast.v2_from_v3(lines)
-    response = StreamingHttpResponse(lines, content_type="application/x-asciicast; charset=utf-8")
+    response = StreamingHttpResponse(_streamed(lines), content_type="application/x-asciicast; charset=utf-8")
     if download:
         name = f"{recording.session.machine.name}-{recording.session_id}-{recording.generation}"
         suffix = "-v2" if fmt == "v2" else ""
@@ -77,19 +89,18 @@ def recording_cast(request: HttpRequest, pk: int) -> HttpResponse:
     return _cast_response(recording, fmt, download)
 
 
+def player_state(recording: Recording, cast_url: str) -> dict:
+    """What the player's script (frontend/player.js) is told, in the portal and in the admin."""
+    return {"castUrl": cast_url, "markers": recording.markers, "live": recording.state == RecordingState.RECORDING}
+
+
 def _player_context(recording: Recording, cast_url: str, *, downloads: bool, link: ShareLink | None = None) -> dict:
     return {
         "recording": recording,
         "session": recording.session,
         "link": link,
         "downloads": downloads,
-        "player_state": {
-            "castUrl": cast_url,
-            "cols": recording.cols,
-            "rows": recording.rows,
-            "markers": recording.markers,
-            "live": recording.state == RecordingState.RECORDING,
-        },
+        "player_state": player_state(recording, cast_url),
     }
 
 
@@ -170,40 +181,35 @@ def _link(token: str) -> ShareLink:
 
 
 @login_required
-@require_GET
+@require_safe
 def share(request: HttpRequest, token: str) -> HttpResponse:
-    """Open a share link: a live session watched read-only, or a recording played."""
+    """Open a share link: a live session watched read-only, or a recording played. (The page asks with HEAD
+    whether it is still welcome, when its socket cannot connect: that is no opening.)"""
     link = _link(token)
-    actions.note_share_opened(link, request.user)
+    opened = request.method == "GET"
+    if opened:
+        actions.note_share_opened(link, request.user)
     if link.recording is not None:
         recording = link.recording
         recording.session = link.session
-        if recording.playable:
+        if recording.playable and opened:
             actions.note_recording_seen(recording, request.user, "played", link=link)
         cast_url = reverse("terminals:share_cast", args=[token])
         return render(
             request, "terminals/recording.html", _player_context(recording, cast_url, downloads=True, link=link)
         )
     session = link.session
-    page_state = {
-        "session": str(session.id),
-        "machine": session.machine.name,
-        "wsPath": f"/ws/shares/{token}/",
-        "processState": session.process_state,
-        "generation": session.generation,
-        "idleMinutes": max(1, round(ExecutionSpec.from_json(session.execution.spec).idle_seconds / 60)),
-        "loginUrl": f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': request.get_full_path()})}",
-        "workspacesUrl": reverse("terminals:workspaces"),
-        "role": "observer",
-        "owner": session.user.get_username(),
-        "via": "share link",
-        "canTakeOver": False,
-        "expiresAt": link.expires_at.isoformat(),
-        "fontSize": actions.font_size_of(request.user),
-        "me": request.user.get_username(),
-        "preferencesUrl": reverse("terminals:preferences"),
-        "commandsUrl": "",
-    }
+    page_state = terminal_page_state(
+        request,
+        session,
+        ws_path=f"/ws/shares/{token}/",
+        owner=session.user.get_username(),
+        role="observer",
+        via="share link",
+        canTakeOver=False,
+        expiresAt=link.expires_at.isoformat(),
+        commandsUrl="",  # the typed commands are not the link holder's to list
+    )
     return render(request, "terminals/terminal.html", {"session": session, "page_state": page_state, "link": link})
 
 

@@ -57,7 +57,8 @@ class SharedTerminalConsumer(TerminalConsumer):
         """Close at the link's expiry; and check now and then that it was not revoked meanwhile."""
         while True:
             left = (self.link.expires_at - timezone.now()).total_seconds()
-            await asyncio.sleep(max(0.0, min(left, settings.TETHER_VIEWER_CHECK_SECONDS)))
+            # At least a moment: this clock may run ahead of the database's, which decides.
+            await asyncio.sleep(max(0.5, min(left, settings.TETHER_VIEWER_CHECK_SECONDS)))
             try:
                 ended = await db(actions.link_ended)(self.link.pk)
             except Exception as error:  # the database is away: expiry by this clock, revocation by message
@@ -71,6 +72,6 @@ class SharedTerminalConsumer(TerminalConsumer):
         await self._end(*ENDS["revoked"])
 
     async def _end(self, reason: Reason, text: str) -> None:
-        self.stream.leave()
+        await self.detach()  # the writer's page stops listing this observer at once
         await self.send_json({"type": "closed", "reason": reason, "text": text})
         await self.close(reason.close_code)

@@ -13,7 +13,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidde
 from django.shortcuts import get_object_or_404, redirect, render, resolve_url
 from django.urls import reverse
 from django.utils.http import urlencode
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_POST, require_safe
 
 from executions.errors import ExecutionError, SlotTaken
 from executions.models import ENDED_STATES, Backend, Execution, Kind, Machine, MachineState, State
@@ -158,8 +158,28 @@ def busy_text(machine: Machine, busy: SlotTaken) -> str:
     return f"{machine.name} is busy running {busy.holder_label}: try again when it has finished."
 
 
+def terminal_page_state(request: HttpRequest, session: TerminalSession, *, ws_path: str, **page) -> dict:
+    """What the terminal page's script is told (``page``: who this window is to the session, and its links)."""
+    return {
+        "session": str(session.id),
+        "machine": session.machine.name,
+        "wsPath": ws_path,
+        "processState": session.process_state,
+        "generation": session.generation,
+        # The limit this shell really has: fixed in its spec when it was opened (by whichever web process
+        # handled the Open), not this process's setting, which may differ.
+        "idleMinutes": max(1, round(ExecutionSpec.from_json(session.execution.spec).idle_seconds / 60)),
+        "loginUrl": f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': request.get_full_path()})}",
+        "workspacesUrl": reverse("terminals:workspaces"),
+        "fontSize": actions.font_size_of(request.user),
+        "me": request.user.get_username(),
+        "preferencesUrl": reverse("terminals:preferences"),
+        **page,
+    }
+
+
 @login_required
-@require_GET
+@require_safe
 def terminal(request: HttpRequest, session_id: UUID) -> HttpResponse:
     session = TerminalSession.objects.select_related("machine", "execution", "user").filter(pk=session_id).first()
     # Unknown and foreign sessions look the same, so session ids cannot be probed; staff are told why.
@@ -169,32 +189,22 @@ def terminal(request: HttpRequest, session_id: UUID) -> HttpResponse:
             return HttpResponseForbidden(text, content_type="text/plain; charset=utf-8")
         raise Http404("No such terminal")
     foreign = session.user_id != request.user.pk
-    page_state = {
-        "session": str(session.id),
-        "machine": session.machine.name,
-        "wsPath": f"/ws/terminals/{session.id}/",
-        "processState": session.process_state,
-        "generation": session.generation,
-        # The limit this shell really has: fixed in its spec when it was opened (by whichever web process
-        # handled the Open), not this process's setting, which may differ.
-        "idleMinutes": max(1, round(ExecutionSpec.from_json(session.execution.spec).idle_seconds / 60)),
-        "loginUrl": f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': request.get_full_path()})}",
-        "workspacesUrl": reverse("terminals:workspaces"),
-        # Another user's shell (staff who may watch it): the page watches it read-only; taking it over (with
-        # that permission) is a click the user is told of.
-        "owner": session.user.get_username() if foreign else "",
-        "role": "observer" if foreign else "writer",
-        "via": "staff" if foreign else "",
-        "canTakeOver": foreign and actions.may_take_over(request.user, session),
-        "sharesUrl": reverse("terminals:session_shares", args=[session.id])
+    # Another user's shell (staff who may watch it): the page watches it read-only; taking it over (with that
+    # permission) is a click the user is told of.
+    page_state = terminal_page_state(
+        request,
+        session,
+        ws_path=f"/ws/terminals/{session.id}/",
+        owner=session.user.get_username() if foreign else "",
+        role="observer" if foreign else "writer",
+        via="staff" if foreign else "",
+        canTakeOver=foreign and actions.may_take_over(request.user, session),
+        sharesUrl=reverse("terminals:session_shares", args=[session.id])
         if actions.may_share(request.user, session)
         else "",
-        "recordingsUrl": reverse("terminals:machine_recordings", args=[session.machine.name]),
-        "fontSize": actions.font_size_of(request.user),
-        "me": request.user.get_username(),
-        "preferencesUrl": reverse("terminals:preferences"),
-        "commandsUrl": reverse("terminals:commands", args=[session.id]),
-    }
+        recordingsUrl=reverse("terminals:machine_recordings", args=[session.machine.name]),
+        commandsUrl=reverse("terminals:commands", args=[session.id]),
+    )
     return render(request, "terminals/terminal.html", {"session": session, "page_state": page_state})
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 
-from terminals.asciicast import EventLog, output_of, parse_lines, v2_from_v3, write_v3
+from terminals.asciicast import EventLog, event_line, output_of, parse_lines, v2_from_v3, write_v3
 
 HEADER = {"term": {"cols": 80, "rows": 24, "type": "xterm-256color"}, "timestamp": 1000}
 
 
-def file_of(log: EventLog) -> list[bytes]:
-    lines, _ = log.take()
-    return b"".join(write_v3(HEADER, [lines], log.started)).splitlines(keepends=True)
+def file_of(log: EventLog, *closing: bytes) -> list[bytes]:
+    """The file of what ``log`` took, then ``closing`` lines (how the shell ended, as finishing adds it)."""
+    return b"".join(write_v3(HEADER, [log.take().lines, *closing], log.started)).splitlines(keepends=True)
 
 
 def test_output_split_inside_a_character_is_the_same_bytes_in_the_file():
@@ -39,32 +39,29 @@ def test_intervals_count_from_the_previous_event_and_never_go_back():
     log.output(0, 0, b"a", 101.0)
     log.resize(100, 30, 103.5)
     log.output(0, 1, b"b", 103.0)  # another owner's clock a little behind
-    log.exit(7, 104.0)
-    events = [json.loads(line) for line in file_of(log)[1:]]
+    events = [json.loads(line) for line in file_of(log, event_line(104.0, "x", "7"))[1:]]
     assert events == [[1.0, "o", "a"], [2.5, "r", "100x30"], [0.0, "o", "b"], [0.5, "x", "7"]]
 
 
-def test_past_the_size_bound_the_file_says_where_it_was_cut_and_still_ends_with_the_exit():
+def test_past_the_size_bound_the_file_says_where_it_was_cut():
     log = EventLog(started=0.0, limit=2000)
     for n in range(100):
         log.output(0, n * 50, b"y" * 50, float(n))
-    log.exit(0, 200.0)
+        log.marker(f"command {n}", float(n))
     assert log.truncated_at is not None and 0 < log.truncated_at < 5000
     lines = file_of(log)
     assert len(output_of(lines)) == log.truncated_at
     comment = [line for line in lines if line.startswith(b"#")]
     assert comment and b"size bound" in comment[0]
     events = [json.loads(line) for line in lines[1:] if not line.startswith(b"#")]
-    assert events[-2][1] == "m" and f"output offset {log.truncated_at}" in events[-2][2]
-    assert events[-1][1:] == ["x", "0"]
+    assert events[-1][1] == "m" and f"output offset {log.truncated_at}" in events[-1][2]  # nothing after it
 
 
 def test_v2_has_absolute_times_width_and_height_and_the_exit_as_a_marker():
     log = EventLog(started=0.0, limit=1 << 20)
     log.output(0, 0, b"a", 1.0)
     log.marker("make test", 2.0)
-    log.exit(3, 4.0)
-    v2 = [json.loads(line) for line in v2_from_v3(file_of(log))]
+    v2 = [json.loads(line) for line in v2_from_v3(file_of(log, event_line(4.0, "x", "3")))]
     assert v2[0]["version"] == 2 and (v2[0]["width"], v2[0]["height"]) == (80, 24)
     assert v2[1:] == [[1.0, "o", "a"], [2.0, "m", "make test"], [4.0, "m", "exit 3"]]
 
@@ -72,5 +69,18 @@ def test_v2_has_absolute_times_width_and_height_and_the_exit_as_a_marker():
 def test_stored_lines_parse_back_with_their_absolute_times():
     log = EventLog(started=0.0, limit=1 << 20)
     log.input(b"ls\r", 5.25)
-    lines, markers = log.take()
-    assert list(parse_lines(lines)) == [(5.25, "i", "ls\r")] and markers == []
+    taken = log.take()
+    assert list(parse_lines(taken.lines)) == [(5.25, "i", "ls\r")] and taken.markers == []
+
+
+def test_a_character_split_across_a_write_is_left_to_the_next_owner_whole():
+    log = EventLog(started=0.0, limit=1 << 20)
+    check = "✓".encode()
+    log.output(0, 0, b"ok " + check[:1], 1.0)
+    taken = log.take()
+    assert taken.end == 3 and output_of([b"{}\n", taken.lines]) == b"ok "  # the split character is not counted
+    log.output(0, 4, check[1:], 2.0)
+    assert output_of([b"{}\n", log.take().lines]) == check
+    log.output(0, 6, check[:2], 3.0)
+    log.close(4.0)  # the output ended inside a character: it is written as U+FFFD, not lost silently
+    assert output_of([b"{}\n", log.take().lines]) == "\ufffd".encode()

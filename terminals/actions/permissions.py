@@ -29,10 +29,15 @@ def may_view_session(user, session: TerminalSession) -> bool:
     return session.user_id == user.pk or may_observe(user, session)
 
 
+def may_observe_others(user) -> bool:
+    """Staff who may watch other users' shells read-only (and play their recordings): with the permission to
+    watch, or to take over."""
+    staff = user.is_authenticated and user.is_staff and user.is_active
+    return staff and (user.has_perm(OBSERVE_PERMISSION) or user.has_perm(TAKEOVER_PERMISSION))
+
+
 def may_observe(user, session: TerminalSession) -> bool:
-    """Staff watching another user's shell read-only: with the permission to watch, or to take over."""
-    foreign_staff = session.user_id != user.pk and user.is_staff and user.is_active
-    return foreign_staff and (user.has_perm(OBSERVE_PERMISSION) or user.has_perm(TAKEOVER_PERMISSION))
+    return session.user_id != user.pk and may_observe_others(user)
 
 
 def may_take_over(user, session: TerminalSession) -> bool:

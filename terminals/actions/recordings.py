@@ -43,6 +43,8 @@ def begin_recording(
                 "started_epoch": started,
                 "cols": cols,
                 "rows": rows,
+                "grid_cols": cols,
+                "grid_rows": rows,
                 "input_recorded": settings.TETHER_RECORD_INPUT,
                 "stream": stream,
             },
@@ -51,15 +53,7 @@ def begin_recording(
 
 
 def write_chunk(
-    recording_pk: int,
-    *,
-    worker: Worker,
-    token: int,
-    execution_pk: int,
-    number: int,
-    lines: bytes,
-    markers: list,
-    log_state: asciicast.EventLog,
+    recording_pk: int, *, worker: Worker, token: int, execution_pk: int, number: int, taken: asciicast.Taken
 ) -> bool:
     """Store chunk ``number`` (compare-and-set on the count, so a repeated write stores nothing twice) with
     where the recording stands after it. False when it was written already or the recording is finished."""
@@ -71,15 +65,17 @@ def write_chunk(
         )
         if recording is None:
             return False
-        RecordingChunk.objects.create(recording=recording, number=number, data=zlib.compress(lines, 6))
+        RecordingChunk.objects.create(recording=recording, number=number, data=zlib.compress(taken.lines, 6))
         Recording.objects.filter(pk=recording_pk).update(
             chunks=F("chunks") + 1,
-            stream=log_state.stream,
-            output_end=log_state.end,
-            output_bytes=log_state.output_bytes,
-            size=log_state.size,
-            truncated_at=log_state.truncated_at,
-            markers=recording.markers + markers,
+            stream=taken.stream,
+            grid_cols=taken.grid[0],
+            grid_rows=taken.grid[1],
+            output_end=taken.end,
+            output_bytes=taken.output_bytes,
+            size=taken.size,
+            truncated_at=taken.truncated_at,
+            markers=recording.markers + taken.markers,
         )
     return True
 
@@ -182,7 +178,8 @@ def expire_recordings(*, actor: Actor, days: int | None = None, dry_run: bool = 
                 state=RecordingState.EXPIRED, expired_at=Now()
             )
             if changed:
-                recording_store.remove(recording.file)
+                # Only once the row says so: a file removed under a rolled-back change would be lost for good.
+                transaction.on_commit(lambda name=recording.file: recording_store.remove(name))
                 session_event(
                     recording.session, "recording_expired", actor, f"finished more than {days} days ago",
                     recording=recording.pk, generation=recording.generation,

@@ -68,11 +68,15 @@ def valid_share_link(token: str) -> ShareLink | None:
     """The link ``token`` opens, when it is neither revoked nor expired (on the database's clock)."""
     if not isinstance(token, str) or not 20 <= len(token) <= 100:
         return None
-    return (
-        ShareLink.objects.select_related("session__machine", "session__user", "session__execution", "recording")
+    link = (
+        ShareLink.objects.select_related(
+            "session__machine", "session__user", "session__execution", "recording", "created_by"
+        )
         .filter(token_hash=token_hash(token), revoked_at__isnull=True, expires_at__gt=Now())
         .first()
     )
+    # Whoever made it must still be allowed to: a link outlives no deactivation or lost permission.
+    return link if link is not None and may_share(link.created_by, link.session) else None
 
 
 def link_ended(link_pk: int) -> str:

@@ -32,6 +32,9 @@ class Recording(models.Model):
     started_epoch = models.FloatField(help_text="The same moment in Unix seconds: event times count from here.")
     cols = models.PositiveSmallIntegerField(help_text="The grid the recording starts with.")
     rows = models.PositiveSmallIntegerField()
+    # The grid as last recorded: a later owner of the shell (an adoption) starts from it, not from the spec's.
+    grid_cols = models.PositiveSmallIntegerField(default=80)
+    grid_rows = models.PositiveSmallIntegerField(default=24)
     input_recorded = models.BooleanField(default=False, help_text="Keys typed are in the recording too.")
     # Where the recorded output stands in the shell's stream: ``stream`` as for command records (0 for a
     # session holder's offsets, the same under every owner; else the lease token of the owner numbering them).

@@ -109,7 +109,7 @@ class SessionHost:
             await self.recorder.begin(live, screen)
             await live.pump(deliver)
             exit = await live.observe_exit()
-            await self.recorder.flush(live)  # while the lease, which fences it, is still ours
+            await self.recorder.flush_last(live)  # while the lease, which fences it, is still ours
             # No longer a live process of ours: the heartbeat must not mistake the lease it is about
             # to release for a lost one.
             self.context.live.pop(live.execution_pk, None)
@@ -258,8 +258,12 @@ class SessionHost:
                 self.context.tasks.start(self.outbox.to_viewer(live, warning))
 
     def _forget_silent_observers(self, live: LiveProcess, now: float) -> None:
-        """An observer whose consumer went without a word (its daphne died) stops being listed as watching."""
-        silent = max(3 * settings.TETHER_VIEWER_CHECK_SECONDS, 15)
+        """An observer whose consumer went without a word (its daphne died) stops being listed as watching. Not
+        while the leases are unconfirmed: this worker drops every message then, keep-alives too. One forgotten
+        by mistake is told at its next keep-alive, and observes again."""
+        if now > self.leases.fresh_until:
+            return
+        silent = 3 * settings.TETHER_VIEWER_CHECK_SECONDS  # three keep-alives missed
         gone = [key for key, observer in live.observers.items() if now - observer.seen > silent]
         for key in gone:
             del live.observers[key]

@@ -19,12 +19,13 @@ from executions.models import Kind
 from terminals import actions
 from terminals.asciicast import EventLog
 from terminals.live import LiveProcess
-from terminals.owner.context import WorkerContext, every
+from terminals.owner.context import DB_OUTAGE, WorkerContext, every, until_recorded
 
 log = logging.getLogger(__name__)
 
 FLUSH_BYTES = 256 * 1024  # this much taken and not yet written: write it now, not at the next turn
 SWEEP_SECONDS = 15  # how often a worker finishes recordings whose owner died with their shell
+FINISHING_AT_ONCE = 2  # recordings made into files at once, each in a thread of its own
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Take:
     chunks: int  # the next chunk's number
     input_recorded: bool
     writing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    flush_due: bool = False  # a write is on its way for what came past FLUSH_BYTES
     stopped: bool = False  # the lease was lost: someone else records it now
 
 
@@ -47,21 +49,25 @@ def stream_of(live: LiveProcess) -> int:
 class Recorder:
     def __init__(self, context: WorkerContext):
         self.context = context
+        self.finishing = asyncio.Semaphore(FINISHING_AT_ONCE)
 
     async def begin(self, live: LiveProcess, adopted_screen: bytes = b"") -> None:
-        """Begin (or, for an adopted shell, go on with) the recording of a terminal session's shell."""
+        """Begin (or, for an adopted shell, go on with) the recording of a terminal session's shell. A database
+        outage is waited out (the shell's output waits meanwhile, so none of it goes unrecorded)."""
         if not settings.TETHER_RECORDINGS or live.kind != Kind.TERMINAL or not live.session_id:
             return
         now = time.time()
         try:
-            recording = await db(actions.begin_recording)(
-                execution_pk=live.execution_pk,
-                worker=self.context.worker,
-                token=live.token,
-                cols=live.grid[0],
-                rows=live.grid[1],
-                started=now,
-                stream=stream_of(live),
+            recording = await until_recorded(
+                lambda: db(actions.begin_recording)(
+                    execution_pk=live.execution_pk,
+                    worker=self.context.worker,
+                    token=live.token,
+                    cols=live.grid[0],
+                    rows=live.grid[1],
+                    started=now,
+                    stream=stream_of(live),
+                )
             )
         except actions.LeaseLost:
             raise
@@ -70,9 +76,12 @@ class Recorder:
             return
         if recording is None:
             return
+        # A shell taken over from an earlier owner has the grid that owner last gave it.
+        live.grid = (recording.grid_cols, recording.grid_rows)
         event_log = EventLog(
             started=recording.started_epoch,
             limit=settings.TETHER_RECORDING_MAX_BYTES,
+            grid=live.grid,
             stream=recording.stream,
             end=recording.output_end,
             size=recording.size,
@@ -111,19 +120,25 @@ class Recorder:
         return take if take is not None and not take.stopped else None
 
     def _soon(self, live: LiveProcess, take: Take) -> None:
-        if take.log.pending_bytes >= FLUSH_BYTES and not take.writing.locked():
+        if take.log.pending_bytes >= FLUSH_BYTES and not take.flush_due:
+            take.flush_due = True
             self.context.tasks.start(self.flush(live))
 
     # --- writing -------------------------------------------------------------------------------------
 
-    async def flush(self, live: LiveProcess) -> None:
-        """Write what was taken since the last write, fenced by the lease."""
+    async def flush(self, live: LiveProcess, *, final: bool = False) -> None:
+        """Write what was taken since the last write, fenced by the lease. ``final``: the shell's output has
+        ended, so a character it left unfinished is written too, and a database outage is raised for the
+        caller to wait out (nothing would write these lines later)."""
         take = live.recording
         if take is None or take.stopped:
             return
         async with take.writing:
-            lines, markers = take.log.take()
-            if not lines:
+            take.flush_due = False
+            if final:
+                take.log.close(time.time())
+            taken = take.log.take()
+            if not taken.lines:
                 return
             try:
                 await db(actions.write_chunk)(
@@ -132,19 +147,22 @@ class Recorder:
                     token=live.token,
                     execution_pk=live.execution_pk,
                     number=take.chunks,
-                    lines=lines,
-                    markers=markers,
-                    log_state=take.log,
+                    taken=taken,
                 )
             except actions.LeaseLost:
                 take.stopped = True  # the supervisor lets go; the new owner goes on recording
                 return
-            except Exception as error:  # the database is away: keep the lines for the next write
-                take.log.pending.insert(0, lines)
-                take.log.new_markers[:0] = markers
+            except Exception as error:  # the database is away: the lines go out with the next write
+                take.log.give_back(taken)
+                if final and isinstance(error, DB_OUTAGE):
+                    raise
                 log.info("execution %s: recording not written yet (%r)", live.execution_pk, error)
                 return
             take.chunks += 1
+
+    async def flush_last(self, live: LiveProcess) -> None:
+        """The shell's output has ended: write the rest, waiting out a database outage."""
+        await until_recorded(lambda: self.flush(live, final=True))
 
     async def run(self) -> None:
         swept = 0.0
@@ -166,9 +184,13 @@ class Recorder:
             await self.finish(pk)
 
     async def finish(self, recording_pk: int) -> None:
-        """The shell has ended and is recorded: its recording becomes one file (see finish_recording)."""
+        """The shell has ended and is recorded: its recording becomes one file (see finish_recording). Made in
+        a thread of its own, never the one the worker's heartbeats and fenced writes wait on."""
         try:
-            if await db(actions.finish_recording)(recording_pk) is not None:
-                log.info("recording %s saved", recording_pk)
+            async with self.finishing:
+                finished = await db(actions.finish_recording, thread_sensitive=False)(recording_pk)
         except Exception:  # left for the sweep
             log.exception("recording %s: could not save it yet", recording_pk)
+            return
+        if finished is not None:
+            log.info("recording %s saved (%d bytes)", recording_pk, finished.file_bytes)

@@ -7,6 +7,7 @@ old viewer.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -78,12 +79,12 @@ class Outbox:
         await self.to_observers(live, message)
 
     async def output(self, live: LiveProcess, offset: int, data: bytes) -> None:
-        """New output, to the writer and every observer."""
-        channels = [observer.channel for observer in live.observers.values()]
+        """New output: to the writer first (its echo waits on no observer), then to every observer at once."""
         if live.viewer is not None:
-            channels.append(live.viewer.channel)
-        for channel in channels:
-            await self.output_to(channel, live, offset, data)
+            await self.output_to(live.viewer.channel, live, offset, data)
+        if live.observers:
+            channels = [observer.channel for observer in live.observers.values()]
+            await asyncio.gather(*(self.output_to(channel, live, offset, data) for channel in channels))
 
     async def output_to(self, channel: str, live: LiveProcess, offset: int, data: bytes) -> None:
         """Output (a replay, a resend) to one viewer."""
@@ -276,12 +277,14 @@ class ViewerService:
     async def _regrid(self, live: LiveProcess, cols: int, rows: int) -> None:
         """The writer's grid: the process is resized; a change is recorded and told to the observers, at the
         offset from which output is drawn for it."""
-        await live.process.resize(cols, rows)
-        if (cols, rows) == live.grid:
-            return
-        live.grid = (cols, rows)
-        self.host.recorder.resize(live, cols, rows)
-        await self.outbox.to_observers(live, Grid(live.buffer.end, cols, rows, live.token))
+        # Under the send lock: output read before the new grid reaches the observers before the word of it.
+        async with live.send_lock:
+            await live.process.resize(cols, rows)
+            if (cols, rows) == live.grid:
+                return
+            live.grid = (cols, rows)
+            self.host.recorder.resize(live, cols, rows)
+            await self.outbox.to_observers(live, Grid(live.buffer.end, cols, rows, live.token))
 
     async def on_input(self, message: Input) -> None:
         if (live := await self._writer(message, while_closing=False)) is None:
@@ -297,10 +300,16 @@ class ViewerService:
         self.host.recorder.input(live, message.data)
 
     async def on_keepalive(self, message: Keepalive) -> None:
-        if live := self._viewing(message):
-            live.touch()
-        elif (live := self._held(message)) and (observer := live.observers.get(message.viewer)):
+        if not message.observing:
+            if live := self._viewing(message):
+                live.touch()
+            return
+        live = self._held(message)
+        if live is not None and (observer := live.observers.get(message.viewer)):
             observer.seen = time.monotonic()  # still watching (which keeps no shell from its idle close)
+        elif live is not None and not live.closing:
+            # Forgotten (silent too long: its messages were lost, or ours were dropped in an outage).
+            await self._refuse(message, ErrorCode.NOT_WATCHING, "this worker no longer lists you as watching")
 
     async def on_resize(self, message: Resize) -> None:
         if (live := self._viewing(message)) and not live.closing:

@@ -104,11 +104,13 @@ async def test_underscores_are_visible_on_ordinary_and_dense_screens(browser, ba
         base_url=base_url, viewport={"width": 900, "height": 500}, device_scale_factor=scale
     )
     try:
+        # Added before the list is loaded: a machine added after it would appear only at its 15 s refresh.
+        machine = new_machine(f"underscores-{scale}")
         page = await context.new_page()
         sockets = []
         page.on("websocket", lambda ws: sockets.append(ws.url))
         await log_in(page, "operator", "operator-password")
-        await open_workspace(page, new_machine(f"underscores-{scale}"))
+        await open_workspace(page, machine)
         await page.wait_for_timeout(500)
         assert len(sockets) == 1, sockets  # no reconnect right after the page came up
         # The screen and scrollback cleared, a row of underscores at the top, nothing else drawn.

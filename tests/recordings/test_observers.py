@@ -4,6 +4,7 @@ the shell back; a share link's socket closes at once when the link is revoked, a
 from __future__ import annotations
 
 import asyncio
+import signal
 from datetime import timedelta
 
 import pytest
@@ -15,7 +16,7 @@ from websockets.exceptions import InvalidStatus
 from terminals import actions
 from terminals.models import SessionEvent, ShareLink
 from terminals.protocol import CloseCode, ErrorCode
-from tests.bridge.harness import Viewer, http_post, open_viewer, session_cookie
+from tests.bridge.harness import Stack, Viewer, http_post, open_viewer, session_cookie
 
 pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
 
@@ -101,6 +102,7 @@ async def test_a_share_link_watches_until_revoked_and_its_socket_closes_at_once(
     started = asyncio.get_running_loop().time()
     status, body = await asyncio.to_thread(http_post, stack.ports[0], f"/shares/{link.pk}/revoke/", operator_cookie)
     assert status == 200 and b"was revoked" in body
+    assert (await writer.wait_for("observers", timeout=2))["observers"] == []  # the writer is told at once too
     closed = await shared.wait_for("closed", timeout=5)
     assert closed["reason"] == "share_revoked"
     assert await shared.wait_closed() == CloseCode.SHARE_ENDED
@@ -125,3 +127,29 @@ async def test_a_share_links_socket_closes_when_the_link_expires(stack, terminal
     closed = await shared.wait_for("closed", timeout=10)
     assert closed["reason"] == "share_expired"
     assert await shared.wait_closed() == CloseCode.SHARE_ENDED
+
+
+async def test_an_observer_forgotten_while_its_daphne_was_stopped_watches_again_once_it_runs(
+    operator, watcher, terminal
+):
+    stack = Stack(extra_env={"TETHER_VIEWER_CHECK_SECONDS": "1"})
+    try:
+        await sync_to_async(stack.start_daphne)()
+        await sync_to_async(stack.start_daphne)()
+        await sync_to_async(stack.start_worker)("local")
+        writer, session, _ = await open_viewer(stack, terminal, operator)
+        observer = await Viewer.open(stack.ports[1], session.id, await sync_to_async(session_cookie)(watcher))
+        await observer.observe()
+        assert (await writer.wait_for("observers"))["observers"] == [{"name": "watcher", "via": "staff"}]
+        stopped = stack.processes[1]
+        stopped.send_signal(signal.SIGSTOP)  # its keep-alives stop: after three checks the worker forgets it
+        try:
+            assert (await writer.wait_for("observers", timeout=10))["observers"] == []
+        finally:
+            stopped.send_signal(signal.SIGCONT)
+        # Its next keep-alive is answered with not_watching, and its consumer observes again by itself.
+        assert (await writer.wait_for("observers", timeout=10))["observers"] == [{"name": "watcher", "via": "staff"}]
+        await writer.type("echo back-$((4+4))\r")
+        await observer.read_until(b"back-8")
+    finally:
+        await sync_to_async(stack.stop)()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -15,7 +16,17 @@ from asgiref.sync import sync_to_async
 
 from terminals.asciicast import output_of
 from terminals.models import Recording, RecordingState, SessionEvent
-from tests.bridge.harness import RECORDINGS_DIR, Stack, http_get, open_viewer, session_cookie, wait_for, without_marks
+from terminals.protocol import CloseCode
+from tests.bridge.harness import (
+    RECORDINGS_DIR,
+    Stack,
+    Viewer,
+    http_get,
+    open_viewer,
+    session_cookie,
+    wait_for,
+    without_marks,
+)
 
 pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
 
@@ -183,3 +194,31 @@ async def test_a_shell_lost_with_its_worker_ends_its_recording_unknown_never_wit
     assert b"before-2" in output_of(lines)
     assert not [event for event in events if event[1] == "x"]  # no exit was observed, so none is written
     assert events[-1][1:] == ["m", "the shell's end: Connection lost; outcome unknown"]
+
+
+async def test_a_worker_stopped_mid_stream_hands_its_recording_over_with_nothing_lost_or_twice(
+    own_stack, terminal, operator
+):
+    stack = await sync_to_async(own_stack)(TETHER_VIEWER_CHECK_SECONDS="1")
+    viewer, session, cookie = await open_viewer(stack, terminal, operator)
+    await viewer.type(
+        "for i in $(seq 0 79); do seq $((i*2000+1)) $((i*2000+2000)); sleep 0.05; done; echo __DO''NE__\r"
+    )
+    await viewer.read_until(b"\r\n20000\r\n", timeout=30)  # well into it: a busy shell, writes in flight
+    attached = next(message for message in viewer.messages if message["type"] == "attached")
+    stack.workers[0].terminate()  # SIGTERM: it writes what it took, lets the held shell go, and stops
+    assert await viewer.wait_closed() == CloseCode.SERVER_RESTART
+    await sync_to_async(stack.start_worker)(backends="local")
+    # The page comes back to the adopter from where it was.
+    again = await Viewer.open(stack.ports[0], session.id, cookie)
+    await again.attach(since=viewer.offset, generation=attached["generation"], epoch=attached["epoch"])
+    await again.read_until(b"__DONE__", timeout=60)
+    await again.type("exit 4\r")
+    await again.wait_for("exit", timeout=30)
+    recording = await sync_to_async(saved)(session.pk)
+    lines = await sync_to_async(cast_of)(stack, recording, cookie)
+    output = without_marks(output_of(lines)).decode()
+    numbers = [int(number) for number in re.findall(r"(?<![^\r\n])(\d+)(?=\r\n)", output)]
+    assert numbers == list(range(1, 160_001))  # every line once, in order, across the two owners
+    assert "not recorded" not in b"".join(lines).decode()
+    assert json.loads(lines[-1])[1:] == ["x", "4"]
