@@ -1,6 +1,8 @@
 """What keeping typed commands on the record costs (docs/commands.md), each figure against the same shell
 without the integration, in the same run: output through Tether from a tracked bash against an untracked
-one, and a command's round trip (Enter to the next prompt) with its marks read and its record written."""
+one, and a command's round trip (Enter to the next prompt) with its marks read and its record written.
+
+``open_on``, ``alternate`` and ``report_pair`` serve any such A/B of one shell setting (bench/recordings.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from bench.common import Figure
 from bench.sessions import MIB, Context, close_session
 from bench.throughput import make_data
 
-ROUNDS = 3  # tracked and untracked alternate, each's best kept
+ROUNDS = 3  # the two kinds alternate, each's best kept
 SHELL = ["/bin/bash", "--noprofile", "--norc"]
 
 
@@ -25,11 +27,11 @@ def _machine(tracked: bool):
     )
 
 
-async def _open(ctx: Context, tracked: bool):
+async def open_on(ctx: Context, machine):
+    """A bash on ``machine``, echo off, ready for commands."""
     from bench.sessions import terminal_for
     from tests.bridge.harness import Viewer
 
-    machine = await sync_to_async(_machine)(tracked)
     session = await sync_to_async(terminal_for)(machine, ctx.user, SHELL)
     viewer = await Viewer.open(ctx.stack.ports[0], session.id, ctx.cookie)
     await viewer.attach()
@@ -57,40 +59,56 @@ async def _round_trip(viewer, count: int) -> float:
     return (time.perf_counter() - began) * 1000 / count
 
 
-async def bench_commands(ctx: Context) -> None:
+async def alternate(ctx: Context, opened: dict) -> tuple[dict, dict, int, int]:
+    """Output rate (MB/s) and command round trip (ms) of each kind's shell (``opened``: kind -> (viewer, session)),
+    the kinds alternating ROUNDS times. Returns (rates, trips, bytes of output, commands)."""
     size = (50 if ctx.quick else 200) * MIB
     data = ctx.workdir / f"bench-{size // MIB}MB.b64"
     make_data(data, size)
     count = 100 if ctx.quick else 500
-    opened = {kind: await _open(ctx, kind == "tracked") for kind in ("untracked", "tracked")}
-    try:
-        rates: dict[str, list[float]] = {"untracked": [], "tracked": []}
-        trips: dict[str, list[float]] = {"untracked": [], "tracked": []}
-        for _ in range(ROUNDS):
-            for kind, (viewer, _) in opened.items():
-                rates[kind].append(await _rate(viewer, str(data)))
-                trips[kind].append(await _round_trip(viewer, count))
-    finally:
-        for viewer, session in opened.values():
-            await viewer.close()
-            await close_session(session)
+    rates: dict[str, list[float]] = {kind: [] for kind in opened}
+    trips: dict[str, list[float]] = {kind: [] for kind in opened}
+    for _ in range(ROUNDS):
+        for kind, (viewer, _) in opened.items():
+            rates[kind].append(await _rate(viewer, str(data)))
+            trips[kind].append(await _round_trip(viewer, count))
+    return rates, trips, size, count
+
+
+def report_pair(ctx: Context, topic: str, kinds: tuple[str, str], measured: tuple[dict, dict, int, int]) -> None:
+    """The two figures of an A/B: ``kinds`` is (measured, baseline)."""
+    rates, trips, size, count = measured
+    kind, baseline = kinds
     ctx.report.add(
         Figure(
-            f"commands: output of a tracked bash ({size // MIB} MB base64 through Tether)",
-            max(rates["tracked"]),
+            f"{topic}: output of a {kind} shell ({size // MIB} MB base64 through Tether)",
+            max(rates[kind]),
             "MB/s",
-            max(rates["untracked"]),
-            "the same bash untracked",
+            max(rates[baseline]),
+            f"the same shell {baseline}",
             note=f"best of {ROUNDS} each, alternating",
         )
     )
     ctx.report.add(
         Figure(
-            f"commands: a command's round trip, tracked (Enter to its output, {count} commands)",
-            min(trips["tracked"]),
+            f"{topic}: a command's round trip, {kind} (Enter to its output, {count} commands)",
+            min(trips[kind]),
             "ms",
-            min(trips["untracked"]),
-            "the same bash untracked",
-            note="its marks read, its record written and sent; best of each",
+            min(trips[baseline]),
+            f"the same shell {baseline}",
+            note="best of each",
         )
     )
+
+
+async def bench_commands(ctx: Context) -> None:
+    opened = {}
+    for kind in ("untracked", "tracked"):
+        opened[kind] = await open_on(ctx, await sync_to_async(_machine)(kind == "tracked"))
+    try:
+        measured = await alternate(ctx, opened)
+    finally:
+        for viewer, session in opened.values():
+            await viewer.close()
+            await close_session(session)
+    report_pair(ctx, "commands", ("tracked", "untracked"), measured)

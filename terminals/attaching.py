@@ -132,28 +132,13 @@ class Attacher:
                 continue
             if owner := target["owner"]:
                 attach, since = self.stream.next_attach(target["generation"])
-                if self.observing:
-                    await self.owner.observe(
-                        owner,
-                        attach=attach,
-                        since=since,
-                        generation=target["generation"],
-                        epoch=self.stream.epoch,
-                        by=self.socket.username,
-                        via=self.via,
-                    )
-                    return
-                size = self.grid or (None, None)
-                await self.owner.attach(
-                    owner,
-                    attach=attach,
-                    since=since,
-                    generation=target["generation"],
-                    epoch=self.stream.epoch,
-                    cols=size[0],
-                    rows=size[1],
-                    by=self.socket.username,
-                )
+                fields = {"attach": attach, "since": since, "generation": target["generation"]}
+                fields |= {"epoch": self.stream.epoch, "by": self.socket.username}
+                if self.observing:  # no grid: an observer draws the writer's
+                    await self.owner.observe(owner, **fields, via=self.via)
+                else:
+                    cols, rows = self.grid or (None, None)
+                    await self.owner.attach(owner, **fields, cols=cols, rows=rows)
                 return
             if not told_starting:
                 starting = {"process_state": "starting", "code": StatusCode.STARTING, "text": "Starting your session…"}

@@ -17,10 +17,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST, require_safe
 
 from executions.errors import ExecutionError
-from executions.models import Machine
 from terminals import actions, asciicast
 from terminals.models import Recording, RecordingState, ShareLink, TerminalSession
-from terminals.views import terminal_page_state
+from terminals.views import terminal_page_state, usable_machine
 
 SHARE_MINUTES = (15, 60, 8 * 60, 24 * 60)  # the choices the share form offers
 
@@ -36,9 +35,7 @@ def _recording(request: HttpRequest, pk: int) -> Recording:
 @require_GET
 def machine_recordings(request: HttpRequest, name: str) -> HttpResponse:
     """A workspace's recordings that this user may see, newest first."""
-    machine = Machine.objects.filter(name=name).first()
-    if machine is None or not actions.may_use_machine(request.user, machine):
-        raise Http404("No such workspace")
+    machine = usable_machine(request.user, name)
     recordings = Recording.objects.filter(session__machine=machine).select_related("session__user", "execution")
     if not actions.may_observe_others(request.user):
         recordings = recordings.filter(session__user=request.user)

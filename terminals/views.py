@@ -97,15 +97,21 @@ def workspaces(request: HttpRequest) -> HttpResponse:
 HISTORY_PAGE = 50
 
 
+def usable_machine(user, name: str) -> Machine:
+    """The workspace ``name`` when ``user`` may use it; else 404, as for one that does not exist."""
+    machine = Machine.objects.filter(name=name).first()
+    if machine is None or not actions.may_use_machine(user, machine):
+        raise Http404("No such workspace")
+    return machine
+
+
 @login_required
 @require_GET
 def history(request: HttpRequest, name: str) -> HttpResponse:
     """A machine's executions, newest first: state, how we know, exit code, times and who asked.
 
     Non-staff see their own executions only (another user's shell history is not theirs to read)."""
-    machine = Machine.objects.filter(name=name).first()
-    if machine is None or not actions.may_use_machine(request.user, machine):
-        raise Http404("No such workspace")
+    machine = usable_machine(request.user, name)
     executions = Execution.objects.filter(machine=machine).select_related("requested_by").order_by("-created_at", "-id")
     if not request.user.is_staff:
         executions = executions.filter(requested_by=request.user)

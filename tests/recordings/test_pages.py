@@ -153,3 +153,22 @@ def test_sharing_through_the_page_with_csrf_limits_and_only_by_those_allowed(rec
     revoked = client.post(f"/shares/{link.pk}/revoke/")
     assert b"was revoked" in revoked.content and ShareLink.objects.get().revoked_by == alice
     assert b"revoked already" in client.post(f"/shares/{link.pk}/revoke/").content
+
+
+def test_the_admin_revokes_share_links_after_confirmation_and_only_with_the_permission(
+    recorded, alice, operator, django_user_model
+):
+    link, _ = actions.create_share_link(alice, recorded.session)
+    changelist = "/admin/terminals/sharelink/"
+    action = {"action": "revoke_links", "_selected_action": [link.pk]}
+    staff = operator  # staff with every terminals permission, revoking another user's link
+    asked = logged_in(staff).post(changelist, action)
+    assert b"Revoke for these share links" in asked.content and ShareLink.objects.get().revoked_at is None
+    logged_in(staff).post(changelist, {**action, "post": "yes", "reason": "left the team"})
+    link.refresh_from_db()
+    assert link.revoked_by == staff and link.revoked_at is not None
+    # Staff who may only look at links are not offered the action.
+    looker = django_user_model.objects.create_user("looker", is_staff=True)
+    looker.user_permissions.add(Permission.objects.get(codename="view_sharelink"))
+    assert b"revoke_links" not in logged_in(looker).get(changelist).content
+    assert SessionEvent.objects.get(session=recorded.session, kind="share_revoked").reason == "left the team"
