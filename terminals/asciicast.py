@@ -158,20 +158,18 @@ def parse_lines(data: bytes) -> Iterator[tuple[float, str, str]]:
 
 
 def write_v3(header: dict, chunks: Iterable[bytes], started: float) -> Iterator[bytes]:
-    """The file: the header, then each event with the time since the one before it (never negative: the
-    owners that took a recording's events may have had slightly different clocks)."""
+    """The file, a line at a time: the header, then each event with the time since the one before it (never
+    negative: the owners that took a recording's events may have had slightly different clocks)."""
     yield json.dumps({"version": 3, **header}, ensure_ascii=False).encode() + b"\n"
     last = started
     for data in chunks:
-        out = []
         for line in data.splitlines(keepends=True):
             if line.startswith(b"#"):
-                out.append(line)
+                yield line
                 continue
             at, code, text = json.loads(line)
-            out.append(json.dumps([round(max(at - last, 0.0), 6), code, text], ensure_ascii=False).encode() + b"\n")
+            yield json.dumps([round(max(at - last, 0.0), 6), code, text], ensure_ascii=False).encode() + b"\n"
             last = max(last, at)
-        yield b"".join(out)
 
 
 def v2_from_v3(lines: Iterable[bytes]) -> Iterator[bytes]:

@@ -84,3 +84,14 @@ def test_a_character_split_across_a_write_is_left_to_the_next_owner_whole():
     log.output(0, 6, check[:2], 3.0)
     log.close(4.0)  # the output ended inside a character: it is written as U+FFFD, not lost silently
     assert output_of([b"{}\n", log.take().lines]) == "\ufffd".encode()
+
+
+def test_a_recording_still_being_made_reads_as_v3_and_v2_line_by_line():
+    log = EventLog(started=0.0, limit=1 << 20)
+    for n in range(3):
+        log.output(0, n * 2, f"{n}\n".encode(), float(n))
+    chunks = [log.take().lines, log.take().lines]  # as its chunks hold it: many lines to a chunk
+    lines = list(write_v3(HEADER, chunks, 0.0))
+    assert all(line.count(b"\n") == 1 for line in lines) and len(lines) == 4
+    v2 = [json.loads(line) for line in v2_from_v3(lines)]
+    assert [event[1:] for event in v2[1:]] == [["o", "0\n"], ["o", "1\n"], ["o", "2\n"]]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
+from django.db import connection
 
 from executions.models import Kind
 from terminals import actions
@@ -186,9 +187,11 @@ class Recorder:
     async def finish(self, recording_pk: int) -> None:
         """The shell has ended and is recorded: its recording becomes one file (see finish_recording). Made in
         a thread of its own, never the one the worker's heartbeats and fenced writes wait on."""
+        # SQLite (the embedded mode) takes one writer at a time: there, the worker's own database thread.
+        apart = connection.vendor != "sqlite"
         try:
             async with self.finishing:
-                finished = await db(actions.finish_recording, thread_sensitive=False)(recording_pk)
+                finished = await db(actions.finish_recording, thread_sensitive=not apart)(recording_pk)
         except Exception:  # left for the sweep
             log.exception("recording %s: could not save it yet", recording_pk)
             return
