@@ -163,6 +163,19 @@ export class SessionClient {
     this.page.watchers(message.observers);
   }
 
+  // Someone else wrote into this shell (a take-over): said once per take-over in this browser.
+  on_taken_over(message) {
+    const key = `tether.takenOver.${this.config.session}`;
+    try {
+      if (localStorage.getItem(key) === message.at) return;
+      localStorage.setItem(key, message.at);
+    } catch {
+      // Storage disabled: said at every attach instead.
+    }
+    const at = new Date(message.at).toLocaleString([], { dateStyle: "short", timeStyle: "short" });
+    this.page.notice(`${message.by} took over this shell at ${at}: what they typed is theirs`);
+  }
+
   on_command(message) {
     this.commands?.onCommand(message);
   }
@@ -246,8 +259,8 @@ export class SessionClient {
 
   ended(text, next, detail = null, failed = false) {
     this.setPhase("ended", text, failed ? "error" : "done");
-    // An observer starts no shell: what comes next is its writer's to do.
-    this.page.showActions(this.observing ? [] : [next]);
+    // An observer starts no shell: it can only watch again (a share link that ended, not even that).
+    this.page.showActions(next === null ? [] : this.observing ? ["reconnect"] : [next]);
     if (detail) this.page.warn(detail);
   }
 
@@ -284,6 +297,8 @@ export class SessionClient {
 
   takeOver() {
     this.backoff.reset();
+    // The watching socket goes (the worker stops listing it as watching); a new one takes over.
+    if (this.observing) this.dropSocket(CloseCode.PAGE_LEFT, "taking over");
     this.role = "writer"; // confirmed: from now on every connect takes over, at this window's own grid
     this.page.drawGrid(null);
     this.grid.fitNow(true);

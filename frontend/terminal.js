@@ -56,6 +56,7 @@ class Page {
     this.term = term;
     this.me = me; // this window's user: not listed as watching its own page
     this.observedGrid = null; // the writer's grid, drawn scaled while this window only watches
+    this.fitObserved = true; // scaled to this window's box; false: at its actual size, scrolled
     this.watchersEl = root.querySelector("#terminal-watchers");
     this.status = root.querySelector("#terminal-status");
     this.noticeEl = root.querySelector("#terminal-notice");
@@ -97,6 +98,7 @@ class Page {
     if (cols === null) {
       this.observedGrid = null;
       element.style.transform = "";
+      element.parentElement.style.overflow = "";
       return;
     }
     if (cols !== undefined) this.observedGrid = { cols, rows };
@@ -105,6 +107,8 @@ class Page {
     if (this.term.cols !== grid.cols || this.term.rows !== grid.rows) this.term.resize(grid.cols, grid.rows);
     element.style.transformOrigin = "0 0";
     element.style.transform = "";
+    element.parentElement.style.overflow = this.fitObserved ? "" : "auto";
+    if (!this.fitObserved) return;
     const box = element.parentElement.getBoundingClientRect();
     const drawn = element.querySelector(".xterm-screen")?.getBoundingClientRect();
     if (!drawn || !drawn.width || !drawn.height) return;
@@ -278,10 +282,18 @@ async function main() {
     root.querySelector("#terminal-foreign")?.remove();
     const reset = root.querySelector("#terminal-reset");
     if (reset) reset.hidden = false; // the writer now: resetting is theirs too
+    root.querySelector("#terminal-fit")?.remove(); // and the grid is this window's own
     client.takeOver();
     term.focus();
   });
   installShareDialog(root, config);
+  const fitButton = root.querySelector("#terminal-fit");
+  fitButton?.addEventListener("click", () => {
+    page.fitObserved = !page.fitObserved;
+    fitButton.setAttribute("aria-pressed", String(page.fitObserved));
+    fitButton.textContent = page.fitObserved ? "Fit" : "Actual size";
+    page.drawGrid();
+  });
   page.actions["new-shell"].addEventListener("click", () => {
     client.startNewShell();
     term.focus();

@@ -32,6 +32,7 @@ export const Reason = Object.freeze({
   LET_GO: "let_go",
   POLICY_VIOLATION: "policy_violation",
   LOGGED_OUT: "logged_out",
+  NOT_ALLOWED: "not_allowed",
   SHARE_REVOKED: "share_revoked",
   SHARE_EXPIRED: "share_expired",
 });

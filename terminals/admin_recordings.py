@@ -38,6 +38,13 @@ class RecordingAdmin(WrittenElsewhere, admin.ModelAdmin):
     ]
     change_form_template = "admin/terminals/recording/change_form.html"
 
+    def get_readonly_fields(self, request, obj=None):
+        """The typed commands are the session's to show: only to those who may see it."""
+        fields = super().get_readonly_fields(request, obj)
+        if obj is not None and not actions.may_view_session(request.user, obj.session):
+            return [name for name in fields if name != "commands"]
+        return fields
+
     @admin.display(description="machine", ordering="session__machine__name")
     def machine(self, obj):
         return obj.session.machine.name

@@ -174,7 +174,7 @@ def write_v3(header: dict, chunks: Iterable[bytes], started: float) -> Iterator[
 
 def v2_from_v3(lines: Iterable[bytes]) -> Iterator[bytes]:
     """asciicast v2 from a v3 file's lines: absolute times, ``width``/``height``, the exit as a marker (v2 has
-    no exit event), comments dropped."""
+    no exit event; worded apart from a typed ``exit N`` command's marker), comments dropped."""
     elapsed = 0.0
     for number, line in enumerate(lines):
         if number == 0:
@@ -190,7 +190,7 @@ def v2_from_v3(lines: Iterable[bytes]) -> Iterator[bytes]:
         interval, code, text = json.loads(line)
         elapsed += interval
         if code == "x":
-            code, text = "m", f"exit {text}"
+            code, text = "m", f"the shell exited with status {text}"
         yield json.dumps([round(elapsed, 6), code, text], ensure_ascii=False).encode() + b"\n"
 
 

@@ -46,6 +46,10 @@ class ViewerSocket(Protocol):
 
     async def user_logged_out(self, event: dict) -> None: ...
 
+    def still_allowed(self) -> str: ...
+
+    async def not_allowed(self, why: str) -> None: ...
+
 
 def _attach_target(session_id) -> dict:
     """The session as a viewer needs it now, as plain data: its shell's state and who holds it."""
@@ -141,7 +145,8 @@ class Attacher:
                     await self.owner.attach(owner, **fields, cols=cols, rows=rows)
                 return
             if not told_starting:
-                starting = {"process_state": "starting", "code": StatusCode.STARTING, "text": "Starting your session…"}
+                text = "Waiting for the shell to start…" if self.observing else "Starting your session…"
+                starting = {"process_state": "starting", "code": StatusCode.STARTING, "text": text}
                 await self.socket.send_json({"type": "status", **starting})
                 told_starting = True
             await asyncio.sleep(0.1)
@@ -181,12 +186,16 @@ class Attacher:
                 await self.owner.keepalive(observing=True)
             try:
                 signed_in = await db(_still_signed_in)(self.socket.scope.get("session"))
+                refused = await db(self.socket.still_allowed)()
                 target = await db(_attach_target)(self.session_id)
             except Exception as error:  # PostgreSQL restarting: the stream itself needs no database
                 log.info("session %s: cannot check its owner now (%r)", self.session_id, error)
                 continue
             if not signed_in:
                 await self.socket.user_logged_out({})
+                return
+            if refused:  # deactivated, or a permission taken away since it connected
+                await self.socket.not_allowed(refused)
                 return
             if not self.stream.attached:
                 continue

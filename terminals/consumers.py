@@ -19,6 +19,7 @@ from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async as db
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.contrib.auth import get_user_model
 
 from terminals import actions
 from terminals.attaching import Attacher
@@ -257,6 +258,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             return
         if not self.stream.attached:
             raise ProtocolError("not attached: nothing to reset")
+        # Who asked: the worker ends the shell and records the reset as its own act.
+        await db(actions.session_event)(self.session, "reset_asked", actions.Actor.for_user(self.user), "from the page")
         await self.owner.reset()
 
     async def client_ack(self, message: dict) -> None:
@@ -295,6 +298,10 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             return  # a repeated delivery, or the answer to an attach this viewer has since replaced
         await self.send_json(message.to_browser())
         self.attacher.confirmed(message.end)
+        if not self.foreign and not self.attacher.observing:
+            # Someone else wrote into this shell while it was theirs (the page says it once).
+            if taken := await db(actions.last_takeover)(self.session):
+                await self.send_json({"type": "taken_over", **taken})
 
     async def terminal_output(self, event: dict) -> None:
         said = self.stream.output(Output.decode(event))
@@ -380,6 +387,24 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         await self.detach()
         reason = Reason.LOGGED_OUT
         await self.send_json({"type": "closed", "reason": reason, "text": "Signed out"})
+        await self.close(reason.close_code)
+
+    def still_allowed(self) -> str:
+        """ "" while this socket's user may still do what it does here; else why not, in their words. Asked
+        at every owner check: an account deactivated, or a permission taken away, ends what it allowed."""
+        user = get_user_model().objects.filter(pk=self.user.pk).first()
+        if user is None or not user.is_active:
+            return "This account was deactivated"
+        if not self.foreign:
+            return ""
+        if self.attacher.observing:
+            return "" if actions.may_observe(user, self.session) else "You may no longer watch this shell"
+        return "" if actions.may_take_over(user, self.session) else "You may no longer write into this shell"
+
+    async def not_allowed(self, why: str) -> None:
+        await self.detach()
+        reason = Reason.NOT_ALLOWED
+        await self.send_json({"type": "closed", "reason": reason, "text": why})
         await self.close(reason.close_code)
 
     async def close(self, code=None, reason=None) -> None:

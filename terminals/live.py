@@ -108,6 +108,7 @@ class LiveProcess:
     # Bytes at the buffer's start that are the screen as adopted: drawn for the grid it had then.
     adopted_screen: int = 0
     grid: tuple[int, int] = (80, 24)  # the writer's grid (observers draw this one)
+    writer_name: str = ""  # who wrote last (a change of hands is marked in the recording)
     observers: dict[str, Observer] = field(default_factory=dict)  # viewer id -> observer
     recording: Take | None = None  # its recording as this owner takes it (terminals.owner.recordings)
     marks: MarkReader | None = None  # the shell's command marks, when it was started with the integration

@@ -77,6 +77,7 @@ class Reason(StrEnum):
     LET_GO = "let_go", CloseCode.SERVER_RESTART, False, False
     POLICY_VIOLATION = "policy_violation", CloseCode.POLICY_VIOLATION, False, False
     LOGGED_OUT = "logged_out", CloseCode.FORBIDDEN, False, False
+    NOT_ALLOWED = "not_allowed", CloseCode.CLOSED, False, False  # deactivated, or a permission taken away
     SHARE_REVOKED = "share_revoked", CloseCode.SHARE_ENDED, False, False
     SHARE_EXPIRED = "share_expired", CloseCode.SHARE_ENDED, False, False
 

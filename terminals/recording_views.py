@@ -14,6 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST, require_safe
 
 from executions.errors import ExecutionError
@@ -119,7 +120,8 @@ def _share_panel(request: HttpRequest, session: TerminalSession, **extra) -> Htt
     context = {
         "session": session,
         "links": actions.share_links_of(session, request.user),
-        "recordings": list(session.recordings.exclude(state=RecordingState.EXPIRED)[:20]),
+        "recordings": list(session.recordings.filter(state=RecordingState.SAVED).select_related("execution")[:20]),
+        "now": timezone.now(),
         "minutes": SHARE_MINUTES,
         "default_minutes": settings.TETHER_SHARE_LINK_SECONDS // 60,
         **extra,
@@ -148,10 +150,13 @@ def session_shares(request: HttpRequest, session_id: UUID) -> HttpResponse:
         recording = Recording.objects.filter(pk=int(raw) if raw.isdigit() else 0, session=session).first()
         if recording is None:
             return _share_panel(request, session, error="No such recording of this session")
+    raw_minutes = request.POST.get("minutes", str(settings.TETHER_SHARE_LINK_SECONDS // 60))
+    if not raw_minutes.isdigit():
+        return _share_panel(request, session, error=f"minutes must be a whole number, not {raw_minutes[:20]!r}")
     try:
-        minutes = int(request.POST.get("minutes", settings.TETHER_SHARE_LINK_SECONDS // 60))
-        link, token = actions.create_share_link(request.user, session, recording=recording, seconds=minutes * 60)
-    except (ValueError, ExecutionError) as refused:
+        seconds = int(raw_minutes) * 60
+        link, token = actions.create_share_link(request.user, session, recording=recording, seconds=seconds)
+    except ExecutionError as refused:
         return _share_panel(request, session, error=str(refused))
     address = request.build_absolute_uri(reverse("terminals:share", args=[token]))
     return _share_panel(request, session, new_link=link, new_address=address)

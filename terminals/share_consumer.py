@@ -9,6 +9,7 @@ import logging
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from terminals import actions
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 ENDS = {
     "revoked": (Reason.SHARE_REVOKED, "This share link was revoked"),
     "expired": (Reason.SHARE_EXPIRED, "This share link has expired"),
+    "withdrawn": (Reason.SHARE_REVOKED, "This share link no longer works: whoever made it may no longer share"),
 }
 
 
@@ -41,6 +43,12 @@ class SharedTerminalConsumer(TerminalConsumer):
     @property
     def via(self) -> str:
         return "share link"
+
+    def still_allowed(self) -> str:
+        """A link's holder needs no permission of their own (the link is checked by ``_watch_link``), only a
+        live account."""
+        user = get_user_model().objects.filter(pk=self.user.pk, is_active=True).first()
+        return "" if user is not None else "This account was deactivated"
 
     async def connected(self) -> None:
         self.link_group = actions.share_group(self.link.pk)

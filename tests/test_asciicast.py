@@ -63,7 +63,7 @@ def test_v2_has_absolute_times_width_and_height_and_the_exit_as_a_marker():
     log.marker("make test", 2.0)
     v2 = [json.loads(line) for line in v2_from_v3(file_of(log, event_line(4.0, "x", "3")))]
     assert v2[0]["version"] == 2 and (v2[0]["width"], v2[0]["height"]) == (80, 24)
-    assert v2[1:] == [[1.0, "o", "a"], [2.0, "m", "make test"], [4.0, "m", "exit 3"]]
+    assert v2[1:] == [[1.0, "o", "a"], [2.0, "m", "make test"], [4.0, "m", "the shell exited with status 3"]]
 
 
 def test_stored_lines_parse_back_with_their_absolute_times():

@@ -69,6 +69,7 @@ from terminals.actions.retention import expire_closed_sessions
 from terminals.actions.sessions import (
     close_session,
     font_size_of,
+    last_takeover,
     note_observer,
     note_takeover,
     note_viewer,
@@ -115,6 +116,7 @@ __all__ = [
     "finish_recording",
     "font_size_of",
     "in_use_refusal",
+    "last_takeover",
     "lease_expiry",
     "lease_follows",
     "link_ended",

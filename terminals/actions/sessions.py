@@ -183,6 +183,22 @@ def note_observer(session: TerminalSession, user, via: str) -> None:
     session_event(session, "observed", Actor.for_user(user), text, via=via or "owner")
 
 
+def last_takeover(session: TerminalSession) -> dict | None:
+    """Who last wrote into this session's shell without being its user (a take-over), and when; None if nobody
+    has since its current shell started."""
+    started = (
+        SessionEvent.objects.filter(session=session, kind="generation").order_by("-at").values_list("at", flat=True)
+    ).first() or session.created_at
+    event = (
+        SessionEvent.objects.filter(session=session, kind="taken_over", at__gte=started)
+        .exclude(user_id=session.user_id)
+        .select_related("user")
+        .order_by("-at", "-id")
+        .first()
+    )
+    return {"by": event.user.get_username(), "at": event.at.isoformat()} if event and event.user else None
+
+
 def font_size_of(user) -> int:
     preference = ViewerPreference.objects.filter(user=user).first()
     return preference.font_size if preference else 14

@@ -21,7 +21,7 @@ from executions.actions import Actor
 from executions.errors import Refused, UsageError
 from terminals.actions.permissions import may_revoke_share, may_share
 from terminals.actions.sessions import session_event
-from terminals.models import Recording, ShareLink, TerminalSession
+from terminals.models import Recording, RecordingState, ShareLink, TerminalSession
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,9 @@ def create_share_link(
         raise Refused("you may not share this session")
     if recording is not None and recording.session_id != session.pk:
         raise UsageError("that recording is not this session's")
+    if recording is not None and recording.state != RecordingState.SAVED:
+        # A recording still being made would go on showing the shell: that is the live link's to do.
+        raise UsageError("a recording is shared once its shell has ended; share the live shell to show it now")
     seconds = settings.TETHER_SHARE_LINK_SECONDS if seconds is None else seconds
     longest = settings.TETHER_SHARE_LINK_MAX_SECONDS
     if not 60 <= seconds <= longest:
@@ -80,11 +83,14 @@ def valid_share_link(token: str) -> ShareLink | None:
 
 
 def link_ended(link_pk: int) -> str:
-    """Why a link no longer opens anything: "revoked", "expired" (on the database's clock), or "" (it does)."""
-    row = ShareLink.objects.filter(pk=link_pk).annotate(now=Now()).values("revoked_at", "expires_at", "now").first()
-    if row is None or row["revoked_at"] is not None:
+    """Why a link no longer opens anything: "revoked", "expired" (on the database's clock), "withdrawn" (its
+    maker may no longer share the session), or "" (it still does)."""
+    link = ShareLink.objects.select_related("created_by", "session").annotate(now=Now()).filter(pk=link_pk).first()
+    if link is None or link.revoked_at is not None:
         return "revoked"
-    return "expired" if row["expires_at"] <= row["now"] else ""
+    if link.expires_at <= link.now:
+        return "expired"
+    return "" if may_share(link.created_by, link.session) else "withdrawn"
 
 
 def note_share_opened(link: ShareLink, user) -> None:

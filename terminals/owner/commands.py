@@ -24,6 +24,8 @@ from terminals.protocol import CommandSeen
 
 log = logging.getLogger(__name__)
 
+HIDDEN_LABEL = "(a command kept out of the shell's history)"
+
 
 def command_line(mark: Mark) -> tuple[str, str]:
     """The line a command mark names, and where it is from. History that did not take the line names the
@@ -45,15 +47,23 @@ class CommandTracker:
     def __init__(self, context: WorkerContext, outbox: Outbox, recorder: Recorder):
         self.context, self.outbox, self.recorder = context, outbox, recorder
 
-    async def feed(self, live: LiveProcess, offset: int, data: bytes) -> None:
+    def read(self, live: LiveProcess, offset: int, data: bytes) -> list[Mark]:
+        """The marks in a read of the shell's output (no I/O: its recording places them, ``record`` keeps them)."""
         if live.marks is None or not live.session_id:
-            return
+            return []
         try:
-            marks = live.marks.feed(offset, data)
+            return live.marks.feed(offset, data)
         except Exception:  # never the output's end: a mark that cannot be read records nothing
             log.exception("execution %s: could not read the marks at offset %s", live.execution_pk, offset)
             live.marks.pending = b""
-            return
+            return []
+
+    @staticmethod
+    def labels(marks: list[Mark]) -> list[tuple[int, str]]:
+        """Where each command began in the stream, and its line: the recording's markers."""
+        return [(mark.end, command_line(mark)[0] or HIDDEN_LABEL) for mark in marks if mark.kind == "C"]
+
+    async def record(self, live: LiveProcess, marks: list[Mark]) -> None:
         for mark in marks:
             try:
                 await self._on(live, mark)
@@ -71,7 +81,12 @@ class CommandTracker:
         reader.at_prompt = False
         line = reader.line_typed().strip()
         if not line:
-            return  # an empty line: no command (the next prompt's history says so too)
+            # Nothing shown typed yet: an empty line (no command), or one pasted whole with its Enter, whose
+            # record is made at its end, from history. Its recording marks it now, where its output begins.
+            pasted = data.split(b"\r")[0].split(b"\n")[0].decode("utf-8", "replace").strip()
+            if pasted and pasted.isprintable():
+                self.recorder.marker(live, pasted)
+            return
         try:
             record, created = await db(actions.command_started)(
                 **self._where(live),
@@ -126,8 +141,6 @@ class CommandTracker:
                 shell_time=mark.at,
                 prompt=mark.prompt,
             )
-            if created:
-                self.recorder.marker(live, line or "(a command kept out of the shell's history)")
         elif mark.kind == "D" and mark.status is not None:
             record = await db(actions.command_finished)(
                 **where, stream=stream, offset=mark.start, status=mark.status, shell_time=mark.at, prompt=mark.prompt

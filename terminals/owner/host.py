@@ -101,9 +101,11 @@ class SessionHost:
                 if len(captured) > limit:
                     del captured[: len(captured) - limit]
             await self.outbox.output(live, offset, data)
-            self.recorder.output(live, offset, data)
+            marks = self.commands.read(live, offset, data)
+            # Each command's marker at the very byte its output starts, so a jump to it shows none of it yet.
+            self.recorder.output(live, offset, data, self.commands.labels(marks))
             # After the output is on its way: a command's record never holds back what it printed.
-            await self.commands.feed(live, offset, data)
+            await self.commands.record(live, marks)
 
         try:
             await self.recorder.begin(live, screen)

@@ -97,9 +97,17 @@ class Recorder:
 
     # --- taking events (never waits) -----------------------------------------------------------------
 
-    def output(self, live: LiveProcess, offset: int, data: bytes) -> None:
+    def output(self, live: LiveProcess, offset: int, data: bytes, markers: list[tuple[int, str]] = ()) -> None:
+        """A read of the shell's output; ``markers``: (stream offset, label) of commands that begin in it."""
         if take := self._taking(live):
-            take.log.output(stream_of(live), offset, data, time.time())
+            now, stream = time.time(), stream_of(live)
+            for at, label in markers:  # each at its own byte: the output before it, the marker, the rest
+                if offset <= at <= offset + len(data):
+                    take.log.output(stream, offset, data[: at - offset], now)
+                    data, offset = data[at - offset :], at
+                    if offset >= take.log.end:  # not a replay of what was recorded (and marked) already
+                        take.log.marker(label, now)
+            take.log.output(stream, offset, data, now)
             self._soon(live, take)
 
     def input(self, live: LiveProcess, data: bytes) -> None:

@@ -181,6 +181,9 @@ class ViewerService:
         if old and old.viewer_id != message.viewer:
             await self.outbox.send(old.channel, Superseded(live.token, message.by))
         was_watching = live.observers.pop(message.viewer, None) is not None  # an observer taking over
+        if message.by and live.writer_name and message.by != live.writer_name:
+            self.host.recorder.marker(live, f"{message.by} writes into the shell from here on")
+        live.writer_name = message.by or live.writer_name
         cols, rows = message.cols, message.rows
         if isinstance(cols, int) and isinstance(rows, int) and 1 <= cols <= MAX_COLS and 1 <= rows <= MAX_ROWS:
             await self._regrid(live, cols, rows)

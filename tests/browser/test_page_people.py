@@ -17,7 +17,7 @@ from playwright.async_api import Page, expect
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from executions.actions import Actor, add_machine
-from terminals.models import SessionEvent, ViewerPreference
+from terminals.models import Recording, SessionEvent, TerminalSession, ViewerPreference
 from tests.browser.conftest import committed
 from tests.browser.test_terminal_page import log_in, open_workspace, run, screen_text, wait_for_text, wait_live
 
@@ -159,10 +159,21 @@ async def test_staff_write_into_another_users_shell_only_with_the_permission_and
         await wait_for_text(helper, r"^helped-42$")
         event = committed(lambda: SessionEvent.objects.filter(kind="taken_over").select_related("user").last())
         assert (event.user.username, event.detail["owner"]) == ("helper", "alice")
-        # Alice takes it back: the same plain take-over, and helper is told.
+        # Alice takes it back: the same plain take-over, and helper is told. Helper's watching ended with its
+        # take-over, so nobody is listed as watching; and alice is told who wrote into her shell.
         await alice.click("#terminal-takeover")
         await wait_live(alice)
         await expect(helper.locator("#terminal-status")).to_have_text("Taken over by alice")
+        await expect(alice.locator("#terminal-watchers")).to_be_hidden()
+        await expect(alice.locator("#terminal-notice")).to_contain_text("helper took over this shell")
+        # The recording says when the shell changed hands.
+        session = committed(lambda: TerminalSession.objects.get(machine__name=machine, process_state="live"))
+        marked = lambda: any("helper writes" in label for _, label in Recording.objects.get(session=session).markers)  # noqa: E731
+        for _ in range(50):
+            if committed(marked):
+                break
+            await asyncio.sleep(0.1)
+        assert committed(marked)
     finally:
         for context in contexts:
             await context.close()

@@ -201,5 +201,9 @@ async def test_a_recorded_session_plays_back_to_the_same_final_screen(page, peop
             break
         await page.wait_for_timeout(100)
     assert played == live
+    await page.set_viewport_size({"width": 600, "height": 700})  # a narrow window: the player above its commands
+    box = await page.locator("#player").bounding_box()
+    assert box and box["width"] > 500, box
+    await page.set_viewport_size({"width": 1100, "height": 680})
     if SCREENSHOTS:
         await page.screenshot(path=SCREENSHOTS / "recording.png", full_page=True)

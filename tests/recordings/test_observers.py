@@ -153,3 +153,36 @@ async def test_an_observer_forgotten_while_its_daphne_was_stopped_watches_again_
         await observer.read_until(b"back-8")
     finally:
         await sync_to_async(stack.stop)()
+
+
+async def test_watching_ends_when_the_permission_that_allowed_it_is_taken_away(
+    operator, watcher, terminal, alice, django_user_model
+):
+    stack = Stack(extra_env={"TETHER_VIEWER_CHECK_SECONDS": "1"})
+    try:
+        await sync_to_async(stack.start_daphne)()
+        await sync_to_async(stack.start_worker)("local")
+        writer, session, _ = await open_viewer(stack, terminal, operator)
+        observer = await Viewer.open(stack.ports[0], session.id, await sync_to_async(session_cookie)(watcher))
+        await observer.observe()
+        # A link the watcher made, watched by alice.
+        await sync_to_async(watcher.user_permissions.add)(
+            await sync_to_async(Permission.objects.get)(codename="add_sharelink")
+        )
+        watcher = await sync_to_async(django_user_model.objects.get)(pk=watcher.pk)  # its permissions read afresh
+        _, token = await sync_to_async(actions.create_share_link)(watcher, session)
+        shared = await Viewer.open(
+            stack.ports[0], None, await sync_to_async(session_cookie)(alice), path=f"/ws/shares/{token}/"
+        )
+        await shared.observe()
+
+        await sync_to_async(watcher.user_permissions.clear)()
+        closed = await observer.wait_for("closed", timeout=5)
+        assert closed["reason"] == "not_allowed" and "no longer watch" in closed["text"]
+        assert await observer.wait_closed() == CloseCode.CLOSED
+        closed = await shared.wait_for("closed", timeout=8)  # the link's maker may no longer share it
+        assert closed["reason"] == "share_revoked" and "no longer works" in closed["text"]
+        await writer.type("echo after-$((5+5))\r")
+        await writer.read_until(b"after-10")  # the writer is untouched
+    finally:
+        await sync_to_async(stack.stop)()

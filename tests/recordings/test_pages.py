@@ -12,6 +12,7 @@ from asgiref.sync import async_to_sync
 from django.contrib.auth.models import Permission
 from django.utils import timezone
 
+from executions.errors import UsageError
 from executions.models import Backend
 from terminals import actions
 from terminals.asciicast import EventLog, output_of
@@ -108,6 +109,7 @@ def test_the_admin_plays_a_recording_for_staff_who_may_watch_and_not_others(reco
     page = logged_in(viewer).get(url)
     assert page.status_code == 200 and b'id="recording-state"' not in page.content
     assert b"needs the permission to watch" in page.content
+    assert b"make deploy" not in page.content  # the typed commands are the session's to show
 
 
 def test_a_share_link_to_a_recording_plays_for_anyone_signed_in_until_revoked(recorded, alice, bob):
@@ -125,7 +127,8 @@ def test_a_share_link_to_a_recording_plays_for_anyone_signed_in_until_revoked(re
     anonymous = client.__class__().get(f"/shares/{token}/")
     assert anonymous.status_code == 302 and anonymous["Location"].startswith("/accounts/login/")
     actions.revoke_share_link(link.pk, alice)
-    assert client.get(f"/shares/{token}/").status_code == 404
+    gone = client.get(f"/shares/{token}/")
+    assert gone.status_code == 404 and b"was revoked, or has expired" in gone.content
     assert client.get(f"/shares/{token}/cast").status_code == 404
 
 
@@ -145,6 +148,7 @@ def test_sharing_through_the_page_with_csrf_limits_and_only_by_those_allowed(rec
     assert made.status_code == 200 and b'id="new-share-link"' in made.content and b"<html" not in made.content
     too_long = client.post(f"/terminals/{session.id}/shares/", {"minutes": str(8 * 24 * 60)})
     assert b"a share link lasts from 60 to" in too_long.content
+    assert b"must be a whole number" in client.post(f"/terminals/{session.id}/shares/", {"minutes": "abc"}).content
     assert ShareLink.objects.count() == 1
     assert logged_in(bob).post(f"/terminals/{session.id}/shares/", {"minutes": "15"}).status_code == 404
     link = ShareLink.objects.get()
@@ -172,3 +176,16 @@ def test_the_admin_revokes_share_links_after_confirmation_and_only_with_the_perm
     looker.user_permissions.add(Permission.objects.get(codename="view_sharelink"))
     assert b"revoke_links" not in logged_in(looker).get(changelist).content
     assert SessionEvent.objects.get(session=recorded.session, kind="share_revoked").reason == "left the team"
+
+
+def test_a_recording_is_shared_once_its_shell_has_ended(alice):
+    machine = make_machine("live-rec-box", backend=Backend.DOCKER)
+    session, _ = actions.open_terminal(machine, alice)
+    recording = Recording.objects.create(
+        session=session, execution=session.execution, generation=1, started_at=timezone.now(), started_epoch=0.0,
+        cols=80, rows=24,
+    )  # fmt: skip
+    with pytest.raises(UsageError, match="once its shell has ended"):
+        actions.create_share_link(alice, session, recording=recording)
+    panel = logged_in(alice).get(f"/terminals/{session.id}/shares/")
+    assert b"the recording of generation" not in panel.content  # not offered either

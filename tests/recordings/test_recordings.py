@@ -93,7 +93,7 @@ async def test_the_cast_holds_the_sessions_output_byte_for_byte_and_none_of_the_
     assert any(event[1] == "m" and event[2].startswith("printf") for event in events)
     # v2 for tools that read only v2: absolute times, the exit as a marker.
     v2 = [json.loads(line) for line in await sync_to_async(cast_of)(stack, recording, cookie, "v2")]
-    assert v2[0]["version"] == 2 and v2[0]["width"] == 80 and v2[-1][1:] == ["m", "exit 7"]
+    assert v2[0]["version"] == 2 and v2[0]["width"] == 80 and v2[-1][1:] == ["m", "the shell exited with status 7"]
     # The file at rest is compressed, and each download is on the record.
     assert recording.file.endswith(".cast.gz") and recording.file_bytes > 0
 
@@ -222,3 +222,23 @@ async def test_a_worker_stopped_mid_stream_hands_its_recording_over_with_nothing
     assert numbers == list(range(1, 160_001))  # every line once, in order, across the two owners
     assert "not recorded" not in b"".join(lines).decode()
     assert json.loads(lines[-1])[1:] == ["x", "4"]
+
+
+async def test_busybox_sh_in_a_container_has_its_commands_as_markers_and_its_exit(stack, terminal, operator):
+    viewer, session, cookie = await open_viewer(stack, terminal, operator, "docker")
+    await viewer.read_until(b"# ", timeout=30)  # its prompt
+    await viewer.type("echo hi-$((1+1))\r")  # a line pasted whole, with its Enter
+    await viewer.read_match(rb"hi-2\r\n[^\n]*# ")  # and the next prompt, as a person waits for it
+    for key in "ls /nope":  # a line typed key by key
+        await viewer.type(key)
+    await viewer.read_until(b"ls /nope")
+    await viewer.type("\r")
+    await viewer.read_match(rb"No such file[^\n]*\n[^\n]*# ")  # and the next prompt
+    await viewer.type("exit 4\r")
+    await viewer.wait_for("exit")
+    recording = await sync_to_async(saved)(session.pk)
+    lines = await sync_to_async(cast_of)(stack, recording, cookie)
+    events = [json.loads(line) for line in lines[1:] if not line.startswith(b"#")]
+    assert [event[2] for event in events if event[1] == "m"] == ["echo hi-$((1+1))", "ls /nope", "exit 4"]
+    assert [label for _, label in recording.markers] == ["echo hi-$((1+1))", "ls /nope", "exit 4"]
+    assert events[-1][1:] == ["x", "4"]
