@@ -96,7 +96,7 @@ async def main(args) -> Report:
                 continue
             print(f"[{name}]", flush=True)
             began = time.monotonic()
-            processes = {"daphne": stack.processes[0].pid, "worker": stack.workers[-1].pid}
+            processes = {"daphne": stack.daphnes[0].pid, "worker": stack.workers[-1].pid}
             try:
                 with profiled(Path(args.profile), name, processes) if args.profile else contextlib.nullcontext():
                     if name in ("throughput", "holder"):

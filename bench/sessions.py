@@ -74,7 +74,7 @@ def worker_pid(ctx: Context) -> int:
 
 
 def daphne_pid(ctx: Context) -> int:
-    return ctx.stack.processes[0].pid
+    return ctx.stack.daphnes[0].pid
 
 
 async def echo_latency(viewer, samples: int) -> list[float]:

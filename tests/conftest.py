@@ -133,9 +133,7 @@ def container():
 def stack():
     stack = Stack()
     try:
-        stack.start_daphne()
-        stack.start_worker()
-        yield stack
+        yield stack.start()
     finally:
         stack.stop()
 

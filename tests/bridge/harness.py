@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,6 +137,7 @@ class Stack:
     ports: list[int] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
     workers: list[subprocess.Popen] = field(default_factory=list)
+    daphnes: list[subprocess.Popen] = field(default_factory=list)  # in the order of ``ports``
     extra_env: dict[str, str] = field(default_factory=dict)
     redis_url: str = REDIS_URL
     # Tests create work from a process whose wake-ups do not reach the workers: they poll often.
@@ -187,6 +189,7 @@ class Stack:
             stderr=self._log("daphne"),
         )
         self.processes.append(process)
+        self.daphnes.append(process)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -219,6 +222,13 @@ class Stack:
         self.processes.append(process)
         self.workers.append(process)
         return process
+
+    def start(self, backends: str = "local,tmux,docker") -> Stack:
+        """A daphne and a worker, side by side: each takes a second or two to import Django and come up."""
+        with ThreadPoolExecutor(2) as pool:
+            for started in [pool.submit(self.start_daphne), pool.submit(self.start_worker, backends)]:
+                started.result()
+        return self
 
     def stop(self) -> None:
         for process in self.processes:

@@ -271,8 +271,7 @@ async def test_a_window_that_missed_its_supersede_message_finds_out_from_the_dat
 
     stack = Stack(extra_env={"TETHER_VIEWER_CHECK_SECONDS": "1"})
     try:
-        await sync_to_async(stack.start_daphne)()
-        await sync_to_async(stack.start_worker)("local")
+        await sync_to_async(stack.start)("local")
         viewer, session, _ = await open_viewer(stack, terminal, operator)
         await viewer.type("echo mine-$((3+3))\r")
         await viewer.read_until(b"mine-6")
@@ -325,8 +324,7 @@ async def test_a_viewer_gone_while_output_streams_is_let_go_by_the_worker(termin
     and stops reading the shell."""
     stack = Stack(extra_env={"TETHER_RECONNECT_GRACE_SECONDS": "0", "TETHER_BUFFER_BYTES": "131072"})
     try:
-        await sync_to_async(stack.start_daphne)()
-        await sync_to_async(stack.start_worker)("local")
+        await sync_to_async(stack.start)("local")
         session, cookie = await sync_to_async(terminal)(operator, "local")
         viewer = await Viewer.open(stack.ports[0], session.id, cookie)
         first = await viewer.attach()

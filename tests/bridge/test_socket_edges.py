@@ -28,8 +28,7 @@ async def test_a_viewer_closed_mid_stream_leaves_nothing_acting_for_it_and_the_e
     user's next attach got a silent fresh shell instead of the exit."""
     stack = Stack(extra_env={"TETHER_RECONNECT_GRACE_SECONDS": "1", "TETHER_VIEWER_CHECK_SECONDS": "1"})
     try:
-        await sync_to_async(stack.start_daphne)()
-        await sync_to_async(stack.start_worker)("local")
+        await sync_to_async(stack.start)("local")
         session, cookie = await sync_to_async(terminal)(operator, "local")
         viewer = await Viewer.open(stack.ports[0], session.id, cookie)
         first = await viewer.attach()

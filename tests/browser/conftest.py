@@ -103,11 +103,7 @@ def stack(request, frontend_built, django_db_setup, django_db_blocker):
         }
     )
     try:
-        # Each takes a few seconds to import Django and come up: start them side by side.
-        with ThreadPoolExecutor(2) as pool:
-            started = [pool.submit(stack.start_daphne), pool.submit(stack.start_worker, backends="local")]
-            for future in started:
-                future.result()
+        stack.start(backends="local")
         with django_db_blocker.unblock():
             committed(
                 get_user_model().objects.create_user, username="operator", password="operator-password", is_staff=True

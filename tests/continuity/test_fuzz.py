@@ -92,8 +92,7 @@ def test_ten_thousand_random_frames_leave_the_session_working(terminal, operator
     generate()
     assert len(frames) >= 10_000
     try:
-        stack.start_daphne()
-        stack.start_worker("docker")
+        stack.start("docker")
         session, cookie = terminal(operator, "docker")  # the shell runs in a throwaway container, no network
 
         async def fuzz_then_echo():

@@ -83,8 +83,7 @@ async def test_redis_restart_mid_output_resumes_without_loss_or_duplicate(termin
     redis.start()
     stack = Stack(redis_url=redis.url)
     try:
-        await sync_to_async(stack.start_daphne)()
-        await sync_to_async(stack.start_worker)("local")
+        await sync_to_async(stack.start)("local")
         session, cookie = await sync_to_async(terminal)(operator)
         reader = Reader(stack.ports, session.id, cookie)
         await reader.connect()
@@ -106,15 +105,14 @@ async def test_daphne_restart_the_browser_reconnects_to_another_and_resumes(term
     stack = Stack()
     try:
         await sync_to_async(stack.start_daphne)()
-        await sync_to_async(stack.start_daphne)()
-        await sync_to_async(stack.start_worker)("local")
+        await sync_to_async(stack.start)("local")
         session, cookie = await sync_to_async(terminal)(operator)
         reader = Reader(stack.ports, session.id, cookie)
         await reader.connect()  # to the first daphne
         await reader.viewer.type(COMMAND)
 
         def kill_first_daphne():
-            stack.processes[0].kill()  # the daphne this browser is on
+            stack.daphnes[0].kill()  # the daphne this browser is on
 
         received = await reader.read_until(b"!DONE!\r\n", during=kill_first_daphne)
         assert reader.reconnects >= 1

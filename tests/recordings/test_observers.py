@@ -135,13 +135,12 @@ async def test_an_observer_forgotten_while_its_daphne_was_stopped_watches_again_
     stack = Stack(extra_env={"TETHER_VIEWER_CHECK_SECONDS": "1"})
     try:
         await sync_to_async(stack.start_daphne)()
-        await sync_to_async(stack.start_daphne)()
-        await sync_to_async(stack.start_worker)("local")
+        await sync_to_async(stack.start)("local")
         writer, session, _ = await open_viewer(stack, terminal, operator)
         observer = await Viewer.open(stack.ports[1], session.id, await sync_to_async(session_cookie)(watcher))
         await observer.observe()
         assert (await writer.wait_for("observers"))["observers"] == [{"name": "watcher", "via": "staff"}]
-        stopped = stack.processes[1]
+        stopped = stack.daphnes[1]
         stopped.send_signal(signal.SIGSTOP)  # its keep-alives stop: after three checks the worker forgets it
         try:
             assert (await writer.wait_for("observers", timeout=10))["observers"] == []
@@ -160,8 +159,7 @@ async def test_watching_ends_when_the_permission_that_allowed_it_is_taken_away(
 ):
     stack = Stack(extra_env={"TETHER_VIEWER_CHECK_SECONDS": "1"})
     try:
-        await sync_to_async(stack.start_daphne)()
-        await sync_to_async(stack.start_worker)("local")
+        await sync_to_async(stack.start)("local")
         writer, session, _ = await open_viewer(stack, terminal, operator)
         observer = await Viewer.open(stack.ports[0], session.id, await sync_to_async(session_cookie)(watcher))
         await observer.observe()

@@ -57,9 +57,7 @@ def own_stack():
     def start(**env) -> Stack:
         stack = Stack(extra_env={"TETHER_RECORDING_FLUSH_SECONDS": "1", **env})
         stacks.append(stack)
-        stack.start_daphne()
-        stack.start_worker(backends="local")
-        return stack
+        return stack.start(backends="local")
 
     yield start
     for stack in stacks:
