@@ -5,7 +5,6 @@ retention, and read for playback and download (each one audited)."""
 from __future__ import annotations
 
 import logging
-import zlib
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -65,7 +64,9 @@ def write_chunk(
         )
         if recording is None:
             return False
-        RecordingChunk.objects.create(recording=recording, number=number, data=zlib.compress(taken.lines, 6))
+        # Stored as taken: PostgreSQL compresses a large value itself (TOAST), and gives up at once on one that
+        # does not compress; compressing here cost the worker's host the CPU a busy shell's output needs.
+        RecordingChunk.objects.create(recording=recording, number=number, data=taken.lines)
         Recording.objects.filter(pk=recording_pk).update(
             chunks=F("chunks") + 1,
             stream=taken.stream,
@@ -119,7 +120,7 @@ def _closing_lines(recording: Recording) -> bytes:
 def _chunks(recording: Recording) -> Iterator[bytes]:
     rows = RecordingChunk.objects.filter(recording=recording).order_by("number").values_list("data", flat=True)
     for data in rows.iterator(chunk_size=20):
-        yield zlib.decompress(bytes(data))
+        yield bytes(data)
 
 
 def finish_recording(recording_pk: int) -> Recording | None:

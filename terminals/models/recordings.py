@@ -76,7 +76,8 @@ class Recording(models.Model):
 
 
 class RecordingChunk(models.Model):
-    """Events of a recording not yet in its file: zlib-compressed lines of ``[unix_seconds, code, data]``."""
+    """Events of a recording not yet in its file: lines of ``[unix_seconds, code, data]`` (PostgreSQL compresses
+    them at rest)."""
 
     recording = models.ForeignKey(Recording, on_delete=models.CASCADE, related_name="chunk_rows")
     number = models.PositiveIntegerField()
