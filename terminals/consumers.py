@@ -140,6 +140,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         await self.tasks.close()
         if getattr(self, "stream", None) is not None:
             await self.detach()
+        if group := getattr(self, "user_group", None):
+            self.user_group = None
+            await self.channel_layer.group_discard(group, self.channel_name)
 
     async def detach(self) -> None:
         """Attached no more, and the worker told at once: it keeps a departed writer's flow window a while,
@@ -147,9 +150,6 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if self.stream.attached:
             self.stream.leave()
             await self.owner.detach()
-        if group := getattr(self, "user_group", None):
-            self.user_group = None
-            await self.channel_layer.group_discard(group, self.channel_name)
 
     # --- browser -> server -------------------------------------------------------------------
 
@@ -203,12 +203,17 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             text = f"You are watching {self.session.user.get_username()}'s shell read-only: {what}"
             await self.send_json({"type": "error", "code": ErrorCode.READ_ONLY, "message": text})
 
-    async def client_observe(self, message: dict) -> None:
-        """Watch read-only beside the writer: the stream and the writer's grid, no keys, no resize."""
+    @staticmethod
+    def _position(message: dict) -> tuple[int, int | None, int | None]:
+        """Where an attach or observe asks to start: its offset, and the shell and owner's stream it is in."""
         since = integer(message.get("since", 0), "since")
         generation, epoch = message.get("generation"), message.get("epoch")
         generation = None if generation is None else integer(generation, "generation")
-        epoch = None if epoch is None else integer(epoch, "epoch")
+        return since, generation, None if epoch is None else integer(epoch, "epoch")
+
+    async def client_observe(self, message: dict) -> None:
+        """Watch read-only beside the writer: the stream and the writer's grid, no keys, no resize."""
+        since, generation, epoch = self._position(message)
         if not self.watching_noted:
             await db(actions.note_observer)(self.session, self.user, self.via)
             self.watching_noted = True
@@ -229,10 +234,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if self.foreign and not self.taken_over:
             await db(actions.note_takeover)(self.session, self.user)
             self.taken_over = True
-        since = integer(message.get("since", 0), "since")
-        generation, epoch = message.get("generation"), message.get("epoch")
-        generation = None if generation is None else integer(generation, "generation")
-        epoch = None if epoch is None else integer(epoch, "epoch")
+        since, generation, epoch = self._position(message)
         self.attacher.grid = grid(message)
         self.attacher.observing = False
         self.stream.window = None
