@@ -21,7 +21,7 @@ from executions.admin import NothingEditableOnChange, apply_each, badge
 from executions.errors import ExecutionError
 from executions.models import Execution, State
 from terminals import actions
-from terminals.models import CommandRecord, ProcessLease, SessionEvent, TerminalSession, Worker
+from terminals.models import CommandRecord, ProcessLease, SessionEvent, TerminalSession
 from terminals.resolution import ResolveRefused, resolve, run_checks
 
 # Terminal control sequences: CSI (colours, cursor moves, modes), OSC (titles), and two-byte escapes.
@@ -289,15 +289,6 @@ class CommandRecordAdmin(WrittenElsewhere, admin.ModelAdmin):
     readonly_fields = [f.name for f in CommandRecord._meta.fields]
 
 
-@admin.register(Worker)
-class WorkerAdmin(WrittenElsewhere, admin.ModelAdmin):
-    """A worker's state moves only through drain and its own stop."""
-
-    list_display = ["worker_id", "host", "pid", "state", "heartbeat_at", "started_at"]
-    list_filter = ["state", "host"]
-    readonly_fields = [f.name for f in Worker._meta.fields]
-
-
 # The executions app registers its admin first (it is imported above); this one adds the resolution
 # procedure, whose checks look at this app's workers and backends.
 admin.site.unregister(Execution)
@@ -347,5 +338,5 @@ class ExecutionAdmin(executions_admin.ExecutionAdmin):
         return TemplateResponse(request, "admin/executions/resolve.html", context)
 
 
-# Recordings and share links have an admin module of their own.
-from terminals import admin_recordings  # noqa: E402, F401
+# Recordings and share links, and the workers and the recovery console, have admin modules of their own.
+from terminals import admin_recordings, admin_workers  # noqa: E402, F401

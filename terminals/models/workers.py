@@ -35,6 +35,10 @@ class Worker(models.Model):
 
     class Meta:
         constraints = [models.CheckConstraint(condition=Q(state__in=WorkerState.values), name="worker_state_valid")]
+        permissions = [
+            ("drain_worker", "Can drain an owner worker (it stops; its sessions are left for adoption or ended)"),
+            ("run_recovery", "Can run the recovery pass over dead workers' sessions"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.worker_id} ({self.host} pid {self.pid})"

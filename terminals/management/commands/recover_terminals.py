@@ -2,7 +2,7 @@ from asgiref.sync import async_to_sync
 from django.core.management.base import BaseCommand
 
 from terminals import recovery
-from terminals.worker import OwnerWorker
+from terminals.console import recover_by_hand
 
 
 class Command(BaseCommand):
@@ -33,10 +33,4 @@ class Command(BaseCommand):
         return await recovery.plan(can_adopt=False, can_watch=False) + await recovery.find_orphan_sessions()
 
     async def _recover(self) -> list[str]:
-        # A short-lived owner of its own, so every write it makes is fenced like a worker's.
-        worker = OwnerWorker(backends=set(), poll_interval=1)
-        await worker.start()
-        try:
-            return await worker.recover_once(adopt=False)
-        finally:
-            await worker.shutdown()
+        return await recover_by_hand()

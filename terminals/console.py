@@ -1,0 +1,176 @@
+"""The recovery console's reading of the record (the admin's Workers, Recovery and Unknown outcomes pages): what
+each worker holds and how it is, what a recovery pass would do, how a drain went, and for every unknown outcome
+which resolution check passes now. It reads and plans; the writes are the same actions the command line uses
+(``drain_worker``, ``recover_by_hand``, ``terminals.resolution.resolve``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from django.db.models import Count, F, Q
+from django.db.models.functions import Now
+
+from executions.models import Execution, ExecutionEvent, Kind, State
+from terminals import recovery
+from terminals.models import ProcessLease, Worker, WorkerEvent, WorkerState
+from terminals.resolution import Check, run_checks
+from terminals.worker import OwnerWorker
+
+UNKNOWNS_SHOWN = 50
+
+
+def with_holdings(workers):
+    """``workers`` annotated with their heartbeat's age on the database's clock (``age``) and the terminal
+    sessions and commands they hold (``sessions``, ``commands``)."""
+    held = Q(leases__released_at__isnull=True)
+    return workers.annotate(
+        age=Now() - F("heartbeat_at"),
+        sessions=Count("leases", filter=held & Q(leases__execution__kind=Kind.TERMINAL)),
+        commands=Count("leases", filter=held & Q(leases__execution__kind=Kind.COMMAND)),
+    )
+
+
+def status_of(worker: Worker) -> str:
+    """running, draining, stopped, or presumed dead: not stopped, and silent past its lease TTL (an annotated
+    worker, see ``with_holdings``)."""
+    if worker.state != WorkerState.STOPPED and worker.age.total_seconds() > settings.TETHER_LEASE_TTL_SECONDS:
+        return "presumed dead"
+    return worker.state
+
+
+@dataclass
+class DrainProgress:
+    worker: Worker
+    status: str
+    drained_at: object | None  # when the drain was asked
+    left: list[ProcessLease]  # leases it still holds, or left (stopped) for adoption
+    adopted: list[tuple[ProcessLease, str]]  # leases it left that another worker holds now: (lease, worker id)
+    ended: list[Execution]  # what it ended and recorded since the drain was asked
+
+    @property
+    def done(self) -> bool:
+        return self.worker.state == WorkerState.STOPPED
+
+
+def drain_progress(worker_pk: int) -> DrainProgress:
+    worker = with_holdings(Worker.objects.filter(pk=worker_pk)).get()
+    asked = WorkerEvent.objects.filter(worker=worker, to_state=WorkerState.DRAINING).order_by("-at").first()
+    since = asked.at if asked else worker.started_at
+    left = list(
+        ProcessLease.objects.select_related("execution__machine", "worker").filter(
+            worker=worker, released_at__isnull=True
+        )
+    )
+    # What it left and another worker has taken over since: the adoption event names the previous owner.
+    adoptions = ExecutionEvent.objects.filter(
+        evidence="adopted", at__gte=since, detail__previous_worker=worker.worker_id
+    ).select_related("execution__lease__worker")
+    adopted = [
+        (event.execution.lease, event.actor.removeprefix("worker:"))
+        for event in adoptions
+        if hasattr(event.execution, "lease")
+    ]
+    ended = list(
+        Execution.objects.filter(
+            events__actor=f"worker:{worker.worker_id}",
+            events__at__gte=since,
+            events__to_state__in=[State.COMPLETED, State.UNKNOWN],
+        )
+        .select_related("machine")
+        .distinct()
+    )
+    return DrainProgress(worker, status_of(worker), asked.at if asked else None, left, adopted, ended)
+
+
+# --- recovery ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Planned:
+    """One thing a recovery pass would do, and who does it."""
+
+    finding: recovery.Finding
+    by: str  # "Run recovery" (this page, or recover_terminals), or a live worker (adoption, watching)
+
+
+async def recover_by_hand() -> list[str]:
+    """One recovery pass by a short-lived owner of its own (every write it makes fenced like a worker's), adoption
+    and watching left to live workers: what ``recover_terminals`` and the admin's Run recovery do. Returns what
+    was done."""
+    worker = OwnerWorker(backends=set(), poll_interval=1)
+    await worker.start()
+    try:
+        return await worker.recover_once(adopt=False)
+    finally:
+        await worker.shutdown()
+
+
+def recovery_preview() -> list[Planned]:
+    """What a recovery pass would do now, changing nothing (the same plan recover_terminals --dry-run prints,
+    with what only a live worker does shown as such): dead owners' leases of machines on this host or on none,
+    and orphaned tmux sessions."""
+
+    async def plan() -> list[recovery.Finding]:
+        return await recovery.plan(can_adopt=True, can_watch=True) + await recovery.find_orphan_sessions()
+
+    planned = []
+    for finding in async_to_sync(plan)():
+        if finding.action in (recovery.Action.ADOPT, recovery.Action.WATCH):
+            by = f"a live worker serving {finding.backend} on {settings.TETHER_HOST} (workers adopt and watch)"
+        elif finding.action == recovery.Action.WAIT:
+            by = "a later pass"
+        else:
+            by = "Run recovery (or any worker's next pass)"
+        planned.append(Planned(finding, by))
+    return planned
+
+
+# --- unknown outcomes ------------------------------------------------------------------------------
+
+NEXT_STEP = {
+    "owner": "Drain the worker named (Workers → Drain), or wait until it is proven dead.",
+    "machine": "Check that the machine still names what the execution ran on; put it back, or resolve on the "
+    "host it lives on.",
+    "process": "Make sure nothing of it runs: end the processes named, or stop or remove the container it ran "
+    "in; then check again.",
+    "note": "say what you saw that shows the process is gone, when you resolve it",
+}
+
+
+@dataclass
+class UnknownRow:
+    execution: Execution
+    unknown_since: object
+    slot_since: object  # since when it has held its machine's command slot (it was dispatched)
+    checks: list[Check]
+    owner_worker: Worker | None  # the worker the owner check names, when it is one to drain
+
+    @property
+    def failing(self) -> list[tuple[Check, str]]:
+        """Each check that fails now (the note is the operator's, at resolve), and what to do about it."""
+        return [(check, NEXT_STEP[check.name]) for check in self.checks if not check.ok and check.name != "note"]
+
+
+def unknown_queue() -> list[UnknownRow]:
+    """Every unknown execution, oldest first (at most UNKNOWNS_SHOWN), with each resolution check as Tether
+    runs it now (the note is the operator's, at resolve)."""
+    executions = Execution.objects.filter(state=State.UNKNOWN).select_related("machine").order_by("ended_at", "id")
+    rows = []
+    for execution in executions[:UNKNOWNS_SHOWN]:
+        checks = run_checks(execution, "")
+        checks[-1] = Check("note", False, NEXT_STEP["note"])
+        dispatched = execution.events.filter(to_state=State.DISPATCHED).values_list("at", flat=True).first()
+        lease = ProcessLease.objects.select_related("worker").filter(execution=execution).first()
+        owner = lease.worker if lease is not None and not checks[0].ok else None
+        rows.append(
+            UnknownRow(
+                execution=execution,
+                unknown_since=execution.ended_at,
+                slot_since=dispatched or execution.created_at,
+                checks=checks,
+                owner_worker=owner,
+            )
+        )
+    return rows
