@@ -143,9 +143,8 @@ class WorkerAdmin(WrittenElsewhere, admin.ModelAdmin):
                 return self._page(
                     request, "admin/terminals/worker/recovery.html", "Run recovery?", confirm=True, may_run=may_run
                 )
-            done = async_to_sync(console.recover_by_hand)()
-            actor = f"{request.user.get_username()} (admin)"
-            self.message_user(request, f"Recovery run by {actor}: {len(done)} done", messages.SUCCESS)
+            done = async_to_sync(console.recover_by_hand)(Actor.for_user(request.user), "admin")
+            self.message_user(request, f"Recovery run: {len(done)} done", messages.SUCCESS)
         planned = console.recovery_preview()
         return self._page(
             request, "admin/terminals/worker/recovery.html", "Recovery", planned=planned, done=done, may_run=may_run

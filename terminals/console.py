@@ -8,12 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async as db
 from django.conf import settings
 from django.db.models import Count, F, Q
 from django.db.models.functions import Now
 
+from executions.actions import Actor
 from executions.models import Execution, ExecutionEvent, Kind, State
-from terminals import recovery
+from terminals import actions, recovery
 from terminals.models import ProcessLease, Worker, WorkerEvent, WorkerState
 from terminals.resolution import Check, run_checks
 from terminals.worker import OwnerWorker
@@ -95,14 +97,16 @@ class Planned:
     by: str  # "Run recovery" (this page, or recover_terminals), or a live worker (adoption, watching)
 
 
-async def recover_by_hand() -> list[str]:
+async def recover_by_hand(actor: Actor, via: str) -> list[str]:
     """One recovery pass by a short-lived owner of its own (every write it makes fenced like a worker's), adoption
-    and watching left to live workers: what ``recover_terminals`` and the admin's Run recovery do. Returns what
-    was done."""
+    and watching left to live workers: what ``recover_terminals`` and the admin's Run recovery do. Who ran it
+    (``actor``, ``via``) is an event of that worker's. Returns what was done."""
     worker = OwnerWorker(backends=set(), poll_interval=1)
     await worker.start()
     try:
-        return await worker.recover_once(adopt=False)
+        done = await worker.recover_once(adopt=False)
+        await db(actions.note_recovery_run)(worker.worker, actor, done, via)
+        return done
     finally:
         await worker.shutdown()
 

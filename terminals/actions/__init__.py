@@ -87,7 +87,13 @@ from terminals.actions.shares import (
     share_links_of,
     valid_share_link,
 )
-from terminals.actions.workers import drain_worker, register_worker, stop_worker, worker_heartbeat
+from terminals.actions.workers import (
+    drain_worker,
+    note_recovery_run,
+    register_worker,
+    stop_worker,
+    worker_heartbeat,
+)
 
 __all__ = [
     "OBSERVE_PERMISSION",
@@ -130,6 +136,7 @@ __all__ = [
     "may_view_session",
     "note_observer",
     "note_recording_seen",
+    "note_recovery_run",
     "note_share_opened",
     "note_takeover",
     "note_viewer",

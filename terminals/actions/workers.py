@@ -91,3 +91,11 @@ def drain_worker(worker_id: str, *, actor: Actor, reason: str = "") -> Worker:
         _worker_event(worker, WorkerState.RUNNING, WorkerState.DRAINING, actor, reason)
     worker.refresh_from_db()
     return worker
+
+
+def note_recovery_run(worker: Worker, actor: Actor, done: list[str], via: str) -> None:
+    """Who ran a recovery pass by hand (the pass's own writes are its short-lived worker's), and what it did."""
+    _worker_event(
+        worker, WorkerState.RUNNING, WorkerState.RUNNING, actor, f"recovery pass run by hand ({via})",
+        done=done[:100], via=via,
+    )  # fmt: skip

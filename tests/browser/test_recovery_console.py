@@ -21,7 +21,7 @@ from executions.actions import add_machine
 from executions.models import Evidence, Execution, State
 from terminals import actions
 from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, boot_id
-from terminals.models import ProcessLease, WorkerState
+from terminals.models import ProcessLease, WorkerEvent, WorkerState
 from tests.bridge.harness import wait_for
 from tests.browser.conftest import SCREENSHOTS, committed
 from tests.factories import TEST_ACTOR, make_spec
@@ -148,6 +148,10 @@ async def test_the_dry_run_lists_a_dead_workers_shells_changes_nothing_then_run_
         await page.click("#run-recovery")
         await page.click("#run-recovery-confirm")
         await expect(page.locator("#recovery-done")).to_contain_text("unknown (controller_lost)")
+        ran = committed(
+            lambda: WorkerEvent.objects.filter(reason__startswith="recovery pass").select_related("user").get()
+        )
+        assert ran.user.username == "ops" and any("unknown" in line for line in ran.detail["done"])
         lost_execution = committed(lambda: Execution.objects.get(pk=lost.execution_id))
         assert (lost_execution.state, lost_execution.evidence) == (State.UNKNOWN, Evidence.CONTROLLER_LOST)
         # The tmux shell is left for a live worker to adopt: still running, its lease untouched.

@@ -1,6 +1,7 @@
 from asgiref.sync import async_to_sync
 from django.core.management.base import BaseCommand
 
+from executions.actions import Actor
 from terminals import recovery
 from terminals.console import recover_by_hand
 
@@ -33,4 +34,4 @@ class Command(BaseCommand):
         return await recovery.plan(can_adopt=False, can_watch=False) + await recovery.find_orphan_sessions()
 
     async def _recover(self) -> list[str]:
-        return await recover_by_hand()
+        return await recover_by_hand(Actor.command("recover_terminals"), "recover_terminals")
