@@ -12,6 +12,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from api.ws import TokenAuthMiddleware  # noqa: E402
 from terminals.daphne_close import send_close_reasons  # noqa: E402
 from terminals.origins import SameOriginValidator  # noqa: E402
 from terminals.routing import websocket_urlpatterns  # noqa: E402
@@ -23,7 +24,8 @@ http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else
 application = ProtocolTypeRouter(
     {
         "http": http_app,
-        # Scheme, host and port of the Origin must be this site's (channels' own validator checks the host only).
-        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # Scheme, host and port of the Origin must be this site's (channels' own validator checks the host only);
+        # an API client without an Origin is its bearer token's user (api/ws.py).
+        "websocket": SameOriginValidator(AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns)))),
     }
 )

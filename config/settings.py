@@ -40,8 +40,10 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "ninja",
     "executions",
     "terminals",
+    "api",
 ]
 
 MIDDLEWARE = [
@@ -53,6 +55,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "api.middleware.audit_api_calls",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -172,6 +175,17 @@ if PRODUCTION:
     MIDDLEWARE.insert(1, "whitenoise.middleware.WhiteNoiseMiddleware")
     STORAGES["staticfiles"] = {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"}
 
+# The API's per-token rate limits (api/limits.py) are counted in the cache: shared through Redis when there
+# is one, so every daphne counts the same calls; in this process's memory otherwise (the embedded mode).
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": env_str("TETHER_CHANNEL_PREFIX", "tether"),
+        }
+    }
+
 # Behind a proxy that terminates TLS: the header it sets on every request, as "Name: value" (for instance
 # "X-Forwarded-Proto: https"; the proxy must replace any such header a client sent). Requests that carry it are
 # taken as https: the login's CSRF check and the terminal socket's Origin check then expect https origins.
@@ -264,5 +278,13 @@ TETHER_RECORDING_FLUSH_SECONDS = env_int("TETHER_RECORDING_FLUSH_SECONDS", 2, mi
 # Share links (docs/recordings.md): how long a new one lasts by default, and at most.
 TETHER_SHARE_LINK_SECONDS = env_int("TETHER_SHARE_LINK_SECONDS", 3600, minimum=60)
 TETHER_SHARE_LINK_MAX_SECONDS = env_int("TETHER_SHARE_LINK_MAX_SECONDS", 7 * 24 * 3600, minimum=60)
+# The HTTP API (docs/api.md): calls a token may make per minute, how long a new token lasts by default and
+# at most (days), the largest request body, and the longest an await or a read may wait for news.
+TETHER_API_CALLS_PER_MINUTE = env_int("TETHER_API_CALLS_PER_MINUTE", 600, minimum=1)
+TETHER_API_TOKEN_DAYS = env_int("TETHER_API_TOKEN_DAYS", 30, minimum=1)
+TETHER_API_TOKEN_MAX_DAYS = env_int("TETHER_API_TOKEN_MAX_DAYS", 365, minimum=1)
+TETHER_API_MAX_WAIT_SECONDS = env_int("TETHER_API_MAX_WAIT_SECONDS", 60, minimum=1)
+# The largest request body anywhere (Django refuses a larger one): an API submit or input is well under it.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("TETHER_MAX_REQUEST_BYTES", 1024 * 1024, minimum=128 * 1024)
 # The worker runs inside the web process in embedded mode (make run).
 TETHER_EMBEDDED_WORKER = env_bool("TETHER_EMBEDDED_WORKER", not PRODUCTION)

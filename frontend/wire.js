@@ -44,6 +44,7 @@ export const ErrorCode = Object.freeze({
   BAD_FRAME: "bad_frame",
   READ_ONLY: "read_only",
   NOT_WATCHING: "not_watching",
+  NOT_WRITER: "not_writer",
 });
 
 export const StatusCode = Object.freeze({

@@ -81,6 +81,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
 
     # Whether this socket only ever watches (a share link's): it cannot attach as the writer.
     read_only = False
+    credential = None  # the API token it was opened with, if it was (set in connect)
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -88,8 +89,12 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             await self.close()  # refused at the handshake (HTTP 403)
             return
         self.session = await self.load_session(user)
-        if self.session is None:
-            await self.close()  # unknown or foreign: the same refusal, so ids cannot be probed
+        # An API client's socket is its token's (api/ws.py): ``credential.group`` and ``credential.ended()``.
+        self.credential = self.scope.get("credential")
+        if self.session is None or (self.credential and self.session.user_id != user.pk):
+            # Unknown or foreign: the same refusal, so ids cannot be probed. An API token reaches its own
+            # user's shells only (watching another's is the page's, where its writer sees who watches).
+            await self.close()
             return
         self.user = user
         self.username = user.get_username()
@@ -109,6 +114,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         # Logging out anywhere closes this socket (terminals.signals); the owner check catches a lost message.
         self.user_group = f"tether.user.{user.pk}"
         await self.channel_layer.group_add(self.user_group, self.channel_name)
+        if self.credential:  # revoking the token closes this socket (api.tokens.revoke_token)
+            await self.channel_layer.group_add(self.credential.group, self.channel_name)
         await self.connected()
         await self.send_json({"type": "hello", "session": str(self.session.id), "protocol": PROTOCOL_VERSION})
 
@@ -143,6 +150,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if group := getattr(self, "user_group", None):
             self.user_group = None
             await self.channel_layer.group_discard(group, self.channel_name)
+            if self.credential:
+                await self.channel_layer.group_discard(self.credential.group, self.channel_name)
 
     async def detach(self) -> None:
         """Attached no more, and the worker told at once: it keeps a departed writer's flow window a while,
@@ -391,12 +400,18 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         await self.send_json({"type": "closed", "reason": reason, "text": "Signed out"})
         await self.close(reason.close_code)
 
+    async def token_revoked(self, event: dict) -> None:
+        await self.not_allowed("The API token this socket was opened with was revoked")
+
     def still_allowed(self) -> str:
         """ "" while this socket's user may still do what it does here; else why not, in their words. Asked
-        at every owner check: an account deactivated, or a permission taken away, ends what it allowed."""
+        at every owner check: an account deactivated, a permission taken away, or its API token revoked or
+        expired, ends what it allowed."""
         user = get_user_model().objects.filter(pk=self.user.pk).first()
         if user is None or not user.is_active:
             return "This account was deactivated"
+        if self.credential and (ended := self.credential.ended()):
+            return f"The API token this socket was opened with was {ended}"
         if not self.foreign:
             return ""
         if self.attacher.observing:

@@ -113,6 +113,8 @@ class LiveProcess:
     recording: Take | None = None  # its recording as this owner takes it (terminals.owner.recordings)
     marks: MarkReader | None = None  # the shell's command marks, when it was started with the integration
     marks_seen: bool = False
+    # (API client, seq) of the API input written lately: a repeated delivery is not written twice.
+    api_written: dict[tuple[str, int], bool] = field(default_factory=dict)
     prompt_shown_at: float | None = None  # when a POSIX shell's last prompt ended (its B mark), our clock
 
     def __post_init__(self) -> None:

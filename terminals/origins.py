@@ -64,7 +64,9 @@ def _trusted(origin: tuple[str, str, str]) -> bool:
 def origin_allowed(scope) -> bool:
     raw = _header(scope, b"origin")
     if not raw:
-        return False  # browsers always send one; a socket without it is not from a page of ours
+        # Browsers always send one, so a socket without it is no page's: only an API client's, which must
+        # then carry its token (api.ws refuses it without a valid one), never a cookie alone.
+        return _header(scope, b"authorization").lower().startswith("bearer ")
     parts = urlsplit(raw)
     origin = _origin(parts.scheme, parts.netloc)
     if origin is None:

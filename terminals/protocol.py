@@ -119,6 +119,7 @@ class ErrorCode(StrEnum):
     BAD_FRAME = "bad_frame"  # the browser's frame broke the protocol
     READ_ONLY = "read_only"  # an observer's keys, grid or reset: observers only watch
     NOT_WATCHING = "not_watching"  # the worker no longer lists this observer (silent too long): observe again
+    NOT_WRITER = "not_writer"  # an API client's keys or grid while another person's window writes
 
 
 class StatusCode(StrEnum):
@@ -252,6 +253,36 @@ class ResetShell(ToOwner):
     TYPE = "session.reset"
 
 
+@dataclass(frozen=True, slots=True)
+class Peek(ToOwner):
+    """An API client's read of the output from ``since`` (at most ``size`` bytes), answered once on ``reply``
+    with ``Peeked`` (or ``Done`` when refused). No viewer is attached and no flow window is held."""
+
+    TYPE = "session.peek"
+    since: int = 0
+    size: int = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ApiInput(ToOwner):
+    """An API client's keys. ``viewer`` names the client (its token and client name): each (``viewer``,
+    ``seq``) is written once however often it is delivered. Answered with ``Done``."""
+
+    TYPE = "session.api_input"
+    data: bytes = b""
+    seq: int = 0
+    by: str = ""  # the person the token belongs to: another person's open window refuses it
+
+
+@dataclass(frozen=True, slots=True)
+class ApiResize(ToOwner):
+    """An API client's grid, refused while a window is the writer (the window sets the grid). ``Done``."""
+
+    TYPE = "session.api_resize"
+    cols: int = 80
+    rows: int = 24
+
+
 TO_OWNER: dict[str, type[ToOwner]] = {kind.TYPE: kind for kind in ToOwner.__subclasses__()}
 
 
@@ -302,6 +333,32 @@ class Output(Message):
     offset: int
     data: bytes
     epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Peeked(Message):
+    """The answer to ``Peek``: ``data`` from ``offset`` (``lost`` bytes after ``since`` are no longer kept),
+    where the output ends now, and whose stream it is (``survives``: a holder's offsets, the same for any owner)."""
+
+    TYPE = "api.output"
+    offset: int
+    data: bytes
+    start: int  # the first offset the worker still keeps
+    end: int
+    lost: int
+    generation: int
+    epoch: int
+    survives: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Done(Message):
+    """The answer to an API client's input or grid: done, or refused with an ``ErrorCode`` and a sentence."""
+
+    TYPE = "api.done"
+    ok: bool
+    code: str = ""
+    text: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,8 @@ def test_messages_round_trip_through_the_layers_dict():
     attached = Attached(attach=1, offset=0, end=4, lost=0, generation=1, epoch=2, execution=3)
     assert Attached.decode(attached.encode()) == attached
     assert set(TO_OWNER) == {
-        f"session.{kind}" for kind in "attach observe input resize ack resend keepalive detach reset".split()
+        f"session.{kind}"
+        for kind in "attach observe input resize ack resend keepalive detach reset peek api_input api_resize".split()
     }
 
 

@@ -24,9 +24,12 @@ from terminals.protocol import (
     MAX_COLS,
     MAX_ROWS,
     Ack,
+    ApiInput,
+    ApiResize,
     Attach,
     Attached,
     Detach,
+    Done,
     ErrorCode,
     Gap,
     Grid,
@@ -35,6 +38,8 @@ from terminals.protocol import (
     Message,
     Observe,
     Output,
+    Peek,
+    Peeked,
     ProtocolError,
     Reason,
     Refusal,
@@ -114,6 +119,9 @@ class ViewerService:
             Resend: self.on_resend,
             Detach: self.on_detach,
             ResetShell: self.on_reset,
+            Peek: self.on_peek,
+            ApiInput: self.on_api_input,
+            ApiResize: self.on_api_resize,
         }
 
     async def run(self) -> None:
@@ -344,3 +352,69 @@ class ViewerService:
     async def on_reset(self, message: ResetShell) -> None:
         if live := await self._writer(message, while_closing=True):
             await self.host.end(live, Reason.RESET)
+
+    # --- API clients: a read, keys or a grid, each answered once on the message's own reply channel -------
+
+    async def _api_target(self, message: ToOwner, by: str | None = None) -> LiveProcess | None:
+        """The running process an API client's message is about; otherwise it is answered why not. With
+        ``by`` (keys, a grid): refused while another person's window is the writer, and while a window is
+        the writer for a grid (the window sets it)."""
+        live = self._held(message)
+        if live is None or live.closing:
+            await self.outbox.send(message.reply, Done(False, ErrorCode.NOT_HELD, "the process is not running here"))
+            return None
+        if by is not None and live.viewer is not None and live.writer_name and live.writer_name != by:
+            text = f"{live.writer_name} is writing into this shell from an open window"
+            await self.outbox.send(message.reply, Done(False, ErrorCode.NOT_WRITER, text))
+            return None
+        return live
+
+    async def on_peek(self, message: Peek) -> None:
+        if (live := await self._api_target(message)) is None:
+            return
+        size = min(max(int(message.size), 0), OUTPUT_MESSAGE_BYTES)
+        async with live.send_lock:
+            first, data, lost = live.buffer.since(max(int(message.since), 0))
+            peeked = Peeked(
+                offset=first,
+                data=data[:size],
+                start=live.buffer.start,
+                end=live.buffer.end,
+                lost=lost,
+                generation=live.generation,
+                epoch=live.token,
+                survives=live.process.offsets_survive_owner,
+            )
+        await self.outbox.send(message.reply, peeked)
+
+    async def on_api_input(self, message: ApiInput) -> None:
+        if (live := await self._api_target(message, by=message.by)) is None:
+            return
+        key = (message.viewer, int(message.seq))
+        if key not in live.api_written:
+            live.api_written[key] = True
+            while len(live.api_written) > 4096:  # the oldest go: a retry comes within seconds, not hours
+                live.api_written.pop(next(iter(live.api_written)))
+            if message.by and live.writer_name and message.by != live.writer_name:
+                self.host.recorder.marker(live, f"{message.by} writes into the shell from here on")
+            live.writer_name = message.by or live.writer_name
+            live.touch()
+            await self.host.commands.typed(live, message.data)
+            await live.process.write(message.data)
+            self.host.recorder.input(live, message.data)
+        else:
+            log.info("execution %s: API input %s delivered twice; not written again", live.execution_pk, key)
+        await self.outbox.send(message.reply, Done(True))
+
+    async def on_api_resize(self, message: ApiResize) -> None:
+        if (live := await self._api_target(message, by="")) is None:
+            return
+        if live.viewer is not None:
+            text = "an open window is the writer and sets the grid"
+            await self.outbox.send(message.reply, Done(False, ErrorCode.NOT_WRITER, text))
+            return
+        if not (1 <= message.cols <= MAX_COLS and 1 <= message.rows <= MAX_ROWS):
+            await self.outbox.send(message.reply, Done(False, ErrorCode.BAD_FRAME, "the grid is out of range"))
+            return
+        await self._regrid(live, message.cols, message.rows)
+        await self.outbox.send(message.reply, Done(True))

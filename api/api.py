@@ -1,0 +1,105 @@
+"""The HTTP API at /api/v1/ (docs/api.md): one NinjaAPI, its token auth, and every error as a problem."""
+
+from __future__ import annotations
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+
+from api.auth import TokenAuth
+from api.problems import ApiProblem, problem_response
+from executions.errors import IdentityConflict, NotFound, Refused, SlotTaken, TransitionRefused, UsageError
+from terminals.resolution import ResolveRefused
+
+api = NinjaAPI(
+    title="Tether API",
+    version="1",
+    description=(
+        "Durable executions and terminal sessions for agents and scripts: idempotent submission, output by "
+        "byte offset, numbered input written once, and `unknown` instead of a made-up exit. See docs/api.md."
+    ),
+    auth=TokenAuth(),
+    urls_namespace="api",
+)
+
+
+@api.exception_handler(ApiProblem)
+def _problem(request, error: ApiProblem):
+    return problem_response(error)
+
+
+def _as(code: str, error: Exception, **extra):
+    return problem_response(ApiProblem(code, str(error), **extra))
+
+
+@api.exception_handler(ValidationError)
+def _invalid(request, error: ValidationError):
+    errors = [
+        {"field": ".".join(str(part) for part in item.get("loc", ())), "message": item.get("msg", "")}
+        for item in error.errors
+    ]
+    return problem_response(ApiProblem("validation_error", "a field is not valid", errors=errors))
+
+
+@api.exception_handler(AuthenticationError)
+def _unauthenticated(request, error):
+    return problem_response(ApiProblem("unauthenticated", "send the header Authorization: Bearer tether_…"))
+
+
+@api.exception_handler(HttpError)
+def _http(request, error: HttpError):
+    code = {400: "invalid_request", 404: "not_found", 413: "too_large"}.get(error.status_code, "invalid_request")
+    return problem_response(ApiProblem(code, str(error)))
+
+
+@api.exception_handler(Http404)
+def _missing(request, error):
+    return problem_response(ApiProblem("not_found", "no such thing, or not yours"))
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request, error):
+    return _as("too_large", error)
+
+
+@api.exception_handler(NotFound)
+def _not_found(request, error):
+    return _as("not_found", error)
+
+
+@api.exception_handler(UsageError)
+def _usage(request, error):
+    return _as("validation_error", error)
+
+
+@api.exception_handler(IdentityConflict)
+def _conflict(request, error):
+    return _as("identity_conflict", error)
+
+
+@api.exception_handler(ResolveRefused)
+def _resolve_refused(request, error: ResolveRefused):
+    checks = [{"name": check.name, "ok": check.ok, "detail": check.detail} for check in error.checks]
+    return problem_response(ApiProblem("resolve_refused", str(error).splitlines()[0], checks=checks))
+
+
+@api.exception_handler(SlotTaken)
+def _slot(request, error: SlotTaken):
+    return _as("slot_taken", error, held_by=error.holder_label, held_state=error.holder_state)
+
+
+@api.exception_handler(TransitionRefused)
+def _state(request, error: TransitionRefused):
+    return _as("state_conflict", error, state=error.current)
+
+
+@api.exception_handler(Refused)
+def _refused(request, error):
+    return _as("forbidden", error)
+
+
+from api import executions, terminals  # noqa: E402  (routers register on ``api``)
+
+api.add_router("/", executions.router)
+api.add_router("/terminals", terminals.router)

@@ -1,0 +1,76 @@
+"""Who calls: the bearer token (its user, its scopes), refused with a problem when it cannot be used, and
+counted against the token's rate limit."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from django.conf import settings
+from django.core.cache import cache
+from ninja.security import HttpBearer
+
+from api.models import ApiToken
+from api.problems import ApiProblem
+from api.tokens import find_token, note_used
+
+log = logging.getLogger(__name__)
+
+
+def usable(token: ApiToken | None) -> ApiProblem | None:
+    """Why this token cannot be used now (a problem to answer with), or None."""
+    if token is None:
+        return ApiProblem("unauthenticated", "that is not a Tether API token (tether_…); make one on the Tokens page")
+    if token.revoked_at is not None:
+        return ApiProblem("token_revoked", f"token {token.name!r} was revoked")
+    if token.ended == "expired":
+        return ApiProblem("token_expired", f"token {token.name!r} expired at {token.expires_at.isoformat()}")
+    if not token.user.is_active:
+        return ApiProblem("unauthenticated", "the token's account is deactivated")
+    return None
+
+
+def check_rate(token: ApiToken) -> None:
+    """At most TETHER_API_CALLS_PER_MINUTE calls a token in each clock minute, counted in the shared cache;
+    one over is refused with 429 and Retry-After (the seconds to the next minute)."""
+    limit = settings.TETHER_API_CALLS_PER_MINUTE
+    now = time.time()
+    key = f"api-rate:{token.prefix}:{int(now // 60)}"
+    try:
+        cache.add(key, 0, timeout=120)
+        count = cache.incr(key)
+    except Exception as error:  # the cache (Redis) away: the API goes on, uncounted, rather than stopping
+        log.warning("API rate limit not counted: %r", error)
+        return
+    if count > limit:
+        wait = max(1, math.ceil(60 - now % 60))
+        raise ApiProblem("rate_limited", f"this token may make {limit} calls a minute", retry_after=wait, limit=limit)
+
+
+class TokenAuth(HttpBearer):
+    def __call__(self, request):
+        scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not raw.strip():
+            raise ApiProblem("unauthenticated", "send the header Authorization: Bearer tether_…")
+        return self.authenticate(request, raw.strip())
+
+    def authenticate(self, request, token: str) -> ApiToken:
+        found = find_token(token)
+        request.api_token = found  # known (even revoked): its call is audited
+        if problem := usable(found):
+            raise problem
+        check_rate(found)
+        note_used(found)
+        request.user = found.user
+        return found
+
+
+def need(request, scope: str) -> ApiToken:
+    """The call's token, when it has ``scope``; else 403 insufficient_scope."""
+    token: ApiToken = request.auth
+    if scope not in token.scopes:
+        raise ApiProblem(
+            "insufficient_scope", f"token {token.name!r} lacks the {scope!r} scope", needed=scope, scopes=token.scopes
+        )
+    return token

@@ -1,0 +1,361 @@
+"""Machines and executions: submit (idempotent by scope, id and spec), get, list, await, output by cursor,
+cancel and resolve. Every check is the command line's: the same actions, the same refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+
+from channels.db import database_sync_to_async as db
+from django.conf import settings
+from django.db.models import Q
+from ninja import Field, Query, Router, Schema, Status
+
+from api.auth import need
+from api.models import Scope
+from api.owner_calls import ask
+from api.problems import ApiProblem
+from executions import actions as exec_actions
+from executions.actions import Actor
+from executions.errors import TransitionRefused
+from executions.models import ENDED_STATES, FINAL_STATES, Execution, Machine, MachineState, State
+from executions.presenters import execution_json
+from executions.spec import ExecutionSpec, SpecError
+from terminals.actions import request_process_action
+from terminals.actions.permissions import may_use_machine
+from terminals.owner_client import owner_of_execution
+from terminals.protocol import Peek
+from terminals.resolution import resolve
+
+router = Router(tags=["executions"])
+
+READ_BYTES = 64 * 1024  # the most one output read returns (ask again from ``next``)
+RESOLVE_PERMISSION = "executions.resolve_execution"
+
+
+def actor_of(token) -> Actor:
+    return Actor(token.label, token.user)
+
+
+# --- machines --------------------------------------------------------------------------------------
+
+
+class MachineOut(Schema):
+    name: str
+    backend: str
+    state: str
+    scope: str
+    busy: bool = Field(description="Its command slot is held (a command or a terminal runs there)")
+
+
+@router.get("/machines", response=list[MachineOut], tags=["machines"], summary="Machines you may use")
+def machines(request):
+    need(request, Scope.READ)
+    found = Machine.objects.exclude(state=MachineState.DELETED).order_by("name")
+    return [
+        {"name": m.name, "backend": m.backend, "state": m.state, "scope": m.scope, "busy": bool(m.active_execution_id)}
+        for m in found
+        if may_use_machine(request.auth.user, m)
+    ]
+
+
+# --- executions ------------------------------------------------------------------------------------
+
+
+class ExecutionOut(Schema):
+    id: int = Field(description="Tether's number for it: the address of every call about it")
+    scope: str
+    execution_id: str
+    kind: str
+    machine: str
+    state: str = Field(description="pending, dispatched, running, completed, cancelled, unknown or resolved")
+    evidence: str
+    exit_code: int | None
+    exit_signal: int | None
+    outcome: str = Field(description="How it ended, in words; 'unknown' is never made into an exit")
+    close_reason: str
+    spec: dict
+    spec_digest: str
+    created_at: str | None
+    dispatched_at: str | None
+    started_at: str | None
+    ended_at: str | None
+    resolved_at: str | None
+    resolution_note: str
+    resolved_by: str | None
+
+
+def execution_out(execution: Execution) -> dict:
+    data = execution_json(execution)
+    data.pop("output"), data.pop("output_truncated")
+    return {"id": execution.pk, **data}
+
+
+def visible(user):
+    """The executions this user may see: those they asked for and their own shells'; all of them for staff
+    with the permission to view executions."""
+    executions = Execution.objects.select_related("machine", "resolved_by")
+    if user.is_staff and user.has_perm("executions.view_execution"):
+        return executions
+    return executions.filter(Q(requested_by=user) | Q(terminal_session__user=user))
+
+
+def _mine(request, pk: int) -> Execution:
+    execution = visible(request.auth.user).filter(pk=pk).first()
+    if execution is None:
+        raise ApiProblem("not_found", f"no execution {pk} of yours")
+    return execution
+
+
+class SubmitIn(Schema):
+    scope: str = Field(max_length=200, description="Your namespace for ids, e.g. 'ci' or 'agent-7'")
+    id: str = Field(max_length=200, description="Your id for it: the same (scope, id, spec) is one execution")
+    machine: str = Field(max_length=100)
+    argv: list[str] = Field(min_length=1, max_length=4096)
+    env: dict[str, str] = Field(default_factory=dict, max_length=1024)
+    cwd: str = Field("", max_length=4096)
+    cols: int | None = None
+    rows: int | None = None
+    session_seconds: int | None = None
+    idle_seconds: int | None = None
+    output_limit_bytes: int | None = None
+
+
+class SubmitOut(Schema):
+    created: bool = Field(description="False: this (scope, id, spec) was submitted before; nothing runs again")
+    execution: ExecutionOut
+
+
+@router.post("/executions", response={200: SubmitOut, 201: SubmitOut}, summary="Submit a command (idempotent)")
+def submit(request, body: SubmitIn):
+    token = need(request, Scope.RUN)
+    user = token.user
+    try:
+        spec = ExecutionSpec.build(
+            body.argv,
+            env=body.env,
+            cwd=body.cwd,
+            cols=body.cols,
+            rows=body.rows,
+            session_seconds=body.session_seconds,
+            idle_seconds=body.idle_seconds,
+            output_limit_bytes=body.output_limit_bytes,
+        )
+    except SpecError as error:
+        raise ApiProblem("validation_error", str(error)) from None
+    existing = exec_actions.find_execution(body.scope, body.id)
+    if existing is not None:
+        if not visible(user).filter(pk=existing.pk).exists():
+            raise ApiProblem("identity_conflict", f"{body.scope}/{body.id} names another user's execution")
+        if existing.spec_digest != spec.digest or existing.machine.name != body.machine:
+            raise ApiProblem(
+                "identity_conflict",
+                f"{body.scope}/{body.id} was submitted with a different spec or machine",
+                existing_digest=existing.spec_digest,
+                submitted_digest=spec.digest,
+                existing_machine=existing.machine.name,
+                execution=existing.pk,
+            )
+    machine = Machine.objects.filter(name=body.machine).exclude(state=MachineState.DELETED).first()
+    if machine is None or not may_use_machine(user, machine):
+        raise ApiProblem("not_found", f"no machine {body.machine!r} you may use")
+    execution, created = exec_actions.submit_execution(
+        scope=body.scope, execution_id=body.id, machine_name=machine.name, spec=spec, actor=actor_of(token)
+    )
+    return Status(201 if created else 200, {"created": created, "execution": execution_out(execution)})
+
+
+@router.get("/executions", response=list[ExecutionOut], summary="Executions in a scope, newest first")
+def list_executions(request, scope: str = Query(..., max_length=200), limit: int = Query(50, ge=1, le=500)):
+    need(request, Scope.READ)
+    return [execution_out(e) for e in visible(request.auth.user).filter(scope=scope)[:limit]]
+
+
+@router.get("/executions/lookup", response=ExecutionOut, summary="An execution by your (scope, id)")
+def lookup(request, scope: str = Query(..., max_length=200), id: str = Query(..., max_length=200)):
+    need(request, Scope.READ)
+    execution = exec_actions.find_execution(scope, id)
+    if execution is None or not visible(request.auth.user).filter(pk=execution.pk).exists():
+        raise ApiProblem("not_found", f"no execution {scope}/{id} of yours")
+    return execution_out(execution)
+
+
+@router.get("/executions/{pk}", response=ExecutionOut, summary="One execution")
+def get_execution(request, pk: int):
+    need(request, Scope.READ)
+    return execution_out(_mine(request, pk))
+
+
+class AwaitOut(Schema):
+    final: bool = Field(description="completed, cancelled or resolved: the record will not change again")
+    awaiting: str = Field(description="nothing (final), start, program (it runs) or operator (unknown outcome)")
+    detail: str
+    execution: ExecutionOut
+
+
+AWAITING = {
+    State.PENDING: ("start", "it waits for a worker to start it"),
+    State.DISPATCHED: ("start", "a worker is starting it"),
+    State.RUNNING: ("program", "it is still running"),
+    State.UNKNOWN: (
+        "operator",
+        "its outcome is unknown until an operator resolves it (the process may still be running); "
+        "an await cannot end this by itself",
+    ),
+}
+
+
+def _fresh(request, pk: int) -> Execution:
+    return _mine(request, pk)
+
+
+@router.get("/executions/{pk}/await", response=AwaitOut, summary="Wait (long poll) for a final state")
+async def await_execution(request, pk: int, timeout: float = Query(30.0, ge=0)):
+    await db(need)(request, Scope.READ)
+    deadline = time.monotonic() + min(timeout, settings.TETHER_API_MAX_WAIT_SECONDS)
+    while True:
+        execution = await db(_fresh)(request, pk)
+        if execution.state in FINAL_STATES:
+            said = {"awaiting": "nothing", "detail": execution.outcome_label}
+            return {"final": True, **said, "execution": execution_out(execution)}
+        if time.monotonic() >= deadline:
+            awaiting, detail = AWAITING[execution.state]
+            return {"final": False, "awaiting": awaiting, "detail": detail, "execution": execution_out(execution)}
+        await asyncio.sleep(0.2)
+
+
+class OutputOut(Schema):
+    data: str = Field(description="The bytes from `offset`, base64")
+    text: str = Field(description="The same bytes as UTF-8 (invalid or split sequences replaced)")
+    offset: int = Field(description="Where `data` starts: `since`, or `first_kept` when bytes were lost")
+    next: int = Field(description="Where to read next (`since` of the next call)")
+    first_kept: int = Field(description="The first offset still kept")
+    lost: int = Field(description="Bytes after `since` no longer kept (never a silent gap)")
+    truncated_head: bool = Field(description="Bytes before `first_kept` are gone")
+    end: int = Field(description="Where the output known so far ends")
+    final: bool = Field(description="No more output will come (the record is settled and read to its end)")
+    source: str = Field(description="live (from the worker holding it) or record (from the settled record)")
+    state: str
+    restarted: bool = Field(
+        False,
+        description="The stream started again (a new shell, or an adoption that "
+        "cannot keep offsets): read from `offset` with the new `generation` and `epoch`",
+    )
+    generation: int = 0
+    epoch: int = 0
+
+
+def output_from_record(execution: Execution, since: int, size: int) -> dict:
+    output = bytes(execution.output or b"")
+    first = execution.output_truncated
+    end = first + len(output)
+    start = max(since, first)
+    data = output[start - first : start - first + size] if start < end else b""
+    after = start + len(data) if start < end else max(since, end)
+    return shaped(data, start if start < end else after, after, first, max(first - since, 0), max(end, after),
+                  final=after >= end, source="record", state=execution.state)  # fmt: skip
+
+
+def shaped(data: bytes, offset: int, after: int, first: int, lost: int, end: int, **rest) -> dict:
+    return {
+        "data": base64.b64encode(data).decode(),
+        "text": data.decode("utf-8", "replace"),
+        "offset": offset,
+        "next": after,
+        "first_kept": first,
+        "lost": lost,
+        "truncated_head": first > 0,
+        "end": end,
+        **rest,
+    }
+
+
+def output_from_owner(answer: dict, since: int, state: str) -> dict:
+    data = answer["data"]
+    offset = answer["offset"]
+    return shaped(data, offset, offset + len(data), answer["start"], answer["lost"], answer["end"], final=False,
+                  source="live", state=state, generation=answer["generation"], epoch=answer["epoch"])  # fmt: skip
+
+
+async def read_output(execution_pk: int, load, since: int, size: int, wait: float, viewer: str) -> dict:
+    """Output from ``since``: from the worker holding the process while it runs, from the settled record
+    after. ``wait``: how long to wait for output past ``since`` (or for an owner, between owners) before
+    answering with none."""
+    deadline = time.monotonic() + wait
+    while True:
+        execution = await db(load)()
+        if execution.state in ENDED_STATES:
+            return output_from_record(execution, since, size)
+        owner = await db(owner_of_execution)(execution.pk)
+        answer = await ask(owner, Peek, viewer=viewer, since=since, size=size) if owner else None
+        if answer is not None and answer.get("type") == "api.output":
+            result = output_from_owner(answer, since, execution.state)
+            if result["data"] or result["lost"] or time.monotonic() >= deadline:
+                return result
+        elif time.monotonic() >= deadline:
+            if execution.state == State.PENDING or (execution.state == State.DISPATCHED and owner is None):
+                return shaped(b"", since, since, 0, 0, since, final=False, source="live", state=execution.state)
+            raise ApiProblem(
+                "owner_unavailable",
+                "no worker answers for this process right now (it may be changing hands); "
+                "read again from the same offset",
+                retry_after=1,
+            )
+        await asyncio.sleep(0.1)
+
+
+@router.get("/executions/{pk}/output", response=OutputOut, summary="Output by byte offset (resumable)")
+async def execution_output(
+    request,
+    pk: int,
+    since: int = Query(0, ge=0),
+    size: int = Query(READ_BYTES, ge=1, le=READ_BYTES),
+    wait: float = Query(0.0, ge=0),
+):
+    token = await db(need)(request, Scope.READ)
+    await db(_mine)(request, pk)
+    wait = min(wait, settings.TETHER_API_MAX_WAIT_SECONDS)
+    return await read_output(pk, lambda: _mine(request, pk), since, size, wait, f"api:{token.pk}")
+
+
+class CancelIn(Schema):
+    reason: str = Field("", max_length=500)
+
+
+@router.post("/executions/{pk}/cancel", response={200: ExecutionOut, 202: ExecutionOut}, summary="Cancel")
+def cancel(request, pk: int, body: CancelIn):
+    """Pending: cancelled at once (200), nothing ran. Dispatched or running: its owner is asked to end the
+    process tree (202); it ends completed (killed) only when the tree is proven gone, else unknown."""
+    token = need(request, Scope.RUN)
+    execution = _mine(request, pk)
+    actor = actor_of(token)
+    if execution.state == State.PENDING:
+        try:
+            return Status(200, execution_out(exec_actions.cancel_execution(execution, actor=actor, reason=body.reason)))
+        except TransitionRefused:
+            execution.refresh_from_db()  # a worker dispatched it meanwhile: cancel through its owner
+    if execution.state in (State.DISPATCHED, State.RUNNING):
+        request_process_action(execution, "cancel", actor=actor, reason=body.reason)
+        return Status(202, execution_out(execution))
+    raise TransitionRefused(str(execution), execution.state, "cancelled")
+
+
+class ResolveIn(Schema):
+    note: str = Field(..., min_length=1, max_length=4000, description="What you saw that shows the process is gone")
+
+
+@router.post("/executions/{pk}/resolve", response=ExecutionOut, summary="Resolve an unknown outcome (operators)")
+def resolve_execution(request, pk: int, body: ResolveIn):
+    """The same checks as `exec_resolve` (owner, machine, process, note); the outcome stays unknown."""
+    token = need(request, Scope.RUN)
+    user = token.user
+    if not (user.is_staff and user.has_perm(RESOLVE_PERMISSION)):
+        raise ApiProblem("forbidden", f"resolving needs an active staff user with {RESOLVE_PERMISSION}")
+    execution = Execution.objects.filter(pk=pk).first()
+    if execution is None:
+        raise ApiProblem("not_found", f"no execution {pk}")
+    if not body.note.strip():
+        raise ApiProblem("validation_error", "say what evidence shows the process is gone")
+    resolved, _ = resolve(execution, actor=actor_of(token), note=body.note, via="api")
+    return execution_out(resolved)

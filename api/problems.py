@@ -1,0 +1,52 @@
+"""Errors as ``application/problem+json`` (RFC 9457) with a stable ``code`` a client can branch on.
+
+Every refusal of the API is one of the codes below; the ``detail`` sentence says what happened in this
+case, and extra members carry what a client needs to act (both digests, the failed checks, the wait).
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.http import HttpResponse
+
+# code -> (status, title)
+CODES: dict[str, tuple[int, str]] = {
+    "invalid_request": (400, "The request is malformed"),
+    "unauthenticated": (401, "No valid API token"),
+    "token_revoked": (401, "The API token was revoked"),
+    "token_expired": (401, "The API token has expired"),
+    "insufficient_scope": (403, "The token's scopes do not allow this"),
+    "forbidden": (403, "Not allowed"),
+    "not_found": (404, "No such thing, or not yours"),
+    "identity_conflict": (409, "That identity names a different execution"),
+    "slot_taken": (409, "The machine's command slot is held"),
+    "state_conflict": (409, "Its state does not allow this"),
+    "resolve_refused": (409, "A resolution check failed"),
+    "input_unconfirmed": (409, "That input's delivery is unconfirmed; it is not written again"),
+    "not_writer": (409, "Another window writes into this shell"),
+    "too_large": (413, "The request is too large"),
+    "validation_error": (422, "A field is not valid"),
+    "rate_limited": (429, "Too many calls with this token"),
+    "owner_unavailable": (503, "No worker holds the process right now"),
+}
+
+PROBLEM_TYPE = "https://tether.invalid/problems/"
+
+
+class ApiProblem(Exception):
+    def __init__(self, code: str, detail: str, *, retry_after: int | None = None, **extra):
+        super().__init__(detail)
+        self.code, self.detail, self.retry_after, self.extra = code, detail, retry_after, extra
+        self.status = CODES[code][0]
+
+
+def problem_response(problem: ApiProblem) -> HttpResponse:
+    status, title = CODES[problem.code]
+    body = {"type": PROBLEM_TYPE + problem.code, "title": title, "status": status, "code": problem.code}
+    body |= {"detail": problem.detail, **problem.extra}
+    response = HttpResponse(json.dumps(body), status=status, content_type="application/problem+json")
+    if problem.retry_after is not None:
+        response["Retry-After"] = str(problem.retry_after)
+    response.api_problem = problem.code  # for the audit line (api.middleware)
+    return response

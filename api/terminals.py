@@ -1,0 +1,255 @@
+"""Terminal sessions over HTTP: open or reattach, state, output by offset, numbered input, resize, reset
+and close. Only the session's own user reaches it here (watching another user's shell is the page's, where
+its writer sees who watches)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+
+from channels.db import database_sync_to_async as db
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from ninja import Field, Query, Router, Schema, Status
+
+from api.auth import need
+from api.executions import READ_BYTES, ExecutionOut, OutputOut, actor_of, execution_out, read_output, shaped
+from api.models import ApiInput, InputState, Scope
+from api.owner_calls import ask
+from api.problems import ApiProblem
+from executions.models import Machine, MachineState
+from terminals import actions
+from terminals.actions.permissions import may_use_machine
+from terminals.models import ProcessState, TerminalSession
+from terminals.owner_client import owner_of_execution
+from terminals.protocol import MAX_COLS, MAX_FRAME_BYTES, MAX_ROWS, ApiResize, ErrorCode, Request
+from terminals.protocol import ApiInput as InputMessage
+
+router = Router(tags=["terminals"])
+
+
+class TerminalOut(Schema):
+    id: uuid.UUID
+    machine: str
+    generation: int = Field(description="Its shell's number: a reset or a fresh start begins the next")
+    process_state: str = Field(description="live, closing or closed (as the page says)")
+    snapshot_kind: str = Field(description="live, or archived once closed")
+    close_reason: str = Field(description="Why its shell closed (exited, killed, idle, reset, ...); empty while live")
+    outcome: str = Field(description="How its current shell ended, in the page's words ('unknown' stays unknown)")
+    ends_with_worker: str = Field(description="Why its shell would end with its worker; empty when it survives it")
+    created_at: str
+    closed_at: str | None
+    execution: ExecutionOut
+
+
+def terminal_out(session: TerminalSession) -> dict:
+    lease = getattr(session.execution, "lease", None)
+    return {
+        "id": session.pk,
+        "machine": session.machine.name,
+        "generation": session.generation,
+        "process_state": session.process_state,
+        "snapshot_kind": session.snapshot_kind,
+        "close_reason": session.close_reason,
+        "outcome": session.execution.outcome_label,
+        "ends_with_worker": lease.ends_with_worker if lease and lease.released_at is None else "",
+        "created_at": session.created_at.isoformat(),
+        "closed_at": session.closed_at.isoformat() if session.closed_at else None,
+        "execution": execution_out(session.execution),
+    }
+
+
+def _session(request, session_id: uuid.UUID) -> TerminalSession:
+    session = (
+        TerminalSession.objects.select_related("machine", "execution__machine", "execution__resolved_by", "user")
+        .filter(pk=session_id, user=request.auth.user)
+        .first()
+    )
+    if session is None:
+        raise ApiProblem("not_found", f"no terminal session {session_id} of yours")
+    return session
+
+
+@router.get("", response=list[TerminalOut], summary="Your terminal sessions, newest first")
+def list_terminals(request, limit: int = Query(50, ge=1, le=200)):
+    need(request, Scope.TERMINALS)
+    sessions = TerminalSession.objects.select_related("machine", "execution__machine", "execution__resolved_by")
+    return [terminal_out(s) for s in sessions.filter(user=request.auth.user).order_by("-created_at")[:limit]]
+
+
+class OpenIn(Schema):
+    machine: str = Field(max_length=100)
+
+
+class OpenOut(Schema):
+    created: bool = Field(description="False: the machine's open session was reattached")
+    terminal: TerminalOut
+
+
+@router.post("", response={200: OpenOut, 201: OpenOut}, summary="Open a shell, or reattach to the open one")
+def open_terminal(request, body: OpenIn):
+    need(request, Scope.TERMINALS)
+    user = request.auth.user
+    machine = Machine.objects.filter(name=body.machine).exclude(state=MachineState.DELETED).first()
+    if machine is None or not may_use_machine(user, machine):
+        raise ApiProblem("not_found", f"no machine {body.machine!r} you may use")
+    session, created = actions.open_terminal(machine, user)
+    if session.user_id != user.pk:  # another user's open shell (staff may watch it on the page, not here)
+        raise ApiProblem("forbidden", f"{machine.name} has another user's shell open")
+    opened = {"created": created, "terminal": terminal_out(_session(request, session.pk))}
+    return Status(201 if created else 200, opened)
+
+
+@router.get("/{session_id}", response=TerminalOut, summary="A session's state")
+def terminal_state(request, session_id: uuid.UUID):
+    need(request, Scope.TERMINALS)
+    return terminal_out(_session(request, session_id))
+
+
+@router.get("/{session_id}/output", response=OutputOut, summary="A shell's output by byte offset")
+async def terminal_output(
+    request,
+    session_id: uuid.UUID,
+    since: int = Query(0, ge=0),
+    generation: int | None = Query(None, ge=1, description="The generation your `since` counts in"),
+    epoch: int | None = Query(None, ge=0, description="The epoch your `since` counts in (from the last read)"),
+    size: int = Query(READ_BYTES, ge=1, le=READ_BYTES),
+    wait: float = Query(0.0, ge=0),
+):
+    """Offsets count within one shell (its `generation`) and one owner's stream (its `epoch`), except that a
+    held shell's offsets are the same for every owner. When yours no longer count (a reset, an adoption of a
+    tmux shell) the answer says `restarted` and reads from the start of the stream as it is now."""
+    token = await db(need)(request, Scope.TERMINALS)
+    session = await db(_session)(request, session_id)
+    if session.process_state == ProcessState.CLOSED:
+        return shaped(b"", since, since, 0, 0, since, final=True, source="record", state=session.execution.state,
+                      generation=session.generation)  # fmt: skip
+    wait = min(wait, settings.TETHER_API_MAX_WAIT_SECONDS)
+    pk = session.execution_id
+
+    def load():
+        return _session(request, session_id).execution
+
+    answer = await read_output(pk, load, since, size, wait, f"api:{token.pk}")
+    if answer["source"] == "live" and answer["epoch"]:
+        moved = generation is not None and generation != answer["generation"]
+        moved = moved or (epoch is not None and epoch != answer["epoch"] and not answer.get("survives", True))
+        if moved and since:
+            answer = await read_output(pk, load, 0, size, 0.0, f"api:{token.pk}")
+            answer["restarted"] = True
+    return answer
+
+
+class InputIn(Schema):
+    seq: int = Field(..., ge=0, le=2**53, description="Your number for this input: a retry of it is written once")
+    data: str | None = Field(None, description="Keys as text (UTF-8)")
+    data_b64: str | None = Field(None, description="Keys as base64, for bytes that are not text")
+    client: str = Field("", max_length=100, description="Which of your programs sends it (numbers are per client)")
+
+
+class InputOut(Schema):
+    written: bool
+    repeated: bool = Field(description="This seq had been written before: not written again")
+    seq: int
+
+
+def _claim(token, session, body: InputIn, size: int) -> ApiInput | None:
+    """Claim the number before sending it; None when it was claimed before (a retry)."""
+    try:
+        with transaction.atomic():
+            return ApiInput.objects.create(token=token, session=session, client=body.client, seq=body.seq, size=size)
+    except IntegrityError:
+        return None
+
+
+def _earlier(token, session, body: InputIn) -> ApiInput:
+    return ApiInput.objects.get(token=token, session=session, client=body.client, seq=body.seq)
+
+
+@router.post("/{session_id}/input", response=InputOut, summary="Type into the shell (numbered, written once)")
+async def terminal_input(request, session_id: uuid.UUID, body: InputIn):
+    token = await db(need)(request, Scope.TERMINALS)
+    session = await db(_session)(request, session_id)
+    if (body.data is None) == (body.data_b64 is None):
+        raise ApiProblem("validation_error", "send the keys as exactly one of data or data_b64")
+    try:
+        data = body.data.encode() if body.data is not None else base64.b64decode(body.data_b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiProblem("validation_error", "data_b64 is not base64") from None
+    if len(data) > MAX_FRAME_BYTES:
+        raise ApiProblem("too_large", f"at most {MAX_FRAME_BYTES} bytes of input a call", limit=MAX_FRAME_BYTES)
+    if session.process_state != ProcessState.LIVE:
+        raise ApiProblem("state_conflict", f"the session is {session.process_state}: its shell takes no input")
+    owner = await db(owner_of_execution)(session.execution_id)
+    if owner is None:
+        text = "no worker holds the shell right now; send the same seq again"
+        raise ApiProblem("owner_unavailable", text, retry_after=1)
+    claim = await db(_claim)(token, session, body, len(data))
+    if claim is None:
+        earlier = await db(_earlier)(token, session, body)
+        if earlier.state == InputState.WRITTEN:
+            return {"written": True, "repeated": True, "seq": body.seq}
+        raise ApiProblem(
+            "input_unconfirmed",
+            f"input {body.seq} was sent before and its writing was never confirmed; it is not written again "
+            "(read the output to see whether it arrived)",
+        )
+    viewer = f"api:{token.pk}:{body.client}"
+    answer = await ask(owner, InputMessage, viewer=viewer, data=data, seq=body.seq, by=token.user.get_username())
+    if answer is None:
+        raise ApiProblem(
+            "input_unconfirmed",
+            f"the worker did not confirm input {body.seq}; it may have been written, and is not written again",
+        )
+    if answer.get("ok"):
+        await db(ApiInput.objects.filter(pk=claim.pk).update)(state=InputState.WRITTEN)
+        return {"written": True, "repeated": False, "seq": body.seq}
+    await db(ApiInput.objects.filter(pk=claim.pk).delete)()  # refused, so not written: the number is free again
+    if answer.get("code") == ErrorCode.NOT_WRITER:
+        raise ApiProblem("not_writer", answer.get("text", ""))
+    raise ApiProblem("owner_unavailable", answer.get("text", "") + "; send the same seq again", retry_after=1)
+
+
+class ResizeIn(Schema):
+    cols: int = Field(..., ge=1, le=MAX_COLS)
+    rows: int = Field(..., ge=1, le=MAX_ROWS)
+
+
+@router.post("/{session_id}/resize", response=TerminalOut, summary="Set the shell's grid")
+async def terminal_resize(request, session_id: uuid.UUID, body: ResizeIn):
+    token = await db(need)(request, Scope.TERMINALS)
+    session = await db(_session)(request, session_id)
+    if session.process_state != ProcessState.LIVE:
+        raise ApiProblem("state_conflict", f"the session is {session.process_state}")
+    owner = await db(owner_of_execution)(session.execution_id)
+    answer = await ask(owner, ApiResize, viewer=f"api:{token.pk}", cols=body.cols, rows=body.rows) if owner else None
+    if answer is None:
+        raise ApiProblem("owner_unavailable", "no worker holds the shell right now; try again", retry_after=1)
+    if not answer.get("ok"):
+        code = "not_writer" if answer.get("code") == ErrorCode.NOT_WRITER else "owner_unavailable"
+        raise ApiProblem(code, answer.get("text", ""), **({"retry_after": 1} if code == "owner_unavailable" else {}))
+    return await db(lambda: terminal_out(_session(request, session_id)))()
+
+
+class ReasonIn(Schema):
+    reason: str = Field("", max_length=500)
+
+
+def _ask_owner_to(request, session_id, action: str, reason: str) -> dict:
+    token = need(request, Scope.TERMINALS)
+    session = _session(request, session_id)
+    actions.operator_session_action(session, action, actor=actor_of(token), reason=reason or f"{action} (API)")
+    return terminal_out(_session(request, session_id))
+
+
+@router.post("/{session_id}/reset", response={202: TerminalOut}, summary="End the shell and start a fresh one")
+def terminal_reset(request, session_id: uuid.UUID, body: ReasonIn):
+    """Its owner ends the shell (its outcome recorded as it is known) and starts the next generation."""
+    return Status(202, _ask_owner_to(request, session_id, Request.RESET, body.reason))
+
+
+@router.post("/{session_id}/close", response={202: TerminalOut}, summary="End the shell")
+def terminal_close(request, session_id: uuid.UUID, body: ReasonIn):
+    """Its owner ends the shell; the session closes with its outcome (read the state until it is closed)."""
+    return Status(202, _ask_owner_to(request, session_id, Request.COMPLETE, body.reason))
