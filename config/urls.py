@@ -1,9 +1,12 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from api.urls import pages as api_pages
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("api.urls")),
+    *api_pages,
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("terminals.urls")),
 ]

@@ -17,7 +17,7 @@ from django.utils.timesince import timesince
 
 from executions import admin as executions_admin
 from executions.actions import Actor
-from executions.admin import NothingEditableOnChange, apply_each, badge
+from executions.admin import NothingEditableOnChange, badge
 from executions.errors import ExecutionError
 from executions.models import Execution, State
 from terminals import actions
@@ -43,30 +43,38 @@ class ReasonForm(forms.Form):
     reason = forms.CharField(required=True, max_length=500, help_text="Recorded with the event.")
 
 
-def _confirmed_action(action: str, description: str):
-    """An admin action that asks for confirmation and a reason (Django's delete_selected flow)."""
+def confirmed_action(name: str, description: str, each, *, permission: str, noun: str, label="", title="", then=None):
+    """An admin action that asks for confirmation and a reason (Django's delete_selected flow), then runs
+    ``each(obj, actor, reason)`` per selected object: a refusal is reported with its reason and the rest carry
+    on. ``then(done)``, given the objects it was done to, may answer instead of the list (a progress page).
+    ``label`` is the action's name in the menu, ``title`` the confirmation's question."""
 
     def run(modeladmin, request, queryset):
         form = ReasonForm(request.POST if request.POST.get("post") else None)
         if request.POST.get("post") and form.is_valid():
             actor, reason = Actor.for_user(request.user), form.cleaned_data["reason"]
-            apply_each(
-                modeladmin,
-                request,
-                queryset.select_related("execution", "machine"),
-                lambda session: actions.operator_session_action(session, action, actor=actor, reason=reason),
-                description,
-            )
+            done = []
+            for obj in queryset:
+                try:
+                    each(obj, actor, reason)
+                except ExecutionError as refused:  # another operator moved it a moment ago
+                    modeladmin.message_user(request, f"{obj}: {refused}", messages.ERROR)
+                else:
+                    done.append(obj)
+            if then is not None and (answer := then(done)) is not None:
+                return answer
+            if done:
+                modeladmin.message_user(request, f"{description}: {len(done)}", messages.SUCCESS)
             return None
         return TemplateResponse(
             request,
             "admin/terminals/confirm_action.html",
             {
                 **modeladmin.admin_site.each_context(request),
-                "title": f"{description}?",
+                "title": title or f"{description}?",
                 "description": description,
-                "action": f"{action}_sessions",
-                "noun": "sessions",
+                "action": name,
+                "noun": noun,
                 "queryset": queryset,
                 "form": form,
                 "opts": modeladmin.model._meta,
@@ -74,8 +82,19 @@ def _confirmed_action(action: str, description: str):
             },
         )
 
-    run.__name__ = f"{action}_sessions"
-    return admin.action(description=f"{description}…", permissions=[action])(run)
+    run.__name__ = name
+    return admin.action(description=label or f"{description}…", permissions=[permission])(run)
+
+
+def _confirmed_action(action: str, description: str):
+    """A session action of an operator's (terminals.actions.operator_session_action), confirmed, with a reason."""
+    return confirmed_action(
+        f"{action}_sessions",
+        description,
+        lambda session, actor, reason: actions.operator_session_action(session, action, actor=actor, reason=reason),
+        permission=action,
+        noun="sessions",
+    )
 
 
 class SessionEventInline(admin.TabularInline):

@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.contrib.admin import helpers
-from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from executions.admin import apply_each, badge
+from executions.admin import badge
 from terminals import actions
-from terminals.admin import ReasonForm, WrittenElsewhere
+from terminals.admin import WrittenElsewhere, confirmed_action
 from terminals.models import Recording, RecordingState, ShareLink
 from terminals.recording_views import player_state
 
@@ -90,33 +88,16 @@ class RecordingAdmin(WrittenElsewhere, admin.ModelAdmin):
         return super().change_view(request, object_id, form_url, extra)
 
 
-def revoke_links(modeladmin, request, queryset):
-    """Revoke share links now (their open sockets close), after confirmation, with a reason on the record."""
-    form = ReasonForm(request.POST if request.POST.get("post") else None)
-    if request.POST.get("post") and form.is_valid():
-        reason = form.cleaned_data["reason"]
-        apply_each(
-            modeladmin,
-            request,
-            queryset,
-            lambda link: actions.revoke_share_link(link.pk, request.user, reason=reason),
-            "Revoked",
-        )
-        return None
-    return TemplateResponse(
-        request,
-        "admin/terminals/confirm_action.html",
-        {
-            **modeladmin.admin_site.each_context(request),
-            "title": "Revoke these share links?",
-            "description": "Revoke",
-            "action": "revoke_links",
-            "queryset": queryset,
-            "form": form,
-            "opts": modeladmin.model._meta,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-        },
-    )
+# Revoke share links now (their open sockets close), after confirmation, with a reason on the record.
+revoke_links = confirmed_action(
+    "revoke_links",
+    "Revoke",
+    lambda link, actor, reason: actions.revoke_share_link(link.pk, actor.user, reason=reason),
+    permission="revoke",
+    noun="share links",
+    label="Revoke the selected share links…",
+    title="Revoke these share links?",
+)
 
 
 @admin.register(ShareLink)
@@ -129,7 +110,7 @@ class ShareLinkAdmin(WrittenElsewhere, admin.ModelAdmin):
     list_select_related = ["session__machine", "created_by", "revoked_by"]
     readonly_fields = [f.name for f in ShareLink._meta.fields if f.name != "token_hash"]
     exclude = ["token_hash"]
-    actions = [admin.action(description="Revoke the selected share links…", permissions=["revoke"])(revoke_links)]
+    actions = [revoke_links]
 
     @admin.display(description="revoked")
     def revoked(self, obj):

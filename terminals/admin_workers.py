@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from asgiref.sync import async_to_sync
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
@@ -15,9 +14,8 @@ from django.urls import path
 
 from executions.actions import Actor
 from executions.admin import badge
-from executions.errors import ExecutionError
 from terminals import actions, console
-from terminals.admin import ReasonForm, WrittenElsewhere
+from terminals.admin import WrittenElsewhere, confirmed_action
 from terminals.models import Worker, WorkerEvent
 
 STATUS_COLOURS = {"running": "#16a34a", "draining": "#d97706", "stopped": "#6b7280", "presumed dead": "#b91c1c"}
@@ -36,39 +34,27 @@ class WorkerEventInline(admin.TabularInline):
         return False
 
 
-def drain_workers(modeladmin, request, queryset):
-    """Drain (confirmation, a reason): the worker takes no new work, leaves what can be adopted, ends and
-    records the rest, and stops. Then its progress, until it has stopped."""
-    form = ReasonForm(request.POST if request.POST.get("post") else None)
-    if request.POST.get("post") and form.is_valid():
-        drained = []
-        for worker in queryset:
-            try:
-                reason = form.cleaned_data["reason"]
-                actions.drain_worker(worker.worker_id, actor=Actor.for_user(request.user), reason=reason)
-            except ExecutionError as refused:  # another operator drained it a moment ago, or it stopped
-                modeladmin.message_user(request, f"{worker}: {refused}", messages.ERROR)
-            else:
-                drained.append(worker)
-        if len(drained) == 1:
-            return redirect("admin:terminals_worker_drain", drained[0].pk)
-        if drained:
-            modeladmin.message_user(request, f"Draining: {len(drained)} workers", messages.SUCCESS)
-        return None
-    return TemplateResponse(
-        request,
-        "admin/terminals/confirm_action.html",
-        {
-            **modeladmin.admin_site.each_context(request),
-            "title": "Drain these workers?",
-            "description": "Drain (stop taking work; leave tmux and held shells for adoption, end the rest; stop)",
-            "action": "drain_workers",
-            "queryset": queryset,
-            "form": form,
-            "opts": modeladmin.model._meta,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-        },
-    )
+def _drain(worker, actor, reason) -> None:
+    actions.drain_worker(worker.worker_id, actor=actor, reason=reason)
+
+
+def _progress(drained):
+    """One worker drained: its progress page, refreshing itself until it has stopped."""
+    return redirect("admin:terminals_worker_drain", drained[0].pk) if len(drained) == 1 else None
+
+
+# Drain (confirmation, a reason): the worker takes no new work, leaves what can be adopted, ends and records
+# the rest, and stops. Then its progress, until it has stopped.
+drain_workers = confirmed_action(
+    "drain_workers",
+    "Drain (stop taking work; leave tmux and held shells for adoption, end the rest; stop)",
+    _drain,
+    permission="drain",
+    noun="workers",
+    label="Drain the selected workers…",
+    title="Drain these workers?",
+    then=_progress,
+)
 
 
 @admin.register(Worker)
@@ -79,7 +65,7 @@ class WorkerAdmin(WrittenElsewhere, admin.ModelAdmin):
     list_filter = ["state", "host"]
     readonly_fields = [f.name for f in Worker._meta.fields]
     inlines = [WorkerEventInline]
-    actions = [admin.action(description="Drain the selected workers…", permissions=["drain"])(drain_workers)]
+    actions = [drain_workers]
     change_list_template = "admin/terminals/worker/change_list.html"
 
     def get_queryset(self, request):

@@ -198,3 +198,52 @@ def test_the_schema_and_the_docs_are_served():
     assert {"/api/v1/executions", "/api/v1/executions/{pk}/output", "/api/v1/terminals/{session_id}/input"} <= paths
     docs = client.get("/api/v1/docs")
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()
+
+
+def test_the_tokens_page_shows_a_new_token_once_and_revokes_only_your_own(alice, bob):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(alice)
+    page = client.get("/tokens/")
+    assert page.status_code == 200 and b"Make a token" in page.content
+    csrf = page.cookies["csrftoken"].value
+    assert client.post("/tokens/", {"name": "x", "scopes": ["read"]}).status_code == 403  # no CSRF token
+    made = client.post("/tokens/", {"name": "my laptop", "scopes": ["read", "terminals"], "days": "7",
+                                    "csrfmiddlewaretoken": csrf})  # fmt: skip
+    raw = made.context["new_raw"]
+    assert raw.encode() in made.content and made.context["new_token"].scopes == ["read", "terminals"]
+    assert raw.encode() not in client.get("/tokens/").content  # shown once
+    assert call("GET", "/machines", raw).status_code == 200
+    refused = client.post("/tokens/", {"name": "", "scopes": ["read"], "csrfmiddlewaretoken": csrf})
+    assert refused.status_code == 400 and b"needs a name" in refused.content
+    refused = client.post("/tokens/", {"name": "y", "scopes": ["root"], "csrfmiddlewaretoken": csrf})
+    assert refused.status_code == 400 and b"choose one or more scopes" in refused.content
+    refused = client.post("/tokens/", {"name": "y", "scopes": ["read"], "days": "9999", "csrfmiddlewaretoken": csrf})
+    assert refused.status_code == 400
+
+    bobs, _ = create_token(bob, name="bob's", scopes=["read"])
+    assert client.post(f"/tokens/{bobs.pk}/revoke/", {"csrfmiddlewaretoken": csrf}).status_code == 404
+    assert ApiToken.objects.get(pk=bobs.pk).revoked_at is None
+    mine = ApiToken.objects.get(user=alice, name="my laptop")
+    client.post(f"/tokens/{mine.pk}/revoke/", {"csrfmiddlewaretoken": csrf})
+    assert call("GET", "/machines", raw).json()["code"] == "token_revoked"
+    assert ApiTokenEvent.objects.get(token=mine, kind="revoked").user == alice
+
+
+def test_staff_revoke_other_users_tokens_in_the_admin_only_with_the_permission(alice, operator, admin_user):
+    token, raw = create_token(alice, name="ci", scopes=["read"])
+    form = {"action": "revoke_tokens", "_selected_action": [token.pk], "post": "yes", "reason": "left the team"}
+    staff = Client()
+    staff.force_login(operator)  # staff, but without the API app's permissions
+    staff.post("/admin/api/apitoken/", form)
+    assert ApiToken.objects.get(pk=token.pk).revoked_at is None
+    boss = Client()
+    boss.force_login(admin_user)
+    listing = boss.get("/admin/api/apitoken/")
+    assert b"Revoke the selected API tokens" in listing.content and token.digest.encode() not in listing.content
+    asked = boss.post("/admin/api/apitoken/", {**form, "post": ""})
+    assert b"Revoke these API tokens?" in asked.content
+    boss.post("/admin/api/apitoken/", form)
+    revoked = ApiToken.objects.get(pk=token.pk)
+    assert revoked.revoked_by == admin_user and revoked.revoke_reason == "left the team"
+    assert call("GET", "/machines", raw).json()["code"] == "token_revoked"
+    assert boss.get(f"/admin/api/apicall/?token__id__exact={token.pk}").status_code == 200
