@@ -18,7 +18,13 @@ from terminals import actions, console
 from terminals.admin import WrittenElsewhere, confirmed_action
 from terminals.models import Worker, WorkerEvent
 
-STATUS_COLOURS = {"running": "#16a34a", "draining": "#d97706", "stopped": "#6b7280", "presumed dead": "#b91c1c"}
+STATUS_COLOURS = {
+    "running": "#16a34a",
+    "draining": "#d97706",
+    "stopped": "#6b7280",
+    "presumed dead": "#b91c1c",
+    "recovery pass": "#9ca3af",  # a short-lived owner of a pass run by hand
+}
 
 
 class WorkerEventInline(admin.TabularInline):
@@ -113,7 +119,8 @@ class WorkerAdmin(WrittenElsewhere, admin.ModelAdmin):
         template = "admin/terminals/worker/drain.html"
         if request.headers.get("HX-Request"):
             template += "#progress"
-        return self._page(request, template, f"Draining {progress.worker.worker_id[:12]}", progress=progress)
+        title = f"{'Draining' if progress.drained_at else 'Worker'} {progress.worker.worker_id[:12]}"
+        return self._page(request, template, title, progress=progress)
 
     def recovery_view(self, request):
         """The recovery pass, first as a dry run (nothing changes); Run recovery (confirmed, with its
@@ -130,7 +137,9 @@ class WorkerAdmin(WrittenElsewhere, admin.ModelAdmin):
                     request, "admin/terminals/worker/recovery.html", "Run recovery?", confirm=True, may_run=may_run
                 )
             done = async_to_sync(console.recover_by_hand)(Actor.for_user(request.user), "admin")
-            self.message_user(request, f"Recovery run: {len(done)} done", messages.SUCCESS)
+            self.message_user(
+                request, f"Recovery run: {len(done)} finding(s), each below with what became of it", messages.SUCCESS
+            )
         planned = console.recovery_preview()
         return self._page(
             request, "admin/terminals/worker/recovery.html", "Recovery", planned=planned, done=done, may_run=may_run
@@ -143,4 +152,5 @@ class WorkerAdmin(WrittenElsewhere, admin.ModelAdmin):
         rows = console.unknown_queue()
         may_resolve = request.user.has_perm("executions.resolve_execution")
         context = {"rows": rows, "may_resolve": may_resolve, "may_drain": self.has_drain_permission(request)}
+        context["may_see_workers"] = self.has_view_permission(request)
         return self._page(request, "admin/terminals/worker/unknowns.html", "Unknown outcomes", **context)

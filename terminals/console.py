@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async as db
 from django.conf import settings
-from django.db.models import Count, F, Q
+from django.db.models import Count, Exists, F, OuterRef, Q
 from django.db.models.functions import Now
 
 from executions.actions import Actor
 from executions.models import Execution, ExecutionEvent, Kind, State
 from terminals import actions, recovery
 from terminals.models import ProcessLease, Worker, WorkerEvent, WorkerState
-from terminals.resolution import Check, run_checks
+from terminals.resolution import Check, owner_in_question, run_checks
 from terminals.worker import OwnerWorker
 
 UNKNOWNS_SHOWN = 50
@@ -27,8 +27,10 @@ def with_holdings(workers):
     """``workers`` annotated with their heartbeat's age on the database's clock (``age``) and the terminal
     sessions and commands they hold (``sessions``, ``commands``)."""
     held = Q(leases__released_at__isnull=True)
+    by_hand = WorkerEvent.objects.filter(worker=OuterRef("pk"), detail__has_key="via")
     return workers.annotate(
         age=Now() - F("heartbeat_at"),
+        by_hand=Exists(by_hand),
         sessions=Count("leases", filter=held & Q(leases__execution__kind=Kind.TERMINAL)),
         commands=Count("leases", filter=held & Q(leases__execution__kind=Kind.COMMAND)),
     )
@@ -36,7 +38,10 @@ def with_holdings(workers):
 
 def status_of(worker: Worker) -> str:
     """running, draining, stopped, or presumed dead: not stopped, and silent past its lease TTL (an annotated
-    worker, see ``with_holdings``)."""
+    worker, see ``with_holdings``); a recovery pass run by hand (Run recovery, recover_terminals) is no worker
+    that ever served shells, and says so."""
+    if getattr(worker, "by_hand", False) and worker.state == WorkerState.STOPPED:
+        return "recovery pass"
     if worker.state != WorkerState.STOPPED and worker.age.total_seconds() > settings.TETHER_LEASE_TTL_SECONDS:
         return "presumed dead"
     return worker.state
@@ -50,10 +55,21 @@ class DrainProgress:
     left: list[ProcessLease]  # leases it still holds, or left (stopped) for adoption
     adopted: list[tuple[ProcessLease, str]]  # leases it left that another worker holds now: (lease, worker id)
     ended: list[Execution]  # what it ended and recorded since the drain was asked
+    left_for_adoption: int = 0  # how many leases it left when it stopped (its stop event says)
+
+    @property
+    def stopped(self) -> bool:
+        return self.worker.state == WorkerState.STOPPED
+
+    @property
+    def changing_hands(self) -> int:
+        """Leases it left that another worker has taken over but not yet said it adopted."""
+        return max(self.left_for_adoption - len(self.left) - len(self.adopted), 0)
 
     @property
     def done(self) -> bool:
-        return self.worker.state == WorkerState.STOPPED
+        """Nothing more to watch: it was asked to drain, it stopped, and what it left has been adopted."""
+        return self.drained_at is not None and self.stopped and len(self.adopted) >= self.left_for_adoption
 
 
 def drain_progress(worker_pk: int) -> DrainProgress:
@@ -83,7 +99,9 @@ def drain_progress(worker_pk: int) -> DrainProgress:
         .select_related("machine")
         .distinct()
     )
-    return DrainProgress(worker, status_of(worker), asked.at if asked else None, left, adopted, ended)
+    stop = WorkerEvent.objects.filter(worker=worker, to_state=WorkerState.STOPPED).order_by("-at").first()
+    left_count = int(stop.detail.get("left_for_adoption", 0)) if stop else 0
+    return DrainProgress(worker, status_of(worker), asked.at if asked else None, left, adopted, ended, left_count)
 
 
 # --- recovery ------------------------------------------------------------------------------------
@@ -167,7 +185,8 @@ def unknown_queue() -> list[UnknownRow]:
         checks[-1] = Check("note", False, NEXT_STEP["note"])
         dispatched = execution.events.filter(to_state=State.DISPATCHED).values_list("at", flat=True).first()
         lease = ProcessLease.objects.select_related("worker").filter(execution=execution).first()
-        owner = lease.worker if lease is not None and not checks[0].ok else None
+        # The worker to drain is the one the owner check names (which one recorded it unknown is no matter).
+        owner = owner_in_question(execution, lease) if not checks[0].ok else None
         rows.append(
             UnknownRow(
                 execution=execution,

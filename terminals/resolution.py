@@ -24,9 +24,9 @@ from django.db.models.functions import Now
 from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.errors import Refused, TransitionRefused
-from executions.models import Evidence, Execution, ExecutionEvent, State
+from executions.models import Backend, Evidence, Execution, ExecutionEvent, State
 from terminals.backends.base import Launch, Status
-from terminals.backends.procfs import ProcessIdentity, boot_id
+from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, boot_id
 from terminals.models import ProcessLease, Worker, WorkerState
 from terminals.registry import backend_for
 
@@ -83,6 +83,17 @@ def _last_observer(execution: Execution) -> str | None:
         return adopted.actor.removeprefix("worker:")
     claimed = events.filter(to_state=State.DISPATCHED).first()
     return claimed.actor.removeprefix("worker:") if claimed else None
+
+
+def owner_in_question(execution: Execution, lease: ProcessLease | None) -> Worker | None:
+    """The worker the owner check judges: the one holding its lease, or once the lease is released, the one
+    that last watched the process (not whichever worker recorded it unknown)."""
+    if lease is None or lease.worker is None:
+        return None
+    if lease.released_at is None:
+        return lease.worker
+    observer_id = _last_observer(execution)
+    return Worker.objects.filter(worker_id=observer_id).first() if observer_id else None
 
 
 def check_owner(execution: Execution, lease: ProcessLease | None) -> Check:
@@ -181,11 +192,15 @@ async def _process_check(execution: Execution, handle: dict, label: str) -> Chec
     if handle.get("launch") == Launch.CLAIMED:
         return Check("process", True, "its owner never asked the backend to start it")
     if "marker" in handle and (left := await backend.survivors(handle)):
+        marker = handle["marker"]
+        docker = machine.backend == Backend.DOCKER
+        where = f"in container {machine.ref}" if docker else f"on {machine.host or 'its host'}"
         return Check(
             "process",
             False,
-            f"{left} of its processes still run (children that outlived it): end them "
-            "(recover_terminals ends a dead owner's leftovers) or stop the machine",
+            f"{left} of its processes still run {where} (children that outlived it), each with "
+            f"{MARKER_VARIABLE}={marker} in its environment (grep -l {marker} /proc/[0-9]*/environ finds them): "
+            "end them, or stop the machine; then check again",
         )
     if proof := await backend.vacancy(execution.ran_on_instance):
         return Check("process", True, proof)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 
@@ -84,6 +87,16 @@ def drain_worker(worker_id: str, *, actor: Actor, reason: str = "") -> Worker:
             f"no worker matches {worker_id!r}" if not matches else f"{worker_id!r} matches several workers"
         )
     worker = matches[0]
+    ttl = timedelta(seconds=settings.TETHER_LEASE_TTL_SECONDS)
+    if Worker.objects.filter(pk=worker.pk, state=WorkerState.RUNNING, heartbeat_at__lt=Now() - ttl).exists():
+        # A silent worker would never act on the drain: recovery is what takes its leases over.
+        raise TransitionRefused(
+            f"worker {worker.worker_id}",
+            "presumed dead",
+            WorkerState.DRAINING,
+            f"it has not beaten for over {settings.TETHER_LEASE_TTL_SECONDS} s, so it would never act on a drain; "
+            "its leases are taken over by recovery (a live worker's next pass, recover_terminals, or Run recovery)",
+        )
     with transaction.atomic():
         if Worker.objects.filter(pk=worker.pk, state=WorkerState.RUNNING).update(state=WorkerState.DRAINING) != 1:
             worker.refresh_from_db()
