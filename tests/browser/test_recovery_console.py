@@ -104,8 +104,10 @@ async def test_drain_a_worker_from_the_admin_and_its_tmux_shell_is_adopted_by_an
             what="the shell adopted by the other worker",
         )
         assert adopted.token > lease.token
-        await page.reload()
-        await expect(page.locator("#drain-adopted")).to_contain_text(adopted.worker.worker_id[:12])
+        # Stopped is not the end: the page goes on refreshing by itself until the shell it left is adopted.
+        await expect(page.locator("#drain-adopted")).to_contain_text(adopted.worker.worker_id[:12], timeout=10_000)
+        await expect(page.locator("#drain-progress")).to_contain_text("every shell it left has been adopted")
+        await expect(page.locator("#drain-progress")).not_to_have_attribute("hx-trigger", "every 1s")
         if SCREENSHOTS:
             await page.screenshot(path=SCREENSHOTS / "admin-drain.png", full_page=True)
         assert first.wait(timeout=10) == 0  # it stopped by itself
