@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+from functools import wraps
+
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
-from api.auth import TokenAuth
+from api.auth import TokenAuth, bearer_of, usable
 from api.problems import ApiProblem, problem_response
+from api.tokens import find_token
 from executions.errors import IdentityConflict, NotFound, Refused, SlotTaken, TransitionRefused, UsageError
 from terminals.resolution import ResolveRefused
+
+
+def signed_in_or_token(view):
+    """The schema and its rendered docs: for people signed in (the docs in a browser) and for valid tokens."""
+
+    @wraps(view)
+    def guarded(request, *args, **kwargs):
+        if request.user.is_authenticated or usable(find_token(bearer_of(request))) is None:
+            return view(request, *args, **kwargs)
+        if "html" in request.headers.get("Accept", ""):
+            return redirect_to_login(request.get_full_path())
+        return problem_response(ApiProblem("unauthenticated", "sign in, or send Authorization: Bearer tether_…"))
+
+    return guarded
+
 
 api = NinjaAPI(
     title="Tether API",
@@ -21,6 +40,7 @@ api = NinjaAPI(
     ),
     auth=TokenAuth(),
     urls_namespace="api",
+    docs_decorator=signed_in_or_token,
 )
 
 

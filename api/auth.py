@@ -48,12 +48,17 @@ def check_rate(token: ApiToken) -> None:
         raise ApiProblem("rate_limited", f"this token may make {limit} calls a minute", retry_after=wait, limit=limit)
 
 
+def bearer_of(request) -> str:
+    """The request's bearer token, "" when it sends none."""
+    scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
+    return raw.strip() if scheme.lower() == "bearer" else ""
+
+
 class TokenAuth(HttpBearer):
     def __call__(self, request):
-        scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not raw.strip():
+        if not (raw := bearer_of(request)):
             raise ApiProblem("unauthenticated", "send the header Authorization: Bearer tether_…")
-        return self.authenticate(request, raw.strip())
+        return self.authenticate(request, raw)
 
     def authenticate(self, request, token: str) -> ApiToken:
         found = find_token(token)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import time
 
 from channels.db import database_sync_to_async as db
@@ -14,7 +15,7 @@ from ninja import Field, Query, Router, Schema, Status
 
 from api.auth import need
 from api.models import Scope
-from api.owner_calls import ask
+from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem
 from executions import actions as exec_actions
 from executions.actions import Actor
@@ -28,6 +29,7 @@ from terminals.owner_client import owner_of_execution
 from terminals.protocol import Peek
 from terminals.resolution import resolve
 
+log = logging.getLogger(__name__)
 router = Router(tags=["executions"])
 
 READ_BYTES = 64 * 1024  # the most one output read returns (ask again from ``next``)
@@ -244,6 +246,9 @@ class OutputOut(Schema):
     )
     generation: int = 0
     epoch: int = 0
+    offsets_survive_owner: bool = Field(
+        True, description="Offsets stay the same when another worker takes the process over (a held shell)"
+    )
 
 
 def output_from_record(execution: Execution, since: int, size: int) -> dict:
@@ -275,7 +280,8 @@ def output_from_owner(answer: dict, since: int, state: str) -> dict:
     data = answer["data"]
     offset = answer["offset"]
     return shaped(data, offset, offset + len(data), answer["start"], answer["lost"], answer["end"], final=False,
-                  source="live", state=state, generation=answer["generation"], epoch=answer["epoch"])  # fmt: skip
+                  source="live", state=state, generation=answer["generation"], epoch=answer["epoch"],
+                  offsets_survive_owner=answer["survives"])  # fmt: skip
 
 
 async def read_output(execution_pk: int, load, since: int, size: int, wait: float, viewer: str) -> dict:
@@ -288,7 +294,11 @@ async def read_output(execution_pk: int, load, since: int, size: int, wait: floa
         if execution.state in ENDED_STATES:
             return output_from_record(execution, since, size)
         owner = await db(owner_of_execution)(execution.pk)
-        answer = await ask(owner, Peek, viewer=viewer, since=since, size=size) if owner else None
+        try:
+            answer = await ask(owner, Peek, viewer=viewer, since=since, size=size) if owner else None
+        except NotSent as error:  # the channel layer (Redis) away: as good as no answer
+            log.warning("could not ask the owner of execution %s: %r", execution.pk, error)
+            answer = None
         if answer is not None and answer.get("type") == "api.output":
             result = output_from_owner(answer, since, execution.state)
             if result["data"] or result["lost"] or time.monotonic() >= deadline:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from channels.layers import get_channel_layer
 
@@ -11,19 +12,37 @@ from terminals.owner_client import Owner
 from terminals.protocol import ToOwner
 
 ANSWER_SECONDS = 5.0
+log = logging.getLogger(__name__)
+
+
+class NotSent(Exception):
+    """The question never left (the channel layer refused it): nothing reached the worker."""
 
 
 async def ask(owner: Owner, kind: type[ToOwner], *, viewer: str, timeout: float = ANSWER_SECONDS, **fields):
-    """Send ``kind`` to ``owner`` and wait for its one answer (the raw message); None when none came."""
+    """Send ``kind`` to ``owner`` and wait for its one answer (the raw message); None when none came (it may
+    still have been acted on). Raises ``NotSent`` when it could not be sent at all."""
     layer = get_channel_layer()
-    await keep_receiving(layer)
-    channel = await layer.new_channel("tether.api.")
+    try:
+        await keep_receiving(layer)
+        channel = await layer.new_channel("tether.api.")
+    except Exception as error:
+        raise NotSent(repr(error)) from error
     try:
         message = kind(execution=owner.execution, viewer=viewer, reply=channel, **fields)
-        await layer.send(owner.channel, message.encode())
+        try:
+            await layer.send(owner.channel, message.encode())
+        except Exception as error:
+            raise NotSent(repr(error)) from error
         try:
             return await asyncio.wait_for(layer.receive(channel), timeout)
         except TimeoutError:
             return None
+        except Exception as error:  # the answer was lost on the way (Redis away): unconfirmed
+            log.warning("no answer from %s: %r", owner.channel, error)
+            return None
     finally:
-        await forget_channel(layer, channel)
+        try:
+            await forget_channel(layer, channel)
+        except Exception as error:
+            log.info("could not forget %s: %r", channel, error)

@@ -16,7 +16,7 @@ from ninja import Field, Query, Router, Schema, Status
 from api.auth import need
 from api.executions import READ_BYTES, ExecutionOut, OutputOut, actor_of, execution_out, read_output, shaped
 from api.models import ApiInput, InputState, Scope
-from api.owner_calls import ask
+from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem
 from executions.models import Machine, MachineState
 from terminals import actions
@@ -134,7 +134,7 @@ async def terminal_output(
     answer = await read_output(pk, load, since, size, wait, f"api:{token.pk}")
     if answer["source"] == "live" and answer["epoch"]:
         moved = generation is not None and generation != answer["generation"]
-        moved = moved or (epoch is not None and epoch != answer["epoch"] and not answer.get("survives", True))
+        moved = moved or (epoch is not None and epoch != answer["epoch"] and not answer["offsets_survive_owner"])
         if moved and since:
             answer = await read_output(pk, load, 0, size, 0.0, f"api:{token.pk}")
             answer["restarted"] = True
@@ -196,7 +196,12 @@ async def terminal_input(request, session_id: uuid.UUID, body: InputIn):
             "(read the output to see whether it arrived)",
         )
     viewer = f"api:{token.pk}:{body.client}"
-    answer = await ask(owner, InputMessage, viewer=viewer, data=data, seq=body.seq, by=token.user.get_username())
+    try:
+        answer = await ask(owner, InputMessage, viewer=viewer, data=data, seq=body.seq, by=token.user.get_username())
+    except NotSent as error:  # it never left (Redis away): nothing was written, so the number is free again
+        await db(ApiInput.objects.filter(pk=claim.pk).delete)()
+        text = f"could not reach the worker ({type(error).__name__}); send the same seq again"
+        raise ApiProblem("owner_unavailable", text, retry_after=1) from None
     if answer is None:
         raise ApiProblem(
             "input_unconfirmed",
@@ -223,7 +228,10 @@ async def terminal_resize(request, session_id: uuid.UUID, body: ResizeIn):
     if session.process_state != ProcessState.LIVE:
         raise ApiProblem("state_conflict", f"the session is {session.process_state}")
     owner = await db(owner_of_execution)(session.execution_id)
-    answer = await ask(owner, ApiResize, viewer=f"api:{token.pk}", cols=body.cols, rows=body.rows) if owner else None
+    try:
+        answer = await ask(owner, ApiResize, viewer=f"api:{token.pk}", cols=body.cols, rows=body.rows) if owner else None
+    except NotSent:
+        answer = None
     if answer is None:
         raise ApiProblem("owner_unavailable", "no worker holds the shell right now; try again", retry_after=1)
     if not answer.get("ok"):

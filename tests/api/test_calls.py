@@ -190,8 +190,14 @@ def test_every_call_with_a_known_token_is_audited_with_its_name(alice):
     ]
 
 
-def test_the_schema_and_the_docs_are_served():
+def test_the_schema_and_the_docs_are_served_to_people_signed_in_and_to_tokens(alice):
+    anonymous = Client()
+    assert anonymous.get("/api/v1/openapi.json").json()["code"] == "unauthenticated"
+    assert anonymous.get("/api/v1/docs", HTTP_ACCEPT="text/html").status_code == 302  # to the login page
+    raw = token_for(alice, "read")
+    assert anonymous.get("/api/v1/openapi.json", HTTP_AUTHORIZATION=f"Bearer {raw}").status_code == 200
     client = Client()
+    client.force_login(alice)
     schema = client.get("/api/v1/openapi.json").json()
     assert schema["info"]["title"] == "Tether API"
     paths = set(schema["paths"])
