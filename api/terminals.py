@@ -228,10 +228,12 @@ async def terminal_resize(request, session_id: uuid.UUID, body: ResizeIn):
     if session.process_state != ProcessState.LIVE:
         raise ApiProblem("state_conflict", f"the session is {session.process_state}")
     owner = await db(owner_of_execution)(session.execution_id)
+    answer = None
     try:
-        answer = await ask(owner, ApiResize, viewer=f"api:{token.pk}", cols=body.cols, rows=body.rows) if owner else None
+        if owner:
+            answer = await ask(owner, ApiResize, viewer=f"api:{token.pk}", cols=body.cols, rows=body.rows)
     except NotSent:
-        answer = None
+        pass
     if answer is None:
         raise ApiProblem("owner_unavailable", "no worker holds the shell right now; try again", retry_after=1)
     if not answer.get("ok"):
