@@ -332,7 +332,7 @@ def test_a_submitted_command_runs_and_exec_await_waits_for_its_outcome():
     try:
         stack.start_worker("local")
         submit = ["exec_submit", "--scope", "team-a", "--id", "cli-1", "--machine", "cli-box", "--json", "--"]
-        submitted = _manage(stack, *submit, "sh", "-c", "sleep 2; echo done here; exit 7")
+        submitted = _manage(stack, *submit, "sh", "-c", "sleep 5; echo done here; exit 7")
         assert submitted.returncode == 0, submitted.stderr
         # Not settled within half a second: exit 6, one line saying so, and the record as it stands.
         early = _manage(stack, "exec_await", "team-a", "cli-1", "--timeout", "0.5", "--json")
@@ -348,7 +348,7 @@ def test_a_submitted_command_runs_and_exec_await_waits_for_its_outcome():
         assert "exit_code: 7" in text.stdout and "done here" in text.stdout
         # Submitting it again returns the record and runs nothing.
         events = ExecutionEvent.objects.filter(execution__execution_id="cli-1").count()
-        again = _manage(stack, *submit, "sh", "-c", "sleep 2; echo done here; exit 7")
+        again = _manage(stack, *submit, "sh", "-c", "sleep 5; echo done here; exit 7")
         assert again.returncode == 0 and json.loads(again.stdout)["exit_code"] == 7
         time.sleep(1)
         assert ExecutionEvent.objects.filter(execution__execution_id="cli-1").count() == events
@@ -368,7 +368,8 @@ def test_sigterm_leaves_a_command_running_for_the_next_worker(place, variant):
         scope="team-a",
         execution_id="deploy-1",
         machine_name=machine.name,
-        spec=make_spec("sh", "-c", "sleep 3; exit 4"),
+        # Long enough that the next worker (two or three seconds to start) finds it still running.
+        spec=make_spec("sh", "-c", "sleep 7; exit 4"),
         actor=TEST_ACTOR,
     )
     stack = Stack()
