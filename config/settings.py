@@ -30,8 +30,9 @@ DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = allowed_hosts(required=PRODUCTION, default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
+# Not "daphne": its app only swaps runserver for an ASGI one (tether_serve and `python -m daphne` serve), and
+# installing it imported daphne's server and Twisted's reactor into every process (0.5 s a management command).
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -197,11 +198,17 @@ SESSION_COOKIE_SECURE = PRODUCTION
 CSRF_COOKIE_SECURE = PRODUCTION
 SESSION_COOKIE_HTTPONLY = True
 
+# plain: a line of text an event; json: one JSON object an event, with the session, execution, worker and user
+# ids it is about (config/logs.py), for a log store to query across daphne and the workers.
+TETHER_LOG_FORMAT = env_choice("TETHER_LOG_FORMAT", "plain", {"plain", "json"})
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "config.logs.JsonFormatter", "host": env_str("TETHER_HOST", "") or socket.gethostname()},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": TETHER_LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_choice("LOG_LEVEL", "INFO", {"DEBUG", "INFO", "WARNING", "ERROR"})},
 }
 

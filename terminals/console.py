@@ -18,7 +18,6 @@ from executions.models import Execution, ExecutionEvent, Kind, State
 from terminals import actions, recovery
 from terminals.models import ProcessLease, Worker, WorkerEvent, WorkerState
 from terminals.resolution import Check, owner_in_question, run_checks
-from terminals.worker import OwnerWorker
 
 UNKNOWNS_SHOWN = 50
 
@@ -119,6 +118,8 @@ async def recover_by_hand(actor: Actor, via: str) -> list[str]:
     """One recovery pass by a short-lived owner of its own (every write it makes fenced like a worker's), adoption
     and watching left to live workers: what ``recover_terminals`` and the admin's Run recovery do. Who ran it
     (``actor``, ``via``) is an event of that worker's. Returns what was done."""
+    from terminals.worker import OwnerWorker  # the worker's stack, only for a pass run here
+
     worker = OwnerWorker(backends=set(), poll_interval=1)
     await worker.start()
     try:

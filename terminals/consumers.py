@@ -21,6 +21,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
+from config import logs
 from terminals import actions
 from terminals.attaching import Attacher
 from terminals.layers import forget_channel, keep_receiving
@@ -104,6 +105,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.watching_noted = False
         self.told_read_only = 0.0
         self.viewer_id = uuid.uuid4().hex
+        logs.bind(session=self.session.id, user=self.username, viewer=self.viewer_id)  # this socket's lines
         self.stream = ViewerStream()
         self.owner = OwnerClient(self.channel_layer, self.channel_name, self.viewer_id)
         self.attacher = Attacher(self, self.session.id, self.stream, self.owner, self.tasks)
@@ -118,6 +120,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_add(self.credential.group, self.channel_name)
         await self.connected()
         await self.send_json({"type": "hello", "session": str(self.session.id), "protocol": PROTOCOL_VERSION})
+        log.info(
+            "%s connected to session %s%s", self.username, self.session.id, " (API token)" if self.credential else ""
+        )
 
     async def load_session(self, user) -> TerminalSession | None:
         return await db(_load_session)(self.scope["url_route"]["kwargs"]["session"], user)
@@ -140,6 +145,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         await handler(message)
 
     async def disconnect(self, code) -> None:
+        if getattr(self, "viewer_id", None):
+            log.info("viewer %s left session %s (%s)", self.viewer_id, self.session.id, code)
         await self._leave()
 
     async def _leave(self) -> None:

@@ -25,6 +25,7 @@ from channels.db import database_sync_to_async as db
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from config import logs
 from terminals import actions
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.models import WorkerState
@@ -81,6 +82,7 @@ class OwnerWorker:
             boot_id=boot_id(),
             channel_name=self.context.channel,
         )
+        logs.bind(worker=self.worker.worker_id)  # every task it starts from here logs as this worker
         log.info("worker %s serving %s", self.worker.worker_id, ", ".join(sorted(self.context.backends)))
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -15,6 +15,7 @@ import time
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 
+from config import logs
 from executions.models import Backend as BackendKind
 from executions.models import Execution, Kind, State
 from executions.spec import ExecutionSpec
@@ -90,6 +91,7 @@ class SessionHost:
     # --- supervising -------------------------------------------------------------------------
 
     async def _supervise(self, live: LiveProcess, execution: Execution, screen: bytes = b"") -> None:
+        logs.bind(execution=live.execution_pk, session=live.session_id)  # this task's lines are about it
         captured = bytearray()
         limit = settings.TETHER_COMMAND_OUTPUT_BYTES
 
@@ -154,6 +156,7 @@ class SessionHost:
             output=output if command else None,
             output_truncated=truncated,
         )
+        log.info("execution %s %s: %s", execution.pk, execution.state, execution.outcome_label)
         if live.viewer or live.observers:
             asked = await db(actions.closed_by)(execution.pk) if live.handled_request else {}
             reason = live.ended_for or Reason.EXITED

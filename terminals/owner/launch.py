@@ -8,6 +8,7 @@ import time
 
 from channels.db import database_sync_to_async as db
 
+from config import logs
 from executions.models import Evidence, Execution, State
 from executions.spec import ExecutionSpec
 from terminals import actions, faults, marks
@@ -35,13 +36,14 @@ class Launcher:
 
     async def launch_claimed(self, execution: Execution, token: int) -> None:
         """Launch, and record what a launch that broke unexpectedly leaves: the process may have started."""
-        try:
-            await self.launch(execution, token)
-        except actions.LeaseLost as error:  # another worker owns it now: nothing of ours to record
-            log.warning("%s; letting go", error)
-        except Exception as error:
-            log.exception("launching %s failed", execution)
-            await until_recorded(lambda failure=error: self._lost_at_launch(execution, token, failure))
+        with logs.bound(execution=execution.pk):
+            try:
+                await self.launch(execution, token)
+            except actions.LeaseLost as error:  # another worker owns it now: nothing of ours to record
+                log.warning("%s; letting go", error)
+            except Exception as error:
+                log.exception("launching %s failed", execution)
+                await until_recorded(lambda failure=error: self._lost_at_launch(execution, token, failure))
 
     async def _lost_at_launch(self, execution: Execution, token: int, error: Exception) -> None:
         """A launch broke somewhere unexpected: the process may have started, so the outcome is unknown
@@ -67,6 +69,7 @@ class Launcher:
         execution = await db(load_execution)(execution.pk)
         machine = execution.machine
         session = await db(session_for)(execution.pk)
+        logs.bind(session=session.id if session else None)
         full_spec = ExecutionSpec.from_json(execution.spec)
         spec = SpawnSpec.from_execution_spec(full_spec)
         tags = Tags(
@@ -124,6 +127,7 @@ class Launcher:
             await self._started_for_nobody(execution, process, error)
             return
         self.host.hold(execution, token, process, session, machine.backend)
+        log.info("execution %s running on %s (%s)", execution.pk, machine.name, machine.backend)
 
     async def _integrate(self, spec, execution, token: int, session, backend, instance: str) -> SpawnSpec:
         """The shell integration (terminals.marks): its nonce, or why there is none, kept before the shell

@@ -14,6 +14,7 @@ import time
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 
+from config import logs
 from terminals import actions
 from terminals.layers import MessageTooLarge
 from terminals.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Observer, Viewer
@@ -138,10 +139,11 @@ class ViewerService:
             # cannot vouch for.
             log.warning("leases unconfirmed; dropping a %s", message.TYPE)
             return
-        try:
-            await self.handlers[type(message)](message)
-        except Exception:
-            log.exception("handling %s failed", message.TYPE)
+        with logs.bound(execution=message.execution):
+            try:
+                await self.handlers[type(message)](message)
+            except Exception:
+                log.exception("handling %s failed", message.TYPE)
 
     def _held(self, message: ToOwner) -> LiveProcess | None:
         return self.context.live.get(message.execution)

@@ -1,12 +1,15 @@
 """Run an owner worker until SIGTERM/SIGINT."""
 
 import asyncio
+import logging
 import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
 from executions.models import Backend
 from terminals.worker import OwnerWorker
+
+log = logging.getLogger("terminals.worker")
 
 
 class Command(BaseCommand):
@@ -31,7 +34,7 @@ class Command(BaseCommand):
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         await worker.start()
-        self.stdout.write(f"worker {worker.worker.worker_id} ready ({', '.join(sorted(worker.context.backends))})")
-        self.stdout.flush()
+        # Through the log (JSON with TETHER_LOG_FORMAT=json), as every other line the worker writes.
+        log.info("worker %s ready (%s)", worker.worker.worker_id, ", ".join(sorted(worker.context.backends)))
         await worker.run(stop)
-        self.stdout.write("worker stopped")
+        log.info("worker %s stopped", worker.worker.worker_id)
