@@ -165,6 +165,8 @@ def submit(request, body: SubmitIn):
     execution, created = exec_actions.submit_execution(
         scope=body.scope, execution_id=body.id, machine_name=machine.name, spec=spec, actor=actor_of(token)
     )
+    if not created and not visible(user).filter(pk=execution.pk).exists():  # another user's, submitted meanwhile
+        raise ApiProblem("identity_conflict", f"{body.scope}/{body.id} names another user's execution")
     return Status(201 if created else 200, {"created": created, "execution": execution_out(execution)})
 
 
@@ -208,16 +210,12 @@ AWAITING = {
 }
 
 
-def _fresh(request, pk: int) -> Execution:
-    return _mine(request, pk)
-
-
 @router.get("/executions/{pk}/await", response=AwaitOut, summary="Wait (long poll) for a final state")
 async def await_execution(request, pk: int, timeout: float = Query(30.0, ge=0)):
     await db(need)(request, Scope.READ)
     deadline = time.monotonic() + min(timeout, settings.TETHER_API_MAX_WAIT_SECONDS)
     while True:
-        execution = await db(_fresh)(request, pk)
+        execution = await db(_mine)(request, pk)
         if execution.state in FINAL_STATES:
             said = {"awaiting": "nothing", "detail": execution.outcome_label}
             return {"final": True, **said, "execution": execution_out(execution)}
