@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import re
 import secrets
 from datetime import timedelta
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
@@ -17,13 +14,11 @@ from django.utils import timezone
 
 from api.models import ApiToken, ApiTokenEvent, Scope
 from executions.errors import NotFound, TransitionRefused, UsageError
+from terminals.actions.shares import token_hash
+from terminals.layers import tell_group
 
 TOKEN = re.compile(r"^tether_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
 LAST_USED_EVERY = timedelta(seconds=30)  # last_used_at is written at most this often per token
-
-
-def digest_of(raw: str) -> str:
-    return hashlib.sha256(raw.encode()).hexdigest()
 
 
 def token_group(token_pk: int) -> str:
@@ -50,7 +45,7 @@ def create_token(user, *, name: str, scopes: list[str], days: int | None = None,
                 user=user,
                 name=name,
                 prefix=prefix,
-                digest=digest_of(raw),
+                digest=token_hash(raw),
                 scopes=chosen,
                 expires_at=timezone.now() + timedelta(days=days),
             )
@@ -69,7 +64,7 @@ def find_token(raw: str) -> ApiToken | None:
     if match is None:
         return None
     token = ApiToken.objects.select_related("user").filter(prefix=match.group(1)).first()
-    if token is None or not hmac.compare_digest(token.digest, digest_of(raw)):
+    if token is None or not hmac.compare_digest(token.digest, token_hash(raw)):
         return None
     return token
 
@@ -102,7 +97,4 @@ def revoke_token(token_pk: int, *, by, reason: str = "") -> ApiToken:
 
 
 def _close_sockets(token_pk: int) -> None:
-    try:
-        async_to_sync(get_channel_layer().group_send)(token_group(token_pk), {"type": "token.revoked"})
-    except Exception:  # Redis away: each socket's owner check finds the revoke within seconds anyway
-        pass
+    tell_group(token_group(token_pk), {"type": "token.revoked"}, f"API token {token_pk}'s sockets it was revoked")

@@ -53,6 +53,18 @@ class CappedInMemoryLayer(InMemoryChannelLayer):
         return await super().group_send(group, message)
 
 
+def tell_group(group: str, message: dict, what: str) -> None:
+    """From synchronous code (after a commit): a message to every socket in ``group``. Redis away is logged,
+    not raised: each socket's own periodic check finds out what the message would have told it."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    try:
+        async_to_sync(get_channel_layer().group_send)(group, message)
+    except Exception as error:
+        log.warning("could not tell %s: %r", what, error)
+
+
 async def forget_channel(layer, channel: str | None) -> None:
     """Let go of a consumer's own channel once the consumer has ended.
 

@@ -5,12 +5,9 @@ audited on the session, and revoking one closes the sockets opened through it at
 from __future__ import annotations
 
 import hashlib
-import logging
 import secrets
 from datetime import timedelta
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
@@ -21,9 +18,8 @@ from executions.actions import Actor
 from executions.errors import Refused, UsageError
 from terminals.actions.permissions import may_revoke_share, may_share
 from terminals.actions.sessions import session_event
+from terminals.layers import tell_group
 from terminals.models import Recording, RecordingState, ShareLink, TerminalSession
-
-log = logging.getLogger(__name__)
 
 
 def token_hash(token: str) -> str:
@@ -120,10 +116,7 @@ def revoke_share_link(link_pk: int, user, *, reason: str = "") -> ShareLink:
 
 
 def _close_sockets(link_pk: int) -> None:
-    try:
-        async_to_sync(get_channel_layer().group_send)(share_group(link_pk), {"type": "share.revoked"})
-    except Exception as error:  # Redis away: each socket's own check of its link closes it within seconds
-        log.warning("could not tell share link %s's sockets it was revoked: %r", link_pk, error)
+    tell_group(share_group(link_pk), {"type": "share.revoked"}, f"share link {link_pk}'s sockets it was revoked")
 
 
 def share_links_of(session: TerminalSession, user) -> list[ShareLink]:
