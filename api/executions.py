@@ -282,10 +282,10 @@ def output_from_owner(answer: dict, since: int, state: str) -> dict:
                   offsets_survive_owner=answer["survives"])  # fmt: skip
 
 
-async def read_output(execution_pk: int, load, since: int, size: int, wait: float, viewer: str) -> dict:
-    """Output from ``since``: from the worker holding the process while it runs, from the settled record
-    after. ``wait``: how long to wait for output past ``since`` (or for an owner, between owners) before
-    answering with none."""
+async def read_output(load, since: int, size: int, wait: float, viewer: str) -> dict:
+    """Output from ``since`` of the execution ``load()`` reads: from the worker holding the process while it
+    runs, from the settled record after. ``wait``: how long to wait for output past ``since`` (or for an
+    owner, between owners) before answering with none."""
     deadline = time.monotonic() + wait
     while True:
         execution = await db(load)()
@@ -324,7 +324,7 @@ async def execution_output(
     token = await db(need)(request, Scope.READ)
     await db(_mine)(request, pk)
     wait = min(wait, settings.TETHER_API_MAX_WAIT_SECONDS)
-    return await read_output(pk, lambda: _mine(request, pk), since, size, wait, f"api:{token.pk}")
+    return await read_output(lambda: _mine(request, pk), since, size, wait, f"api:{token.pk}")
 
 
 class CancelIn(Schema):

@@ -126,17 +126,16 @@ async def terminal_output(
         return shaped(b"", since, since, 0, 0, since, final=True, source="record", state=session.execution.state,
                       generation=session.generation)  # fmt: skip
     wait = min(wait, settings.TETHER_API_MAX_WAIT_SECONDS)
-    pk = session.execution_id
 
     def load():
         return _session(request, session_id).execution
 
-    answer = await read_output(pk, load, since, size, wait, f"api:{token.pk}")
+    answer = await read_output(load, since, size, wait, f"api:{token.pk}")
     if answer["source"] == "live" and answer["epoch"]:
         moved = generation is not None and generation != answer["generation"]
         moved = moved or (epoch is not None and epoch != answer["epoch"] and not answer["offsets_survive_owner"])
         if moved and since:
-            answer = await read_output(pk, load, 0, size, 0.0, f"api:{token.pk}")
+            answer = await read_output(load, 0, size, 0.0, f"api:{token.pk}")
             answer["restarted"] = True
     return answer
 
