@@ -190,7 +190,11 @@ function installShareDialog(root, config) {
   const button = root.querySelector("#terminal-share");
   const dialog = root.querySelector("#share-dialog");
   if (!button || !dialog || !config.sharesUrl) return;
+  const slot = dialog.querySelector("#share-slot");
   button.addEventListener("click", () => {
+    // The panel of an earlier opening is stale: a click on it (a Revoke) would race the fresh load and
+    // be swapped away unseen. Show "Loading…" until the fresh panel is in.
+    slot.replaceChildren(Object.assign(document.createElement("p"), { className: "muted", textContent: "Loading…" }));
     dialog.showModal();
     window.htmx?.ajax("GET", config.sharesUrl, { target: "#share-slot", swap: "innerHTML" });
   });
