@@ -6,6 +6,7 @@ tmux / docker exec, and back.
 
 from bench.commands import bench_commands
 from bench.endurance import bench_reconnect, bench_recovery, bench_stalled
+from bench.heartbeats import bench_heartbeats
 from bench.held import bench_holder
 from bench.latency import bench_echo, bench_echo_other_layer, bench_layers
 from bench.recordings import bench_recordings
@@ -28,4 +29,5 @@ BENCHMARKS = {
     "recovery": bench_recovery,
     "density": bench_density,
     "churn": bench_churn,
+    "heartbeats": bench_heartbeats,
 }

@@ -212,6 +212,11 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_choice("LOG_LEVEL", "INFO", {"DEBUG", "INFO", "WARNING", "ERROR"})},
 }
 
+# Prometheus metrics (terminals/metrics.py) at /metrics of every web process and of a worker's --http server:
+# loopback only, or a bearer token. A worker's own server (/healthz, /readyz, /metrics): HOST:PORT, off when "".
+TETHER_METRICS_TOKEN = env_str("TETHER_METRICS_TOKEN", "")
+TETHER_WORKER_HTTP = env_str("TETHER_WORKER_HTTP", "")
+
 # Execution limits: defaults applied to a spec that does not set its own.
 TETHER_DEFAULT_COLS = env_int("TETHER_DEFAULT_COLS", 80, minimum=1, maximum=500)
 TETHER_DEFAULT_ROWS = env_int("TETHER_DEFAULT_ROWS", 24, minimum=1, maximum=200)

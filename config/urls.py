@@ -7,6 +7,7 @@ from terminals import health
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", health.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/", include("api.urls")),
     *api_pages,

@@ -5,6 +5,7 @@ import { CloseCode } from "./wire.js";
 
 const PING_EVERY_MS = 20 * 1000;
 const SILENCE_LIMIT_MS = 45 * 1000;
+const ECHO_SAMPLES_KEPT = 50; // keystroke-echo samples sent with the next ping (the server's histogram)
 
 export class Connection {
   constructor({ path, onFrame, onClose, onSilent }) {
@@ -15,6 +16,10 @@ export class Connection {
     this.ws = null;
     this.id = 0; // the current socket's number: events of an older one are ignored
     this.lastMessageAt = 0;
+    // Keystroke echo as the user feels it: from a key sent to the next output received. Reported with
+    // the pings, for the operators' echo-latency histogram (tether_keystroke_echo_seconds).
+    this.keySentAt = null;
+    this.echoSamples = [];
   }
 
   get present() {
@@ -37,10 +42,16 @@ export class Connection {
     ws.onmessage = (event) => {
       if (id !== this.id) return;
       this.lastMessageAt = Date.now();
+      if (this.keySentAt !== null && typeof event.data !== "string") {
+        this.echoSamples.push(Math.round((performance.now() - this.keySentAt) * 1000) / 1000);
+        if (this.echoSamples.length > ECHO_SAMPLES_KEPT) this.echoSamples.shift();
+        this.keySentAt = null;
+      }
       this.onFrame(event.data);
     };
     ws.onclose = (event) => {
       if (id !== this.id) return;
+      this.keySentAt = null; // a key whose echo never came is no sample
       this.id += 1; // nothing more from this socket
       this.ws = null;
       this.onClose(event.code);
@@ -61,13 +72,14 @@ export class Connection {
   }
 
   sendBytes(bytes) {
+    this.keySentAt ??= performance.now();
     this.ws.send(bytes);
   }
 
   ping() {
     if (!this.open) return;
     if (Date.now() - this.lastMessageAt > SILENCE_LIMIT_MS) this.onSilent();
-    else this.send({ type: "ping" });
+    else this.send({ type: "ping", echo_ms: this.echoSamples.splice(0) });
   }
 }
 

@@ -51,6 +51,7 @@ export const StatusCode = Object.freeze({
   STARTING: "starting",
   NO_WORKER: "no_worker",
   NOT_KEPT: "not_kept",
+  OWNER_LOST: "owner_lost",
 });
 
 export const Request = Object.freeze({

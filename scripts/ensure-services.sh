@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install (when missing) and start every service the test suite talks to:
-# PostgreSQL, Redis, dockerd with a locally built image, tmux, Chromium.
+# PostgreSQL, Redis, dockerd with a locally built image, tmux, Chromium, HAProxy, Prometheus.
 # Idempotent: a service already running is left alone.
 set -euo pipefail
 
@@ -99,4 +99,18 @@ fi
 # --- Chromium for the browser tests -------------------------------------------------------------
 [ -x /usr/bin/chromium ] || apt_install chromium
 
-log "ready: PostgreSQL, Redis, tmux, zsh, dockerd ($IMAGE), Chromium"
+# --- HAProxy (the balancer in front of several daphnes) and Prometheus (scrapes the metrics) --------
+# Only their binaries: each test starts its own, with its own configuration and ports. Their packages
+# would start system-wide daemons on install; a policy-rc.d forbids that for the length of the install.
+install_without_starting() {
+    local policy=/usr/sbin/policy-rc.d placed=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && placed=1
+    fi
+    apt_install --no-install-recommends "$@" || { [ "$placed" = 0 ] || rm -f "$policy"; return 1; }
+    [ "$placed" = 0 ] || rm -f "$policy"
+}
+command -v haproxy >/dev/null || install_without_starting haproxy
+command -v prometheus >/dev/null || install_without_starting prometheus
+
+log "ready: PostgreSQL, Redis, tmux, zsh, dockerd ($IMAGE), Chromium, HAProxy, Prometheus"

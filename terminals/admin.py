@@ -198,9 +198,11 @@ class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
     @admin.display(description="heartbeat age")
     def heartbeat_age(self, obj):
         lease = self._lease(obj)
-        if lease is None or lease.released_at:
+        if lease is None or lease.released_at or lease.worker is None:
             return "—"
-        return timesince(lease.heartbeat_at)
+        if not lease.covered:  # its worker let go of it: it lasts to its own expiry, then recovery takes it
+            return f"not kept by its worker (until {lease.expires_at:%H:%M:%S})"
+        return timesince(lease.worker.heartbeat_at)
 
     @admin.display(description="commands tracked")
     def commands_tracked(self, obj):

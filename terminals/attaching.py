@@ -18,7 +18,7 @@ from django.conf import settings
 from executions.models import State
 from terminals import actions
 from terminals.models import ProcessState, TerminalSession
-from terminals.owner_client import OwnerClient, owner_of_execution
+from terminals.owner_client import OwnerClient, lost_owner, owner_of_execution
 from terminals.protocol import ATTACH_WAIT_SECONDS, CloseCode, Exited, Reason, StatusCode
 from terminals.stream import ViewerStream
 from terminals.tasks import Tasks
@@ -63,7 +63,8 @@ def _attach_target(session_id) -> dict:
         "generation": session.generation,
         "execution": execution.pk,
         "state": execution.state,
-        "owner": owner_of_execution(execution.pk),
+        "owner": (owner := owner_of_execution(execution.pk)),
+        "lost": "" if closed or owner else lost_owner(execution.pk),
         "viewer": session.viewer_id,
         "snapshot": bytes(session.snapshot) if closed else b"",
         "expired": session.expired_at is not None,
@@ -127,7 +128,7 @@ class Attacher:
         """Find the worker holding the session (waiting while it starts) and ask it to attach this viewer."""
         await asyncio.sleep(delay)
         deadline = time.monotonic() + ATTACH_WAIT_SECONDS
-        told_starting = False
+        said = None  # the status this viewer was last told
         while time.monotonic() < deadline:
             target = await db(_attach_target)(self.session_id)
             if target["process_state"] == ProcessState.CLOSED:
@@ -144,11 +145,14 @@ class Attacher:
                     cols, rows = self.grid or (None, None)
                     await self.owner.attach(owner, **fields, cols=cols, rows=rows)
                 return
-            if not told_starting:
+            if target["lost"]:  # its worker stopped beating: say so, and wait for whoever takes it over
+                status = {"process_state": "live", "code": StatusCode.OWNER_LOST, "text": target["lost"]}
+            else:
                 text = "Waiting for the shell to start…" if self.observing else "Starting your session…"
-                starting = {"process_state": "starting", "code": StatusCode.STARTING, "text": text}
-                await self.socket.send_json({"type": "status", **starting})
-                told_starting = True
+                status = {"process_state": "starting", "code": StatusCode.STARTING, "text": text}
+            if status["code"] != said:
+                await self.socket.send_json({"type": "status", **status})
+                said = status["code"]
             await asyncio.sleep(0.1)
         text = "No worker is serving this session right now"
         await self.socket.send_json({"type": "status", "code": StatusCode.NO_WORKER, "text": text})

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 
 from config import logs
-from terminals import actions
+from terminals import actions, metrics
 from terminals.attaching import Attacher
 from terminals.layers import forget_channel, keep_receiving
 from terminals.models import TerminalSession
@@ -152,6 +152,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     async def _leave(self) -> None:
         """Stop everything this viewer started; safe to call more than once."""
         await self.tasks.close()
+        self._count_as(None)
         if getattr(self, "stream", None) is not None:
             await self.detach()
         if group := getattr(self, "user_group", None):
@@ -306,14 +307,17 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             await self.owner.keepalive()
 
     async def client_ping(self, message: dict) -> None:
+        metrics.echo_samples(message.get("echo_ms"))  # the page's keystroke-echo samples, if it sent any
         await self.send_json({"type": "pong"})
 
     # --- worker -> browser -------------------------------------------------------------------
 
     async def terminal_attached(self, event: dict) -> None:
         message = Attached.decode(event)
+        asked_from = None if self.stream.generation is None and self.stream.expected == 0 else self.stream.expected
         if not self.stream.confirmed(message):
             return  # a repeated delivery, or the answer to an attach this viewer has since replaced
+        self._count_attach(message, asked_from)
         await self.send_json(message.to_browser())
         self.attacher.confirmed(message.end)
         if not self.foreign and not self.attacher.observing:
@@ -328,9 +332,35 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         elif isinstance(said, FetchFrom):
             await self.owner.resend(said.since)
 
+    def _count_attach(self, message: Attached, asked_from: int | None) -> None:
+        """The figures an operator watches (terminals/metrics.py): what this viewer is, how it came back."""
+        if message.lost:
+            result = "gap"
+        elif message.screen:
+            result = "snapshot"
+        elif message.fresh:
+            result = "fresh"
+        else:
+            result = "new" if asked_from is None else "resumed"
+        metrics.RECONNECTS.labels(result).inc()
+        metrics.REPLAYED.inc(max(message.end - message.offset, 0))
+        metrics.LOST.inc(max(message.lost, 0))
+        self._count_as(message.role)
+
+    counted_role: str | None = None
+
+    def _count_as(self, role: str | None) -> None:
+        if role != self.counted_role:
+            if self.counted_role:
+                metrics.VIEWERS.labels(self.counted_role).dec()
+            if role:
+                metrics.VIEWERS.labels(role).inc()
+            self.counted_role = role
+
     async def terminal_gap(self, event: dict) -> None:
         message = Gap.decode(event)
         if self.stream.gap(message):
+            metrics.LOST.inc(max(message.lost, 0))
             await self.send_json({"type": "gap", "offset": message.offset, "lost": message.lost})
 
     async def terminal_error(self, event: dict) -> None:

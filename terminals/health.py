@@ -10,9 +10,10 @@ import time
 from channels.db import database_sync_to_async as db
 from channels.layers import get_channel_layer
 from django.db import connection
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 
+from terminals import metrics as tether_metrics
 from terminals.layers import forget_channel
 
 CHECK_SECONDS = 2.0
@@ -23,12 +24,12 @@ async def healthz(request) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
-def _database() -> None:
+def database_check() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
 
 
-async def _channel_layer() -> None:
+async def channel_layer_check() -> None:
     """A message to a channel of our own and back: the round trip every viewer and worker relies on."""
     layer = get_channel_layer()
     channel = await layer.new_channel("tether.ready.")
@@ -39,7 +40,7 @@ async def _channel_layer() -> None:
         await forget_channel(layer, channel)
 
 
-async def _timed(check) -> str:
+async def timed(check) -> str:
     started = time.monotonic()
     try:
         await asyncio.wait_for(check(), CHECK_SECONDS)
@@ -50,6 +51,19 @@ async def _timed(check) -> str:
 
 @never_cache
 async def readyz(request) -> JsonResponse:
-    checks = {"database": await _timed(db(_database)), "channel_layer": await _timed(_channel_layer)}
+    checks = {"database": await timed(db(database_check)), "channel_layer": await timed(channel_layer_check)}
     ready = all(value.startswith("ok") for value in checks.values())
     return JsonResponse({"status": "ready" if ready else "not ready", "checks": checks}, status=200 if ready else 503)
+
+
+@never_cache
+def metrics(request) -> HttpResponse:
+    """Prometheus exposition (terminals/metrics.py): loopback, or the bearer TETHER_METRICS_TOKEN."""
+    # A request a balancer passed on comes from loopback too: it says so (X-Forwarded-For) and is not local.
+    remote = "" if "X-Forwarded-For" in request.headers else request.META.get("REMOTE_ADDR", "")
+    if not tether_metrics.allowed(remote, request.headers.get("Authorization", "")):
+        return HttpResponse(
+            "metrics are for loopback or a bearer TETHER_METRICS_TOKEN\n", status=403, content_type="text/plain"
+        )
+    tether_metrics.expose("web")
+    return HttpResponse(tether_metrics.exposition(), content_type=tether_metrics.CONTENT_TYPE)

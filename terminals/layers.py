@@ -10,6 +10,8 @@ from channels_redis.core import RedisChannelLayer
 from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.conf import settings
 
+from terminals import metrics
+
 log = logging.getLogger(__name__)
 
 
@@ -63,6 +65,7 @@ def tell_group(group: str, message: dict, what: str) -> None:
         async_to_sync(get_channel_layer().group_send)(group, message)
     except Exception as error:
         log.warning("could not tell %s: %r", what, error)
+        metrics.LAYER_ERRORS.labels("group_send").inc()
 
 
 async def forget_channel(layer, channel: str | None) -> None:

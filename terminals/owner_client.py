@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from terminals.models import ProcessLease, TerminalSession, WorkerState
+from terminals import metrics
+from terminals.models import ProcessLease, TerminalSession, WorkerState, lease_expired
 from terminals.protocol import Ack, Attach, Detach, Input, Keepalive, Observe, Resend, ResetShell, Resize, ToOwner
 
 
@@ -27,6 +28,7 @@ def owner_of_execution(execution_pk: int) -> Owner | None:
     lease = (
         ProcessLease.objects.select_related("worker")
         .filter(execution_id=execution_pk, released_at__isnull=True)
+        .exclude(lease_expired())  # its worker stopped beating: it would never answer
         .exclude(worker__state=WorkerState.STOPPED)
         .exclude(handle={})
         .exclude(handle__has_key="launch")
@@ -35,6 +37,25 @@ def owner_of_execution(execution_pk: int) -> Owner | None:
     if lease is None or lease.worker is None:
         return None
     return Owner(lease.worker.channel_name, lease.token, execution_pk)
+
+
+def lost_owner(execution_pk: int) -> str:
+    """Why nobody answers for a started process whose lease has expired (its worker stopped beating), in
+    words for the page; "" when that is not the case."""
+    lease = (
+        ProcessLease.objects.select_related("worker", "execution__machine")
+        .filter(lease_expired(), execution_id=execution_pk, released_at__isnull=True)
+        .exclude(handle={})
+        .first()
+    )
+    if lease is None or lease.worker is None:
+        return ""
+    host = lease.execution.machine.host
+    then = "a worker on " + host if host else "another worker"
+    return (
+        f"The worker holding this shell (on {lease.worker.host}) stopped answering. Waiting for {then} to take "
+        "it over; if the shell did not survive, its outcome is recorded as unknown for an operator."
+    )
 
 
 def owner_of_session(session_pk) -> Owner | None:
@@ -53,7 +74,11 @@ class OwnerClient:
         if self.owner is None:
             return
         message = kind(execution=self.owner.execution, viewer=self.viewer, reply=self.reply, **fields)
-        await self.layer.send(self.owner.channel, message.encode())
+        try:
+            await self.layer.send(self.owner.channel, message.encode())
+        except Exception:
+            metrics.LAYER_ERRORS.labels("viewer_to_worker").inc()
+            raise
 
     async def attach(self, owner: Owner, **fields) -> None:
         """Ask ``owner`` to make this viewer its session's viewer (see protocol.Attach for the fields)."""

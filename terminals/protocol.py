@@ -128,6 +128,7 @@ class StatusCode(StrEnum):
     STARTING = "starting"
     NO_WORKER = "no_worker"  # nobody took the session within ATTACH_WAIT_SECONDS; the socket closes
     NOT_KEPT = "not_kept"  # a closed session's final screen is past its retention
+    OWNER_LOST = "owner_lost"  # its worker stopped beating: waiting for a takeover (or an unknown outcome)
 
 
 def integer(value, name: str) -> int:

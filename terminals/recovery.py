@@ -33,7 +33,7 @@ from enum import StrEnum
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
-from django.db.models import F, Max, Q
+from django.db.models import Max, Q
 from django.db.models.functions import Now
 
 from executions.models import Backend as BackendKind
@@ -41,7 +41,7 @@ from executions.models import Kind, Machine, MachineState, State
 from terminals import actions
 from terminals.backends.base import Exit, Launch, Status
 from terminals.backends.procfs import ProcessIdentity, boot_id
-from terminals.models import ProcessLease, Worker, WorkerState
+from terminals.models import ProcessLease, Worker, WorkerState, lease_expired, lease_expiry_expression
 from terminals.outcome import Outcome
 from terminals.registry import backend_for, tmux_backend
 
@@ -126,12 +126,27 @@ def sibling_workers(me: Worker) -> list[tuple[int, int, int]]:
     )
 
 
+def silent_workers_with_work_here(me: Worker, backends: set[str]) -> bool:
+    """Whether another worker (any host) that has not stopped, but whose heartbeat no longer keeps its leases
+    (database clock), holds an expired lease this worker could act on: of a machine on this host or on
+    none, of a backend it serves. One query; asked every heartbeat, so such a worker's sessions are
+    recovered within a beat of expiring, and again while a takeover is skipped (its row still locked)."""
+    here = Q(execution__machine__host="") | Q(execution__machine__host=settings.TETHER_HOST)
+    return (
+        ProcessLease.objects.filter(lease_expired(), here, released_at__isnull=True)
+        .filter(execution__machine__backend__in=sorted(backends), worker__lease_until__lt=Now())
+        .exclude(worker=me)
+        .exclude(worker__state=WorkerState.STOPPED)
+        .exists()
+    )
+
+
 def seconds_until_leases_expire(worker_pk: int) -> float | None:
     """By the database clock: how long until the last lease this worker still holds expires (None: it
     holds none, so there is nothing to recover)."""
     left = (
         ProcessLease.objects.filter(worker_id=worker_pk, released_at__isnull=True)
-        .annotate(left=F("expires_at") - Now())
+        .annotate(left=lease_expiry_expression() - Now())
         .aggregate(longest=Max("left"))["longest"]
     )
     return None if left is None else max(left.total_seconds(), 0.0)
@@ -144,7 +159,7 @@ def orphaned_leases() -> list[tuple[ProcessLease, str]]:
     here = Q(execution__machine__host="") | Q(execution__machine__host=settings.TETHER_HOST)
     expired = (
         ProcessLease.objects.select_related("worker", "execution", "execution__machine")
-        .filter(here, released_at__isnull=True, expires_at__lt=Now())
+        .filter(lease_expired(), here, released_at__isnull=True)
         .order_by("id")
     )
     return [(lease, why) for lease in expired if (why := owner_dead(lease.worker))]

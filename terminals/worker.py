@@ -26,11 +26,12 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from config import logs
-from terminals import actions
+from terminals import actions, metrics
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.models import WorkerState
 from terminals.owner.context import DB_OUTAGE, WorkerContext, receive_forever
 from terminals.owner.host import SessionHost
+from terminals.owner.http import WorkerHttp
 from terminals.owner.launch import Launcher
 from terminals.owner.leases import LeaseKeeper
 from terminals.owner.recoverer import Recoverer
@@ -44,7 +45,7 @@ LAUNCHES_AT_ONCE = 8  # launches in flight beside the claim loop
 
 
 class OwnerWorker:
-    def __init__(self, *, backends: set[str] | None = None, poll_interval: float = 0.5):
+    def __init__(self, *, backends: set[str] | None = None, poll_interval: float = 0.5, http: str = ""):
         self.poll_interval = poll_interval
         self.context = WorkerContext(
             layer=get_channel_layer(), me=ProcessIdentity.of(os.getpid()), backends=backends or available_backends()
@@ -55,6 +56,7 @@ class OwnerWorker:
         self.launcher = Launcher(self.context, self.host)
         self.recoverer = Recoverer(self.context, self.leases, self.host)
         self.viewers = ViewerService(self.context, self.leases, outbox, self.host)
+        self.http = WorkerHttp(self.context, self.leases, http) if http else None
         self.stop: asyncio.Event | None = None
         self.drain_requested = False
         self.woken = asyncio.Event()
@@ -83,6 +85,8 @@ class OwnerWorker:
             channel_name=self.context.channel,
         )
         logs.bind(worker=self.worker.worker_id)  # every task it starts from here logs as this worker
+        metrics.expose("worker")
+        metrics.HELD.contexts.append(self.context)
         log.info("worker %s serving %s", self.worker.worker_id, ", ".join(sorted(self.context.backends)))
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -97,6 +101,7 @@ class OwnerWorker:
                 loops = [
                     group.create_task(work)
                     for work in (
+                        *([self.http.run()] if self.http else []),
                         self.viewers.run(),
                         self.leases.run(),
                         self.host.run_lifetimes(),
@@ -126,6 +131,8 @@ class OwnerWorker:
         if self.worker is not None:
             await db(actions.stop_worker)(self.worker, "drained" if self.drain_requested else "shut down")
         await self.context.tasks.close()
+        if self.context in metrics.HELD.contexts:
+            metrics.HELD.contexts.remove(self.context)
 
     async def _beaten(self, state: str, held: dict[int, tuple[int, str]]) -> None:
         if state == WorkerState.DRAINING and not self.drain_requested:

@@ -144,11 +144,12 @@ def test_a_stale_worker_cannot_write_after_losing_its_lease(operator):
     # Nor may it say which window views the session.
     assert not actions.note_viewer(session.pk, me, lease.token, "window-2")
     assert TerminalSession.objects.get(pk=session.pk).viewer_id == "window-1"
-    # Nor extend the lease with its heartbeat.
+    # Nor keep the lease with its heartbeat: the lease is uncovered and lasts only to its own expiry.
     expires = ProcessLease.objects.get(pk=lease.pk).expires_at
     _state, held = actions.worker_heartbeat(me, {execution.pk: lease.token})
     assert held[execution.pk][0] == lease.token + 1
-    assert ProcessLease.objects.get(pk=lease.pk).expires_at == expires
+    after = ProcessLease.objects.get(pk=lease.pk)
+    assert (after.expires_at, after.covered) == (expires, False)
 
 
 def test_registration_and_leases_use_the_database_clock(monkeypatch):
@@ -184,8 +185,9 @@ def test_registration_and_leases_use_the_database_clock(monkeypatch):
         boot_id(),
     )
     assert abs((worker.heartbeat_at - db_now).total_seconds()) < 5
-    ttl = (lease.expires_at - db_now).total_seconds()
-    assert settings.TETHER_LEASE_TTL_SECONDS - 5 < ttl <= settings.TETHER_LEASE_TTL_SECONDS
+    for until in (lease.expires_at, worker.lease_until):  # the lease's own expiry, and its worker's beat's
+        ttl = (until - db_now).total_seconds()
+        assert settings.TETHER_LEASE_TTL_SECONDS - 5 < ttl <= settings.TETHER_LEASE_TTL_SECONDS
 
 
 def test_two_workers_racing_for_one_execution_launch_it_once():

@@ -20,10 +20,11 @@ from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.errors import Refused
 from executions.models import Evidence, Execution, Machine, State
+from terminals import metrics
 from terminals.actions import commands
 from terminals.actions.sessions import close_session, start_next_generation
 from terminals.backends.base import Launch
-from terminals.models import ProcessLease, TerminalSession, Worker
+from terminals.models import ProcessLease, TerminalSession, Worker, lease_expired
 from terminals.outcome import Outcome
 
 
@@ -77,7 +78,6 @@ def claim_next_execution(worker: Worker, backends: set[str]) -> tuple[Execution,
             worker=worker,
             token=1,
             handle={"launch": Launch.CLAIMED},  # a crash from here to begin_spawn provably started nothing
-            heartbeat_at=Now(),
             expires_at=lease_expiry(),
         )
     lease.refresh_from_db()
@@ -174,6 +174,7 @@ def settle_execution(
             # Only a proven end frees the slot for a fresh shell; unknown keeps it until resolved.
             if restart_session and execution.state == State.COMPLETED:
                 start_next_generation(session, actor, close_reason)
+    metrics.OUTCOMES.labels(execution.state).inc()
     return execution
 
 
@@ -187,17 +188,18 @@ def take_over_lease(lease: ProcessLease, worker: Worker) -> int | None:
         # A frozen owner may hold the row locked mid-transaction: skip it this pass rather than wait on it
         # (PostgreSQL ends that transaction after TETHER_DB_IDLE_TRANSACTION_SECONDS).
         row = (
-            ProcessLease.objects.select_for_update(skip_locked=True)
-            .filter(pk=lease.pk, token=lease.token, released_at__isnull=True, expires_at__lt=Now())
+            ProcessLease.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(lease_expired(), pk=lease.pk, token=lease.token, released_at__isnull=True)
             .first()
         )
         if row is None:
             return None
         changed = ProcessLease.objects.filter(pk=lease.pk).update(
-            worker=worker, token=F("token") + 1, heartbeat_at=Now(), expires_at=lease_expiry()
+            worker=worker, token=F("token") + 1, covered=True, expires_at=lease_expiry()
         )
         if changed != 1:
             return None
+    metrics.TAKEOVERS.inc()
     return lease.token + 1
 
 

@@ -24,32 +24,40 @@ def register_worker(*, worker_id: str, host: str, pid: int, started_at: int, boo
         boot_id=boot_id,
         channel_name=channel_name,
         heartbeat_at=Now(),
+        lease_until=lease_expiry(),
     )
 
 
 def worker_heartbeat(worker: Worker, tokens: dict[int, int]) -> tuple[str, dict[int, tuple[int, str]]]:
-    """Beat for the worker and extend the leases it holds under the tokens it was given.
+    """Beat for the worker, which keeps every lease it covers: one row written, however many it holds.
 
-    ``tokens`` is {execution id: token} as the worker knows them. A lease whose
-    token moved on (another claim) is fenced off like any other write: it is not
-    extended, so it expires and recovery can act on it.
+    ``tokens`` is {execution id: token} as the worker knows them. A lease in its
+    name under a token it does not know (it let go, or it is not told yet) is
+    uncovered: it lasts only until its own expiry, after which recovery may take
+    it over alone. A known one found uncovered is covered again. Both are
+    compare-and-set on (worker, token), so nothing needs locking and a token
+    that moved meanwhile is left alone.
 
     Returns the worker's state (``draining`` once drain_worker asked) and
     {execution id: (token, requested action)} for the leases in its name.
     """
     with transaction.atomic():
-        Worker.objects.filter(pk=worker.pk).exclude(state=WorkerState.STOPPED).update(heartbeat_at=Now())
-        state = Worker.objects.filter(pk=worker.pk).values_list("state", flat=True).get()
-        # Locked, so no token can move between the comparison and the update.
-        held = list(
-            ProcessLease.objects.select_for_update()
-            .filter(worker=worker, released_at__isnull=True)
-            .values_list("pk", "execution_id", "token", "requested_action")
+        Worker.objects.filter(pk=worker.pk).exclude(state=WorkerState.STOPPED).update(
+            heartbeat_at=Now(), lease_until=lease_expiry()
         )
-        ours = [pk for pk, execution_pk, token, _request in held if tokens.get(execution_pk) == token]
-        if ours:
-            ProcessLease.objects.filter(pk__in=ours).update(heartbeat_at=Now(), expires_at=lease_expiry())
-        return state, {execution_pk: (token, request) for _pk, execution_pk, token, request in held}
+        state = Worker.objects.filter(pk=worker.pk).values_list("state", flat=True).get()
+        held = list(
+            ProcessLease.objects.filter(worker=worker, released_at__isnull=True).values_list(
+                "execution_id", "token", "covered", "requested_action"
+            )
+        )
+        for execution_pk, token, covered, _request in held:
+            known = tokens.get(execution_pk) == token
+            if known != covered:
+                ProcessLease.objects.filter(
+                    execution_id=execution_pk, worker=worker, token=token, released_at__isnull=True
+                ).update(covered=known)
+        return state, {execution_pk: (token, request) for execution_pk, token, _covered, request in held}
 
 
 def _worker_event(worker: Worker, from_state: str, to_state: str, actor: Actor, reason: str = "", **detail) -> None:
@@ -70,7 +78,7 @@ def stop_worker(worker: Worker, reason: str = "shut down") -> None:
         current = Worker.objects.select_for_update().filter(pk=worker.pk).values_list("state", flat=True).first()
         if current is None or current == WorkerState.STOPPED:
             return
-        Worker.objects.filter(pk=worker.pk).update(state=WorkerState.STOPPED, heartbeat_at=Now())
+        Worker.objects.filter(pk=worker.pk).update(state=WorkerState.STOPPED, heartbeat_at=Now(), lease_until=Now())
         # It has let go of what it leaves: expire those leases now, so the next recovery pass (a new
         # worker's first) takes them over at once instead of a TTL later.
         left = ProcessLease.objects.filter(worker=worker, released_at__isnull=True).update(expires_at=Now())

@@ -293,6 +293,8 @@ async def inspect_held(api: docker.APIClient, handle: dict) -> Inspection:
             return Inspection(
                 Status.NEVER_STARTED, detail=f"the holder's exec {serve[:12]} was created but never started"
             )
+    if state not in ("gone", "none"):  # a cut or garbled answer says nothing about the holder
+        return Inspection(Status.UNKNOWN, detail=f"the session holder {where} gave no answer to go by ({state[:80]!r})")
     return Inspection(Status.GONE, detail=f"the session holder {where} is gone and left no exit record")
 
 

@@ -11,7 +11,15 @@ from terminals.models.sessions import (
     TerminalSession,
     ViewerPreference,
 )
-from terminals.models.workers import ProcessLease, Worker, WorkerEvent, WorkerState, ends_with_worker
+from terminals.models.workers import (
+    ProcessLease,
+    Worker,
+    WorkerEvent,
+    WorkerState,
+    ends_with_worker,
+    lease_expired,
+    lease_expiry_expression,
+)
 
 __all__ = [
     "FONT_SIZES",
@@ -33,4 +41,6 @@ __all__ = [
     "WorkerEvent",
     "WorkerState",
     "ends_with_worker",
+    "lease_expired",
+    "lease_expiry_expression",
 ]

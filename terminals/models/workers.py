@@ -9,7 +9,9 @@ changed means the lease was lost and the worker lets go at once.
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import Case, F, Q, When
+from django.db.models.functions import Greatest, Now
+from django.utils import timezone
 
 from executions.models import AppendOnly, Execution
 
@@ -32,6 +34,9 @@ class Worker(models.Model):
     state = models.CharField(max_length=16, choices=WorkerState.choices, default=WorkerState.RUNNING)
     started_at = models.DateTimeField(auto_now_add=True)
     heartbeat_at = models.DateTimeField()
+    # Until when (database clock) this worker's last heartbeat keeps the leases it covers: one row written
+    # per heartbeat, however many sessions the worker holds.
+    lease_until = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [models.CheckConstraint(condition=Q(state__in=WorkerState.values), name="worker_state_valid")]
@@ -66,15 +71,32 @@ def ends_with_worker(handle: dict) -> str:
     return handle.get("unheld") or "no session holder runs on its host (TETHER_HOLDER is off, or it is not built)"
 
 
+def lease_expired() -> Q:
+    """An unreleased lease has expired when neither its own expiry nor, while it is covered, its worker's
+    heartbeat keeps it. Both are on the database clock; takeover waits for both."""
+    return Q(expires_at__lt=Now()) & (Q(covered=False) | Q(worker__lease_until__lt=Now()))
+
+
+def lease_expiry_expression():
+    """When a lease expires as things stand: the later of its own expiry and, while covered, its worker's."""
+    return Greatest(F("expires_at"), Case(When(covered=True, then=F("worker__lease_until")), default=F("expires_at")))
+
+
 class ProcessLease(models.Model):
-    """Ownership of one execution's live process. One row per execution; ``token`` grows on every claim."""
+    """Ownership of one execution's live process. One row per execution; ``token`` grows on every claim.
+
+    A lease is kept alive by its worker's heartbeat (``Worker.lease_until``) while ``covered``: a heartbeat
+    writes the worker's row, not one row per session. A lease its worker no longer knows under its token
+    is uncovered by the next heartbeat and then lasts only until its own ``expires_at``: it can be taken
+    over alone while the worker goes on.
+    """
 
     execution = models.OneToOneField(Execution, on_delete=models.PROTECT, related_name="lease")
     worker = models.ForeignKey(Worker, null=True, blank=True, on_delete=models.PROTECT, related_name="leases")
     token = models.PositiveBigIntegerField(default=1)
     handle = models.JSONField(default=dict, blank=True, help_text="Backend handle to find the process again.")
-    heartbeat_at = models.DateTimeField()
-    expires_at = models.DateTimeField()
+    expires_at = models.DateTimeField(help_text="Its own expiry: set when claimed or taken over.")
+    covered = models.BooleanField(default=True, help_text="Whether its worker's heartbeat keeps it alive.")
     released_at = models.DateTimeField(null=True, blank=True)
     # An operator's or a command's request for the owner to act on the process (cancel, kill, fail,
     # complete, reset). The owner picks it up on its next heartbeat: the row is the message.

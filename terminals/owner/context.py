@@ -11,6 +11,7 @@ from channels.layers import BaseChannelLayer
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
+from terminals import metrics
 from terminals.backends.procfs import ProcessIdentity
 from terminals.live import FlowBudget, LiveProcess
 from terminals.models import Worker
@@ -75,6 +76,7 @@ async def receive_forever(layer: BaseChannelLayer, channel: str, handle: Callabl
             raise
         except Exception as error:
             log.warning("receiving on %s failed (%r); retrying in %.1fs", channel, error, backoff)
+            metrics.LAYER_ERRORS.labels("worker_receive").inc()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
             continue

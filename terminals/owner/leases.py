@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 
-from terminals import actions
+from terminals import actions, metrics
 from terminals.owner.context import WorkerContext, every
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ class LeaseKeeper:
         began = time.monotonic()
         given = dict(self.tokens)
         state, held = await db(actions.worker_heartbeat)(self.context.worker, given)
+        metrics.beat_done(time.monotonic() - began)
         for pk, token in given.items():  # released, or claimed by another worker: nothing left to extend
             if pk not in held and self.tokens.get(pk) == token:
                 del self.tokens[pk]

@@ -15,7 +15,7 @@ import time
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 
-from terminals import actions, recovery
+from terminals import actions, metrics, recovery
 from terminals.backends.base import Status
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.owner.context import WorkerContext, every
@@ -82,8 +82,10 @@ class Recoverer:
                 ):
                     continue  # another worker, which serves that backend, will take it
                 done.append(f"{finding}: {await self._recover(finding)}")
+                metrics.RECOVERY.labels(str(finding.action)).inc()
             for finding in await recovery.find_orphan_sessions():
                 done.append(f"{finding}: {await recovery.remove_orphan(finding)}")
+                metrics.RECOVERY.labels(recovery.Action.REMOVE).inc()
             if done:
                 await self.host.recorder.sweep()  # what was settled here had no owner to finish its recording
         except Exception:
@@ -95,7 +97,8 @@ class Recoverer:
     async def watch_siblings(self) -> None:
         """Watch the other workers on this host: one that dies (kill -9, a crash) is seen at once through
         its pidfd, and its sessions are recovered the moment its leases expire, not at the next
-        periodic pass (workers on other hosts are left to that pass)."""
+        periodic pass. A worker on another host is seen at the first heartbeat after its own stopped
+        keeping its leases."""
         loop = asyncio.get_running_loop()
 
         async def look() -> None:
@@ -103,6 +106,11 @@ class Recoverer:
             for pk, pid, started_at in siblings:
                 if pk not in self.siblings:
                     self._watch_sibling(loop, pk, ProcessIdentity(pid, started_at, boot_id()))
+            # A worker on another host cannot be watched through a pidfd: its heartbeat going stale is what
+            # says it died (or stalled). Recover its sessions then, not at the next periodic pass.
+            silent = await db(recovery.silent_workers_with_work_here)(self.context.worker, self.context.backends)
+            if silent and not self.context.draining and not self.recovering.locked():
+                self.context.tasks.start(self.recover_once())
 
         try:
             await every(settings.TETHER_HEARTBEAT_SECONDS, look, "listing the workers here", at_once=True)

@@ -15,7 +15,7 @@ from channels.db import database_sync_to_async as db
 from django.conf import settings
 
 from config import logs
-from terminals import actions
+from terminals import actions, metrics
 from terminals.layers import MessageTooLarge
 from terminals.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Observer, Viewer
 from terminals.models import ProcessState, ends_with_worker
@@ -67,6 +67,7 @@ class Outbox:
             await self.layer.send(channel, message.encode())
         except Exception as error:
             log.info("could not reach viewer %s: %r", channel, error)
+            metrics.LAYER_ERRORS.labels("worker_to_viewer").inc()
             return False
         return True
 

@@ -188,6 +188,8 @@ async def test_worker_that_lost_its_lease_stops_writing_for_that_session(stack, 
     # extends a lease it does not hold (whoever bumped the token owns the session now).
     assert after == before
     assert after[0] == State.RUNNING and after[1] is None
+    # Uncovered: it lasts only to its own expiry, then recovery may take it over alone.
+    assert not await sync_to_async(lambda: ProcessLease.objects.get(execution_id=execution_pk).covered)()
 
 
 async def test_two_daphnes_and_two_workers_serve_sessions_whichever_daphne(terminal, operator):

@@ -13,7 +13,6 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
-from django.db.models.functions import Now
 from playwright.async_api import Page, expect
 
 from executions import actions as exec_actions
@@ -21,7 +20,7 @@ from executions.actions import add_machine
 from executions.models import Evidence, Execution, State
 from terminals import actions
 from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, boot_id
-from terminals.models import ProcessLease, WorkerEvent, WorkerState
+from terminals.models import ProcessLease, WorkerEvent, WorkerState, lease_expired
 from tests.bridge.harness import wait_for
 from tests.browser.conftest import SCREENSHOTS, committed
 from tests.factories import TEST_ACTOR, make_spec
@@ -166,7 +165,9 @@ async def test_the_dry_run_lists_a_dead_workers_shells_changes_nothing_then_run_
 
 def all_expired(execution_pks: list[int]) -> bool:
     """On the database's clock, as recovery judges it."""
-    live = ProcessLease.objects.filter(execution_id__in=execution_pks, released_at__isnull=True, expires_at__gt=Now())
+    live = ProcessLease.objects.filter(execution_id__in=execution_pks, released_at__isnull=True).exclude(
+        pk__in=ProcessLease.objects.filter(lease_expired()).values("pk")
+    )
     return not live.exists()
 
 

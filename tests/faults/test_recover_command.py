@@ -19,7 +19,7 @@ from terminals import actions
 from terminals.backends.base import SpawnSpec, Tags
 from terminals.backends.procfs import ProcessIdentity
 from terminals.backends.tmux import TmuxBackend
-from terminals.models import ProcessLease
+from terminals.models import ProcessLease, Worker
 from tests.bridge.harness import database_url
 from tests.factories import TEST_ACTOR, make_spec
 from tests.faults.test_resolution import register
@@ -72,6 +72,7 @@ def test_dry_run_lists_then_recovery_settles_and_removes_only_orphans(place, tmu
     gone = gone_identity()
     actions.save_handle(execution.pk, owner, lease.token, {"process": gone.to_json(), "marker": "m" * 24})
     ProcessLease.objects.filter(pk=lease.pk).update(expires_at=Now() - timedelta(minutes=1))
+    Worker.objects.filter(pk=owner.pk).update(lease_until=Now() - timedelta(minutes=1))  # nor its heartbeat
 
     dry = manage("recover_terminals", "--dry-run")
     assert dry.returncode == 0, dry.stderr

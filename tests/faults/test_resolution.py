@@ -117,7 +117,6 @@ def test_a_live_owner_refuses_until_drained(place):
             worker=worker,
             token=7,
             handle=handle,
-            heartbeat_at=Now(),
             expires_at=Now(),
         )
         execution = exec_actions.transition(

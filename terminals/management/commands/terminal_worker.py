@@ -2,8 +2,10 @@
 
 import asyncio
 import logging
+import re
 import signal
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from executions.models import Backend
@@ -18,6 +20,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--backends", help="comma-separated subset of local,tmux,docker (default: all reachable)")
         parser.add_argument("--poll", type=float, default=0.5, help="seconds between polls when idle")
+        parser.add_argument(
+            "--http",
+            default=settings.TETHER_WORKER_HTTP,
+            help="HOST:PORT for /healthz, /readyz and /metrics (default TETHER_WORKER_HTTP; off when empty)",
+        )
 
     def handle(self, *args, **options):
         backends = None
@@ -26,7 +33,10 @@ class Command(BaseCommand):
             unknown = backends - set(Backend.values)
             if unknown:
                 raise CommandError(f"unknown backends: {', '.join(sorted(unknown))}", returncode=2)
-        asyncio.run(self.serve(OwnerWorker(backends=backends, poll_interval=options["poll"])))
+        http = options["http"] or ""
+        if http and not re.fullmatch(r"[\w.:\[\]-]*:\d{1,5}", http):
+            raise CommandError(f"--http wants HOST:PORT, not {http!r}", returncode=2)
+        asyncio.run(self.serve(OwnerWorker(backends=backends, poll_interval=options["poll"], http=http)))
 
     async def serve(self, worker: OwnerWorker) -> None:
         stop = asyncio.Event()
