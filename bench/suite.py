@@ -5,6 +5,7 @@ tmux / docker exec, and back.
 """
 
 from bench.commands import bench_commands
+from bench.costs import bench_costs
 from bench.endurance import bench_reconnect, bench_recovery, bench_stalled
 from bench.heartbeats import bench_heartbeats
 from bench.held import bench_holder
@@ -30,4 +31,5 @@ BENCHMARKS = {
     "density": bench_density,
     "churn": bench_churn,
     "heartbeats": bench_heartbeats,
+    "costs": bench_costs,
 }
