@@ -4,6 +4,7 @@ Full path: a WebSocket client -> daphne (consumer) -> Redis (channels-redis) -> 
 tmux / docker exec, and back.
 """
 
+from bench.churn_hosts import bench_churn_hosts
 from bench.commands import bench_commands
 from bench.costs import bench_costs
 from bench.endurance import bench_reconnect, bench_recovery, bench_stalled
@@ -32,4 +33,5 @@ BENCHMARKS = {
     "churn": bench_churn,
     "heartbeats": bench_heartbeats,
     "costs": bench_costs,
+    "churn_hosts": bench_churn_hosts,
 }

@@ -3,6 +3,8 @@
 import socket
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 from config.env import (
     allowed_hosts,
     database_from_url,
@@ -215,6 +217,8 @@ LOGGING = {
 # Prometheus metrics (terminals/metrics.py) at /metrics of every web process and of a worker's --http server:
 # loopback only, or a bearer token. A worker's own server (/healthz, /readyz, /metrics): HOST:PORT, off when "".
 TETHER_METRICS_TOKEN = env_str("TETHER_METRICS_TOKEN", "")
+if TETHER_METRICS_TOKEN and len(TETHER_METRICS_TOKEN) < 24:
+    raise ImproperlyConfigured("TETHER_METRICS_TOKEN must be at least 24 characters (a guessable one opens /metrics)")
 TETHER_WORKER_HTTP = env_str("TETHER_WORKER_HTTP", "")
 
 # Execution limits: defaults applied to a spec that does not set its own.

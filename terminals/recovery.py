@@ -136,6 +136,7 @@ def silent_workers_with_work_here(me: Worker, backends: set[str]) -> bool:
         ProcessLease.objects.filter(lease_expired(), here, released_at__isnull=True)
         .filter(execution__machine__backend__in=sorted(backends), worker__lease_until__lt=Now())
         .exclude(worker=me)
+        .exclude(worker__host=settings.TETHER_HOST)  # this host's workers are watched through their pidfds
         .exclude(worker__state=WorkerState.STOPPED)
         .exists()
     )

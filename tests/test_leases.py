@@ -4,11 +4,12 @@ taken over alone while its worker goes on)."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
@@ -127,3 +128,31 @@ def test_stopping_a_worker_leaves_its_leases_for_adoption_at_once():
     # Expired as of the stop (Now() is the transaction's time: the next one sees it past).
     lease = ProcessLease.objects.get(execution_id=execution_pk)
     assert actions.take_over_lease(lease, rescuer) == token + 1
+
+
+def test_a_takeover_waits_its_turn_behind_a_heartbeat_in_flight():
+    """A beat updates its worker's row; a takeover locks that row before it reads the expiry. So a beat and
+    a takeover at the same moment are ordered: never a takeover of a lease whose worker is beating."""
+    owner, rescuer = worker("w-beating"), worker("w-waiting")
+    (execution_pk, token), *_ = claimed(owner, 1).items()
+    lease = ProcessLease.objects.get(execution_id=execution_pk)
+    age(ProcessLease, lease.pk, expires_at=60)
+    age(Worker, owner.pk, lease_until=1)  # silent for a TTL, and now, at this very moment, beating again
+    locked, release = threading.Event(), threading.Event()
+
+    def beat_in_flight():
+        with transaction.atomic():
+            Worker.objects.filter(pk=owner.pk).update(heartbeat_at=Now())  # the beat's first statement
+            locked.set()
+            release.wait(10)
+        connections.close_all()
+
+    beating = threading.Thread(target=beat_in_flight)
+    beating.start()
+    assert locked.wait(10)
+    try:
+        assert actions.take_over_lease(lease, rescuer) is None  # skipped this pass, not taken under the beat
+    finally:
+        release.set()
+        beating.join()
+    assert actions.take_over_lease(lease, rescuer) == token + 1  # that beat did not renew it: now it may

@@ -185,8 +185,14 @@ def take_over_lease(lease: ProcessLease, worker: Worker) -> int | None:
     """Compare-and-set an expired lease to ``worker`` with the next fencing token; None when someone else
     moved first."""
     with transaction.atomic():
-        # A frozen owner may hold the row locked mid-transaction: skip it this pass rather than wait on it
-        # (PostgreSQL ends that transaction after TETHER_DB_IDLE_TRANSACTION_SECONDS).
+        # The owner's worker row first: its heartbeat updates that row, so a beat in flight and this takeover
+        # are ordered (the expiry below is read after the beat committed, or the beat's read of its leases
+        # sees this takeover). A frozen owner may hold a row locked mid-transaction: skip it this pass rather
+        # than wait on it (PostgreSQL ends that transaction after TETHER_DB_IDLE_TRANSACTION_SECONDS).
+        if lease.worker_id is not None and not (
+            Worker.objects.select_for_update(skip_locked=True).filter(pk=lease.worker_id).exists()
+        ):
+            return None
         row = (
             ProcessLease.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(lease_expired(), pk=lease.pk, token=lease.token, released_at__isnull=True)

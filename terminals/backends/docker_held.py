@@ -264,7 +264,15 @@ async def status(api: docker.APIClient, handle: dict) -> str:
     try:
         return (await _run(api, container, [holder["binary"], "status", holder["dir"]])).strip()
     except NotFound:
-        return "container-gone"
+        # The exec may have vanished (dockerd restarting) while the container and its shell run on: only
+        # the container's own absence says the holder went with it.
+        try:
+            await asyncio.to_thread(api.inspect_container, container)
+        except NotFound:
+            return "container-gone"
+        raise BackendError(
+            f"the session holder's status in {container!r} could not be read (its exec vanished)"
+        ) from None
     except APIError as error:
         if "is not running" not in str(error.explanation):
             raise BackendError(f"cannot ask the session holder in {container!r}: {error.explanation}") from None

@@ -36,7 +36,8 @@ class Worker(models.Model):
     heartbeat_at = models.DateTimeField()
     # Until when (database clock) this worker's last heartbeat keeps the leases it covers: one row written
     # per heartbeat, however many sessions the worker holds.
-    lease_until = models.DateTimeField(default=timezone.now)
+    # A database default too: a worker of the previous release registers without naming it (rolling upgrade).
+    lease_until = models.DateTimeField(default=timezone.now, db_default=Now())
 
     class Meta:
         constraints = [models.CheckConstraint(condition=Q(state__in=WorkerState.values), name="worker_state_valid")]
@@ -95,8 +96,13 @@ class ProcessLease(models.Model):
     worker = models.ForeignKey(Worker, null=True, blank=True, on_delete=models.PROTECT, related_name="leases")
     token = models.PositiveBigIntegerField(default=1)
     handle = models.JSONField(default=dict, blank=True, help_text="Backend handle to find the process again.")
+    # Written by workers of releases before 0013 only (they extended each lease at every beat): kept, unused,
+    # so such workers go on working during a rolling upgrade. Dropped in a later release.
+    heartbeat_at = models.DateTimeField(null=True, blank=True, editable=False)
     expires_at = models.DateTimeField(help_text="Its own expiry: set when claimed or taken over.")
-    covered = models.BooleanField(default=True, help_text="Whether its worker's heartbeat keeps it alive.")
+    covered = models.BooleanField(
+        default=True, db_default=True, help_text="Whether its worker's heartbeat keeps it alive."
+    )
     released_at = models.DateTimeField(null=True, blank=True)
     # An operator's or a command's request for the owner to act on the process (cancel, kill, fail,
     # complete, reset). The owner picks it up on its next heartbeat: the row is the message.

@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 REQUEST_LIMIT = 8 * 1024
 READ_SECONDS = 5.0
+CONNECTIONS_AT_ONCE = 16  # more are closed at once: the worker's descriptors are for its shells
+READY_CACHE_SECONDS = 1.0  # /readyz asks the database, Redis and docker at most this often
 
 
 def _docker() -> None:
@@ -43,6 +45,8 @@ class WorkerHttp:
         self.host, self.port = host.strip("[]") or "127.0.0.1", int(port)
         self.context = context
         self.leases = leases
+        self.open = 0
+        self.said: tuple[float, bool, dict[str, str]] | None = None  # the last readiness, and when
 
     async def run(self) -> None:
         server = await asyncio.start_server(self._serve, self.host, self.port, limit=REQUEST_LIMIT)
@@ -51,6 +55,13 @@ class WorkerHttp:
             await server.serve_forever()
 
     async def readiness(self) -> tuple[bool, dict[str, str]]:
+        if self.said is not None and time.monotonic() - self.said[0] < READY_CACHE_SECONDS:
+            return self.said[1], self.said[2]
+        ready, checks = await self._check()
+        self.said = (time.monotonic(), ready, checks)
+        return ready, checks
+
+    async def _check(self) -> tuple[bool, dict[str, str]]:
         checks = {
             "database": await health.timed(db(health.database_check)),
             "channel_layer": await health.timed(health.channel_layer_check),
@@ -64,6 +75,16 @@ class WorkerHttp:
         return all(value.startswith("ok") for value in checks.values()), checks
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.open >= CONNECTIONS_AT_ONCE:
+            writer.close()
+            return
+        self.open += 1
+        try:
+            await self._answer_one(reader, writer)
+        finally:
+            self.open -= 1
+
+    async def _answer_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_SECONDS)
             status, kind, body = await self._answer(head, writer.get_extra_info("peername"))

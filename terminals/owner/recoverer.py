@@ -34,6 +34,7 @@ class Recoverer:
         self.context, self.leases, self.host = context, leases, host
         self.recovering = asyncio.Lock()  # one recovery pass at a time in this worker
         self.siblings: dict[int, int | None] = {}  # other workers here: pk -> pidfd watched (None: ended)
+        self.silent_pass_at = -1e9  # when a pass last ran for silent workers on other hosts (monotonic)
         self.watched: dict[int, str] = {}  # docker commands watched for a dead owner: pk -> request ("" none)
 
     def beaten(self, held: dict[int, tuple[int, str]]) -> None:
@@ -109,7 +110,11 @@ class Recoverer:
             # A worker on another host cannot be watched through a pidfd: its heartbeat going stale is what
             # says it died (or stalled). Recover its sessions then, not at the next periodic pass.
             silent = await db(recovery.silent_workers_with_work_here)(self.context.worker, self.context.backends)
-            if silent and not self.context.draining and not self.recovering.locked():
+            # Again while one is left (a takeover skipped a locked row), but not every beat: a lease left
+            # to wait would otherwise cost a pass each time.
+            due = time.monotonic() - self.silent_pass_at >= 3 * settings.TETHER_HEARTBEAT_SECONDS
+            if silent and due and not self.context.draining and not self.recovering.locked():
+                self.silent_pass_at = time.monotonic()
                 self.context.tasks.start(self.recover_once())
 
         try:

@@ -43,8 +43,9 @@ def test_haproxy_accepts_the_balancer_configuration(tmp_path):
     assert checked.returncode == 0, checked.stdout + checked.stderr
     # What it promises: WebSockets kept an hour, /readyz as the health check, /metrics never passed on.
     text = config.read_text()
-    assert "timeout tunnel 1h" in text and "option httpchk GET /readyz" in text
-    assert re.search(r"http-request deny .*if \{ path /metrics \}", text)
+    assert "timeout tunnel 1h" in text and "http-check send meth GET uri /readyz" in text
+    assert re.search(r"http-request deny .*if \{ path,url_dec -m beg /metrics \}", text)
+    assert "http-request set-header X-Forwarded-For %[src]" in text and "option forwardfor" not in text
 
 
 def test_prometheus_accepts_the_scrape_configuration_and_the_alerts_fire_when_they_should(tmp_path):

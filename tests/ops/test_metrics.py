@@ -165,7 +165,7 @@ async def test_a_real_prometheus_sees_sessions_open_stream_come_back_and_close(t
 
 
 def test_metrics_are_for_loopback_or_the_token_and_the_worker_says_when_it_is_ready():
-    stack = Stack(extra_env={"TETHER_METRICS_TOKEN": "s3cret-scrape-token"})
+    stack = Stack(extra_env={"TETHER_METRICS_TOKEN": "s3cret-scrape-token-of-32-characters"})
     worker_http = free_port()
     try:
         stack.start_daphne()
@@ -180,7 +180,9 @@ def test_metrics_are_for_loopback_or_the_token_and_the_worker_says_when_it_is_re
             status, _ = get(port, "/metrics", {"X-Forwarded-For": "203.0.113.9", "Authorization": "Bearer wrong"})
             assert status == 403
             status, body = get(
-                port, "/metrics", {"X-Forwarded-For": "203.0.113.9", "Authorization": "Bearer s3cret-scrape-token"}
+                port,
+                "/metrics",
+                {"X-Forwarded-For": "203.0.113.9", "Authorization": "Bearer s3cret-scrape-token-of-32-characters"},
             )
             assert status == 200 and b"tether_" in body
         # Only the web process reads the database's figures; only the worker has a heartbeat.

@@ -1,0 +1,120 @@
+"""Churn across hosts: sessions opened on two simulated hosts (tests/hosts/harness.py: each a UTS + PID
+namespace with a daphne and a worker), viewed through HAProxy, typed into and closed, in parallel lanes,
+many times over. Afterwards nothing may be left: shells, tmux sessions, Redis subscriptions or keys, lease
+rows unreleased, sessions not closed.
+
+    make bench BENCH_ARGS="--only churn_hosts --full"     # 10,000 sessions (about half an hour here)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from asgiref.sync import sync_to_async
+
+from bench.common import Figure, unique
+from bench.scale import _redis_counts, _tmux_server, _tmux_sessions
+from bench.sessions import close_all
+
+
+def _left_processes(marker: str, servers: set[str]) -> list[str]:
+    lines = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in lines if line.split()[0] not in servers]
+
+
+async def bench_churn_hosts(ctx) -> None:
+    from executions.actions import Actor, add_machine
+    from terminals.actions import open_terminal
+    from terminals.models import ProcessLease, TerminalSession
+    from tests.bridge.harness import Stack, Viewer
+    from tests.hosts.harness import Balancer, Host
+
+    count = 1000 if ctx.quick else 10_000
+    lanes = 10
+    marker = unique("churnhosts")
+    stack = Stack(worker_poll=0.5, extra_env=dict(ctx.stack.extra_env))
+    hosts = [Host("bench-host-a", stack), Host("bench-host-b", stack)]
+    sockets = {host.name: unique(f"tether-bench-{host.name}") for host in hosts}
+    balancer = None
+    try:
+        for host in hosts:
+            host.boot()
+        with ThreadPoolExecutor(4) as pool:
+            starts = [pool.submit(host.start_daphne) for host in hosts] + [
+                pool.submit(host.start_worker, "local,tmux") for host in hosts
+            ]
+            for started in starts:
+                started.result()
+        balancer = await asyncio.to_thread(Balancer({host.name: host.daphne_port for host in hosts}).start)
+
+        def machine(lane: int):
+            host = hosts[lane % 2].name
+            backend = "tmux" if (lane // 2) % 2 else "local"
+            return add_machine(
+                name=unique(f"churn-{host}-{backend}"), backend=backend, host=host, scope="bench",
+                ref=sockets[host] if backend == "tmux" else "", actor=Actor.command("bench"),
+            )  # fmt: skip
+
+        machines = [await sync_to_async(machine)(n) for n in range(lanes)]
+        shell = ["/bin/sh", "-c", f"echo READY; read line; echo got-$line; sleep 2147483; : {marker}"]
+        done = total = 0
+
+        async def lane(number: int) -> None:
+            nonlocal done
+            while done < total:
+                done += 1
+                session = await sync_to_async(lambda: open_terminal(machines[number], ctx.user, shell=shell)[0])()
+                viewer = await Viewer.open(balancer.port, session.id, ctx.cookie)
+                await viewer.attach()
+                await viewer.read_until(b"READY", timeout=60)
+                await viewer.type(f"{done}\r")
+                await viewer.read_until(b"got-", timeout=60)
+                await viewer.close()
+                await close_all([session])
+
+        total = 2 * lanes  # a first round warms the pools: what is counted after is what the churn left
+        await asyncio.gather(*(lane(n) for n in range(lanes)))
+        await asyncio.sleep(3)
+        before = _redis_counts(stack.redis_url, stack.prefix)
+        total += count
+        began = time.monotonic()
+        await asyncio.gather(*(lane(n) for n in range(lanes)))
+        elapsed = time.monotonic() - began
+        await asyncio.sleep(3)
+        after = _redis_counts(stack.redis_url, stack.prefix)
+        pks = [m.pk for m in machines]
+        servers = {_tmux_server(socket) for socket in sockets.values()}
+        left = {
+            "shells": len(_left_processes(marker, servers)),
+            "tmux sessions": sum(_tmux_sessions(socket) for socket in sockets.values()),
+            "Redis keys": after[0] - before[0],
+            "Redis subscriptions": after[1] - before[1],
+            "leases unreleased": await sync_to_async(
+                lambda: ProcessLease.objects.filter(execution__machine__in=pks, released_at__isnull=True).count()
+            )(),
+            "sessions not closed": await sync_to_async(
+                lambda: TerminalSession.objects.filter(machine__in=pks).exclude(process_state="closed").count()
+            )(),
+        }
+        ctx.report.add(
+            Figure(
+                f"churn across 2 hosts behind HAProxy: {count} sessions opened, viewed, typed into and closed "
+                f"({lanes} at a time, local and tmux): left over",
+                sum(max(v, 0) for v in left.values()),
+                "",
+                goal="0",
+                met=all(v <= 0 for v in left.values()),
+                note=", ".join(f"{k} {v}" for k, v in left.items()) + f"; {count / elapsed:.1f} sessions/s",
+            )
+        )
+    finally:
+        if balancer is not None:
+            await asyncio.to_thread(balancer.stop)
+        for host in hosts:
+            await asyncio.to_thread(host.kill)
+        stack.stop()
+        for socket in sockets.values():
+            subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
