@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -106,6 +107,7 @@ async def main(args) -> Report:
             except Exception as error:  # a benchmark that breaks is reported, and the rest still run
                 report.notes.append(f"{name} did not complete: {error!r}")
                 print(f"  {name} did not complete: {error!r}", flush=True)
+                traceback.print_exc()
             print(f"  ({time.monotonic() - began:.0f} s)", flush=True)
             write_markdown(report, args, Path(args.out))  # what is measured so far survives an interrupted run
     finally:
