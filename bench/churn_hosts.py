@@ -25,6 +25,19 @@ def _left_processes(marker: str, servers: set[str]) -> list[str]:
     return [line for line in lines if line.split()[0] not in servers]
 
 
+def _state_of(session_pk) -> dict:
+    from terminals.models import ProcessLease, TerminalSession
+
+    session = TerminalSession.objects.select_related("execution").get(pk=session_pk)
+    lease = ProcessLease.objects.select_related("worker").filter(execution=session.execution).first()
+    return {
+        "process_state": session.process_state,
+        "execution": (session.execution.state, session.execution.evidence),
+        "lease": lease
+        and (lease.worker and lease.worker.host, lease.token, lease.handle.get("launch"), lease.released_at),
+    }
+
+
 async def bench_churn_hosts(ctx) -> None:
     from executions.actions import Actor, add_machine
     from terminals.actions import open_terminal
@@ -61,6 +74,7 @@ async def bench_churn_hosts(ctx) -> None:
         machines = [await sync_to_async(machine)(n) for n in range(lanes)]
         shell = ["/bin/sh", "-c", f"echo READY; read line; echo got-$line; sleep 2147483; : {marker}"]
         done = total = 0
+        not_started: list[str] = []
 
         async def lane(number: int) -> None:
             nonlocal done
@@ -69,9 +83,19 @@ async def bench_churn_hosts(ctx) -> None:
                 session = await sync_to_async(lambda: open_terminal(machines[number], ctx.user, shell=shell)[0])()
                 viewer = await Viewer.open(balancer.port, session.id, ctx.cookie)
                 await viewer.attach()
-                await viewer.read_until(b"READY", timeout=60)
-                await viewer.type(f"{done}\r")
-                await viewer.read_until(b"got-", timeout=60)
+                try:
+                    await viewer.read_until(b"READY", timeout=60)
+                    await viewer.type(f"{done}\r")
+                    await viewer.read_until(b"got-", timeout=60)
+                except (TimeoutError, AssertionError) as error:
+                    said = await sync_to_async(_state_of)(session.pk)
+                    if not any(m.get("evidence") == "spawn_failed" for m in viewer.messages):
+                        raise AssertionError(
+                            f"session {session.pk} (lane {number}, via {viewer.ws.response.headers.get('X-Served-By')})"
+                            f": {said}; got {bytes(viewer.output[-300:])!r}; messages {viewer.messages[-6:]}"
+                        ) from error
+                    # Its shell did not start (recorded so, and the page started a fresh one): counted.
+                    not_started.append(str(session.pk))
                 await viewer.close()
                 await close_all([session])
 
@@ -107,7 +131,8 @@ async def bench_churn_hosts(ctx) -> None:
                 "",
                 goal="0",
                 met=all(v <= 0 for v in left.values()),
-                note=", ".join(f"{k} {v}" for k, v in left.items()) + f"; {count / elapsed:.1f} sessions/s",
+                note=", ".join(f"{k} {v}" for k, v in left.items())
+                + f"; {count / elapsed:.1f} sessions/s; {len(not_started)} recorded 'Did not start'",
             )
         )
     finally:
