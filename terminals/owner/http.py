@@ -10,6 +10,7 @@ import json
 import logging
 import shutil
 import time
+from http import HTTPStatus
 
 from channels.db import database_sync_to_async as db
 
@@ -92,7 +93,7 @@ class WorkerHttp:
             status, kind, body = 400, "text/plain", b"bad request\n"
         try:
             writer.write(
-                f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: {kind}\r\n"
+                f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {kind}\r\n"
                 f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n".encode()
                 + body
             )
@@ -126,13 +127,3 @@ class WorkerHttp:
                 return 403, "text/plain", b"metrics are for loopback or a bearer TETHER_METRICS_TOKEN\n"
             return 200, metrics.CONTENT_TYPE, await asyncio.to_thread(metrics.exposition)
         return 404, "text/plain", b"not found\n"
-
-
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    503: "Service Unavailable",
-}
