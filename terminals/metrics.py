@@ -67,7 +67,6 @@ LAYER_ERRORS = Counter(
 
 # --- workers --------------------------------------------------------------------------------------
 
-HELD_NAME, HELD_HELP = "tether_worker_processes", "Processes this worker holds, by backend and kind"
 OUTCOMES = Counter("tether_outcomes_total", "Outcomes this worker recorded, by state", ["state"], **_UNREGISTERED)
 TAKEOVERS = Counter("tether_lease_takeovers_total", "Expired leases this worker took over", **_UNREGISTERED)
 RECOVERY = Counter("tether_recovery_actions_total", "What recovery passes did, by action", ["action"], **_UNREGISTERED)
@@ -88,7 +87,9 @@ class HeldCollector(Collector):
         self.contexts: list = []  # each running OwnerWorker's context (terminals.owner.context.WorkerContext)
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        family = GaugeMetricFamily(HELD_NAME, HELD_HELP, labels=["backend", "kind"])
+        family = GaugeMetricFamily(
+            "tether_worker_processes", "Processes this worker holds, by backend and kind", labels=["backend", "kind"]
+        )
         counts: dict[tuple[str, str], int] = {}
         for context in list(self.contexts):
             for live in list(context.live.values()):
