@@ -18,7 +18,7 @@ from django.conf import settings
 from executions.models import State
 from terminals import actions
 from terminals.models import ProcessState, TerminalSession
-from terminals.owner_client import OwnerClient, lost_owner, owner_of_execution
+from terminals.owner_client import OwnerClient, owner_or_lost
 from terminals.protocol import ATTACH_WAIT_SECONDS, CloseCode, Exited, Reason, StatusCode
 from terminals.stream import ViewerStream
 from terminals.tasks import Tasks
@@ -57,14 +57,15 @@ def _attach_target(session_id) -> dict:
     session = TerminalSession.objects.select_related("execution").defer("snapshot").get(pk=session_id)
     execution = session.execution
     closed = session.process_state == ProcessState.CLOSED
+    owner, lost = owner_or_lost(execution.pk)
     return {
         "process_state": session.process_state,
         "close_reason": session.close_reason,
         "generation": session.generation,
         "execution": execution.pk,
         "state": execution.state,
-        "owner": (owner := owner_of_execution(execution.pk)),
-        "lost": "" if closed or owner else lost_owner(execution.pk),
+        "owner": owner,
+        "lost": "" if closed else lost,
         "viewer": session.viewer_id,
         "snapshot": bytes(session.snapshot) if closed else b"",
         "expired": session.expired_at is not None,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db.models import BooleanField, ExpressionWrapper
+
 from terminals import metrics
 from terminals.models import ProcessLease, TerminalSession, WorkerState, lease_expired
 from terminals.protocol import Ack, Attach, Detach, Input, Keepalive, Observe, Resend, ResetShell, Resize, ToOwner
@@ -22,33 +24,33 @@ class Owner:
     execution: int
 
 
-def owner_of_execution(execution_pk: int) -> Owner | None:
-    """Only a worker that holds a started process can attach a viewer: one still launching it (its lease's
-    handle says how far it got) would refuse, so a viewer waits as for a shell that is starting."""
-    lease = (
-        ProcessLease.objects.select_related("worker")
+def _unreleased_started_lease(execution_pk: int):
+    """The execution's unreleased lease for a started process (its handle set), with whether it has expired
+    on the database clock: one read for both questions a viewer asks (who answers, or why nobody does)."""
+    return (
+        ProcessLease.objects.select_related("worker", "execution__machine")
         .filter(execution_id=execution_pk, released_at__isnull=True)
-        .exclude(lease_expired())  # its worker stopped beating: it would never answer
-        .exclude(worker__state=WorkerState.STOPPED)
         .exclude(handle={})
-        .exclude(handle__has_key="launch")
+        .annotate(expired=ExpressionWrapper(lease_expired(), output_field=BooleanField()))
         .first()
     )
-    if lease is None or lease.worker is None:
+
+
+def _owner(lease) -> Owner | None:
+    """Only a worker that holds a started process can attach a viewer: one still launching it (its lease's
+    handle says how far it got) would refuse, so a viewer waits as for a shell that is starting. A worker
+    that stopped beating (its lease expired) or stopped would never answer."""
+    if lease is None or lease.worker is None or lease.expired or "launch" in lease.handle:
         return None
-    return Owner(lease.worker.channel_name, lease.token, execution_pk)
+    if lease.worker.state == WorkerState.STOPPED:
+        return None
+    return Owner(lease.worker.channel_name, lease.token, lease.execution_id)
 
 
-def lost_owner(execution_pk: int) -> str:
+def _lost(lease) -> str:
     """Why nobody answers for a started process whose lease has expired (its worker stopped beating), in
     words for the page; "" when that is not the case."""
-    lease = (
-        ProcessLease.objects.select_related("worker", "execution__machine")
-        .filter(lease_expired(), execution_id=execution_pk, released_at__isnull=True)
-        .exclude(handle={})
-        .first()
-    )
-    if lease is None or lease.worker is None:
+    if lease is None or lease.worker is None or not lease.expired:
         return ""
     host = lease.execution.machine.host
     then = "a worker on " + host if host else "another worker"
@@ -56,6 +58,17 @@ def lost_owner(execution_pk: int) -> str:
         f"The worker holding this shell (on {lease.worker.host}) stopped answering. Waiting for {then} to take "
         "it over; if the shell did not survive, its outcome is recorded as unknown for an operator."
     )
+
+
+def owner_of_execution(execution_pk: int) -> Owner | None:
+    return _owner(_unreleased_started_lease(execution_pk))
+
+
+def owner_or_lost(execution_pk: int) -> tuple[Owner | None, str]:
+    """Who answers for the execution's process, or, when nobody does because its worker stopped beating,
+    why (for the page): both from one read of its lease."""
+    lease = _unreleased_started_lease(execution_pk)
+    return _owner(lease), _lost(lease)
 
 
 def owner_of_session(session_pk) -> Owner | None:
