@@ -25,6 +25,19 @@ def _left_processes(marker: str, servers: set[str]) -> list[str]:
     return [line for line in lines if line.split()[0] not in servers]
 
 
+def _why_not_started(session_pks: list[str]) -> list[str]:
+    """What the worker recorded for shells that did not start: each distinct reason, with how often."""
+    from executions.models import Evidence, ExecutionEvent
+
+    reasons: dict[str, int] = {}
+    events = ExecutionEvent.objects.filter(
+        execution__terminal_session__pk__in=session_pks, evidence=Evidence.SPAWN_FAILED
+    ).values_list("reason", flat=True)
+    for reason in events:
+        reasons[reason[:200]] = reasons.get(reason[:200], 0) + 1
+    return [f"{n}x {reason}" for reason, n in sorted(reasons.items(), key=lambda item: -item[1])]
+
+
 def _state_of(session_pk) -> dict:
     from terminals.models import ProcessLease, TerminalSession
 
@@ -135,6 +148,8 @@ async def bench_churn_hosts(ctx) -> None:
                 + f"; {count / elapsed:.1f} sessions/s; {len(not_started)} recorded 'Did not start'",
             )
         )
+        for reason in await sync_to_async(_why_not_started)(not_started):
+            ctx.report.notes.append(f"churn_hosts: a shell that did not start: {reason}")
     finally:
         if balancer is not None:
             await asyncio.to_thread(balancer.stop)

@@ -30,7 +30,7 @@ async def embedded_echo(ctx, samples: int) -> None:
     """The same echo through `tether_serve`: one process, in-memory channel layer, no Redis hop."""
     from asgiref.sync import sync_to_async
 
-    from bench.sessions import RAW_CAT, echo_latency, machine_for, terminal_for
+    from bench.sessions import RAW_CAT, echo_latency, machine_for, terminado_echo_summary, terminal_for
     from tests.bridge.harness import Viewer, free_port
 
     port = free_port()
@@ -56,15 +56,20 @@ async def embedded_echo(ctx, samples: int) -> None:
         await viewer.read_until(b"READY", timeout=30)
         await echo_latency(viewer, 50)
         stats = summary(await echo_latency(viewer, samples))
-        ctx.report.add(
-            Figure(
-                "echo p50, embedded (tether_serve, in-memory layer)",
-                stats["p50"],
-                "ms",
-                note=f"p99 {stats['p99']:.2f} ms",
-            )
-        )
         await viewer.close()
+        peer = await terminado_echo_summary(ctx, samples)
+        for p in ("p50", "p99"):
+            ctx.report.add(
+                Figure(
+                    f"echo {p}, embedded (tether_serve, in-memory layer; {samples} samples)",
+                    stats[p],
+                    "ms",
+                    peer[p],
+                    "terminado",
+                    "≤ 1.3x terminado",
+                    stats[p] <= 1.3 * peer[p],
+                )
+            )
     finally:
         serve.terminate()
         serve.wait(timeout=30)
@@ -88,10 +93,10 @@ async def main(args) -> Report:
     container, _ = start_container("tether-test-bench")
     workdir = Path(tempfile.mkdtemp(prefix="tether-bench-"))
     chosen = args.only.split(",") if args.only else [*BENCHMARKS, "embedded"]
+    ctx = Context(stack, user, cookie, report, not args.full, workdir)
     try:
         await sync_to_async(stack.start_daphne)()
         await sync_to_async(stack.start_worker)("local,tmux,docker")
-        ctx = Context(stack, user, cookie, report, not args.full, workdir)
         for name in chosen:
             if name == "embedded":
                 continue
@@ -120,9 +125,7 @@ async def main(args) -> Report:
     if "embedded" in chosen:
         print("[embedded]", flush=True)
         try:
-            await embedded_echo(
-                Context(stack, user, cookie, report, not args.full, workdir), 1000 if not args.full else 5000
-            )
+            await embedded_echo(ctx, 1000 if not args.full else 5000)
         except Exception as error:
             report.notes.append(f"embedded did not complete: {error!r}")
     return report

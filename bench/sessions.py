@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from asgiref.sync import sync_to_async
@@ -21,6 +21,17 @@ class Context:
     report: Report
     quick: bool
     workdir: Path
+    peers: dict = field(default_factory=dict)  # the peers' figures measured in this run (terminado's echo)
+
+
+async def terminado_echo_summary(ctx: Context, samples: int) -> dict[str, float]:
+    """terminado's keystroke echo on the same program, measured once a run (echo and embedded share it)."""
+    from bench.common import summary
+    from bench.terminado_peer import terminado_echo
+
+    if "echo" not in ctx.peers:
+        ctx.peers["echo"] = summary(await terminado_echo(RAW_CAT, samples))
+    return ctx.peers["echo"]
 
 
 def machine_for(backend: str, ref: str = ""):
