@@ -10,6 +10,7 @@ fi
 for socket in /tmp/tmux-"$(id -u)"/tether-test-*; do
     [ -S "$socket" ] && tmux -S "$socket" kill-server 2>/dev/null
 done
+rm -f /tmp/tmux-"$(id -u)"/tether-test-*.tether-turn  # their lock files (TmuxServer.turn)
 # Session holders of test shells (their directory is /tmp/tether-test-held-UID/...).
 pkill -KILL -f "tether-holder serve /tmp/tether-test-held-" 2>/dev/null
 rm -rf /tmp/tether-test-held-"$(id -u)"

@@ -14,6 +14,7 @@ from django.db import connection
 
 from executions.actions import Actor, add_machine
 from terminals import actions as terminal_actions
+from terminals.backends.tmux_server import TmuxServer
 from tests.bridge.harness import RECORDINGS_DIR, TEST_IMAGE, Stack, session_cookie, start_container
 
 # Session holders of test shells keep their sockets here, apart from a real install's (workers started by the
@@ -117,6 +118,7 @@ def tmux_socket():
     name = f"tether-test-{uuid.uuid4().hex[:8]}"
     yield name
     subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True)
+    TmuxServer(name).turn_path().unlink(missing_ok=True)
 
 
 @pytest.fixture

@@ -116,7 +116,8 @@ class TmuxBackend(Backend):
             *(["set-option", "-w", "-t", target, option, value] for option, value in WINDOW_OPTIONS.items()),
         ]
         for _ in range(3):
-            code, out, err = await self.server.run(*chain(commands))
+            async with self.server.turn():  # a session made: notifications (see TmuxServer.turn)
+                code, out, err = await self.server.run(*chain(commands))
             if "server exited" not in err:
                 break
             # Another client's kill-server (or an exiting server of an older Tether) took our command

@@ -57,25 +57,40 @@ class TmuxProcess(Process):
 
     async def _attach_client(self) -> None:
         argv = [*self._server.argv(), "-u", "-C", "attach-session", "-t", f"={self.handle['session']}"]
-        try:
-            self._client = await ControlClient.start(argv, self._server.env)
-        except OSError as error:
-            raise BackendError(f"cannot run tmux: {error}") from None
-        # Commands on stdin may run before the attach itself: wait until the client is in the session.
-        try:
-            async with asyncio.timeout(10):
-                while (event := await self._client.reader.next()) is not None:
-                    if event.kind == "reply" and event.error:
-                        break
-                    if event.kind == "other" and event.lines[0].startswith("%session-changed"):
-                        break
-        except TimeoutError:
-            event = None
+        # Alone on the socket until tmux has taken the client in: a notification meanwhile crashes tmux 3.3a.
+        async with self._server.turn(alone=True):
+            try:
+                self._client = await ControlClient.start(argv, self._server.env)
+            except OSError as error:
+                raise BackendError(f"cannot run tmux: {error}") from None
+            # Commands on stdin may run before the attach itself: wait until the client is in the session.
+            try:
+                async with asyncio.timeout(10):
+                    while (event := await self._client.reader.next()) is not None:
+                        if event.kind == "reply" and event.error:
+                            break
+                        if event.kind == "other" and event.lines[0].startswith("%session-changed"):
+                            break
+            except TimeoutError:
+                event = None
         if event is None or event.kind != "other":
-            await self._client.close()
-            raise BackendError(f"cannot attach to {self.handle['session']}: {' '.join(event.lines if event else [])}")
+            async with self._server.turn():
+                await self._client.close()
+            said = " ".join(event.lines if event else ["no answer in 10 s"])
+            raise BackendError(f"cannot attach to {self.handle['session']}: {said}{await self._server_changed()}")
         self._send(f"refresh-client -f pause-after={PAUSE_AFTER}")
         self._send("refresh-client -B 'tether-dead::#{pane_dead}'")  # pane subscriptions skip dead panes
+
+    async def _server_changed(self) -> str:
+        """Whether the tmux server the session was made in is still the one on the socket, in words."""
+        try:
+            now = await self._server.instance()
+        except BackendError as error:
+            return f" (and {error})"
+        then = self.handle.get("instance", "")
+        if not then or now == then:
+            return f" (tmux server {now}, where it was made)" if now else ""
+        return f" (the tmux server it was made in, {then}, is now {now or 'gone'})"
 
     def _send(self, command: str, reply: Callable[[Event], None] | None = None, *, quiet: bool = False) -> None:
         if self._client is None or not self._client.open:
@@ -187,13 +202,14 @@ class TmuxProcess(Process):
     async def resize(self, cols: int, rows: int) -> None:
         """Returns once tmux has resized the window, so a snapshot taken next is of the new grid."""
         done = asyncio.get_running_loop().create_future()
-        self._send(
-            f"resize-window -t {self._pane} -x {int(cols)} -y {int(rows)}",
-            lambda reply: done.done() or done.set_result(reply),
-        )
-        await self._drain()
-        with contextlib.suppress(TimeoutError):  # the reply comes in line with output the pump reads
-            await asyncio.wait_for(asyncio.shield(done), 2)
+        async with self._server.turn():  # a window's layout changed: a notification, until its reply
+            self._send(
+                f"resize-window -t {self._pane} -x {int(cols)} -y {int(rows)}",
+                lambda reply: done.done() or done.set_result(reply),
+            )
+            await self._drain()
+            with contextlib.suppress(TimeoutError):  # the reply comes in line with output the pump reads
+                await asyncio.wait_for(asyncio.shield(done), 2)
 
     async def _drain(self) -> None:
         try:
@@ -240,7 +256,8 @@ class TmuxProcess(Process):
         self._ended = True
         client, self._client = self._client, None
         if client is not None:
-            await client.close()
+            async with self._server.turn():  # a client gone: a notification
+                await client.close()
 
     async def snapshot(self) -> Snapshot:
         return await self._server.snapshot(self.handle)

@@ -4,8 +4,11 @@ screen, and ending a pane's program tree. Both the tmux backend and its processe
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import os
 import shutil
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from signal import SIGTERM
@@ -110,6 +113,37 @@ class TmuxServer:
     def argv(self) -> list[str]:
         return [self.tmux, "-L", self.socket, "-f", "/dev/null"]
 
+    @contextlib.asynccontextmanager
+    async def turn(self, *, alone: bool = False) -> AsyncIterator[None]:
+        """Take turns on this socket, across every Tether process that uses it (a lock file beside it).
+
+        tmux 3.3a's server crashes (SIGSEGV in ``control_write``, tmux PR 4980) when a notification reaches a
+        control client that is still identifying itself: a session made or killed, a window resized, another
+        client attached or gone. So a control client attaches ``alone``, once the notifications already
+        queued have run; whatever makes notifications (new-session, kill-session, resize-window, a control
+        client closing) runs in a shared turn. Commands that notify nobody (display, capture-pane, wait-for)
+        need no turn, so a ``wait-for`` that blocks for seconds never holds anyone up."""
+        path = self.turn_path()
+        with contextlib.suppress(OSError):  # tmux makes this directory (0700) with its first server
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            delay = 0.001
+            while True:
+                try:
+                    fcntl.flock(fd, (fcntl.LOCK_EX if alone else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(delay)  # turns are milliseconds long: poll, never block the loop
+                    delay = min(delay * 2, 0.01)
+            if alone:
+                # Notifications queue on the server's global queue, which it empties before it runs any
+                # client's command: once a command of ours has answered, none made before our turn is left.
+                await self.run("display-message", "-p", "")
+            yield
+        finally:
+            os.close(fd)  # and with it the lock
+
     async def exec(self, *args: str, **streams) -> asyncio.subprocess.Process:
         try:
             return await asyncio.create_subprocess_exec(*self.argv(), *args, env=self.env, **streams)
@@ -187,7 +221,12 @@ class TmuxServer:
         await self.run("wait-for", "-U", f"tether-{gate}-{marker}")
 
     async def kill_session(self, session: str) -> None:
-        await self.run("kill-session", "-t", f"={session}")
+        async with self.turn():  # its control clients go with it: notifications
+            await self.run("kill-session", "-t", f"={session}")
+
+    def turn_path(self) -> Path:
+        """The lock file of ``turn``, beside the socket in tmux's own directory (only its user can enter)."""
+        return Path(self.socket_path() + ".tether-turn")
 
     def socket_path(self) -> str:
         """Where this process's tmux looks for the socket (its uid and TMUX_TMPDIR decide, as tmux's own)."""
