@@ -174,7 +174,7 @@ class Stack:
             [
                 sys.executable,
                 "-m",
-                "daphne",
+                "config.web",  # daphne on the chosen event loop
                 "--websocket_timeout",
                 "-1",
                 "-b",

@@ -152,7 +152,7 @@ async def test_keys_typed_while_the_server_is_down_are_dropped_and_reported(page
     await run(page, 'echo "pid:$$:"')
     pid = (await wait_for_text(page, r"pid:(\d+):")).group(1)
 
-    daphne = next(process for process in stack.processes if "daphne" in process.args)
+    daphne = next(process for process in stack.daphnes if process.poll() is None)
     daphne.send_signal(signal.SIGKILL)  # an abrupt loss, not a polite close
     daphne.wait()
     await expect(page.locator("#terminal-status")).to_have_text("Reconnecting to your session…")

@@ -127,7 +127,7 @@ class Host:
     def start_daphne(self) -> int:
         self.daphne_port = self.daphne_port or free_port()
         log = self.stack._log(f"{self.name}-daphne")
-        command = [sys.executable, "-m", "daphne", "--proxy-headers", "--websocket_timeout", "-1",
+        command = [sys.executable, "-m", "config.web", "--proxy-headers", "--websocket_timeout", "-1",
                    "-b", "127.0.0.1", "-p", str(self.daphne_port), "config.asgi:application"]  # fmt: skip
         self.daphne = self._in_namespace(command, log, self.stack.env())
         self.stack.processes.append(self.daphne)
