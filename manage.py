@@ -18,10 +18,19 @@ def main():
         ) from exc
     from django.core.exceptions import ImproperlyConfigured
 
+    from config.loop import leave
+
     try:
         execute_from_command_line(sys.argv)
     except ImproperlyConfigured as error:  # a bad setting: one line naming it, not a traceback
-        sys.exit(f"Tether configuration: {error}")
+        print(f"Tether configuration: {error}", file=sys.stderr)
+        leave(1)
+    except SystemExit as exit:  # a command's own status (a usage error is 2)
+        if exit.code is not None and not isinstance(exit.code, int):
+            print(exit.code, file=sys.stderr)
+        leave(exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1))
+    # Done and said: Python's own finalisation of Django takes a second or more (config/loop.py).
+    leave(0)
 
 
 if __name__ == "__main__":
