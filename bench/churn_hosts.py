@@ -151,6 +151,7 @@ async def bench_churn_hosts(ctx) -> None:
             "leases unreleased": await sync_to_async(
                 lambda: ProcessLease.objects.filter(execution__machine__in=pks, released_at__isnull=True).count()
             )(),
+            "zombies in the hosts": sum(host.zombies() for host in hosts),
             "sessions not closed": await sync_to_async(
                 lambda: TerminalSession.objects.filter(machine__in=pks).exclude(process_state="closed").count()
             )(),
