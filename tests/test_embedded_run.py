@@ -178,5 +178,6 @@ def test_terminals_are_never_cut_off_by_daphnes_websocket_timeout():
     )
     assert served.returncode == 0, served.stderr
     assert "websocket_timeout -1" in served.stdout  # daphne: negative means no limit
-    # The production command in the runbook says the same.
-    assert "daphne --websocket_timeout -1 " in (ROOT / "docs" / "operations.md").read_text()
+    # The production command in the runbook and the web unit in deploy/ say the same (config.web is daphne).
+    assert "-m config.web --websocket_timeout -1 " in (ROOT / "docs" / "operations.md").read_text()
+    assert "--websocket_timeout -1 " in (ROOT / "deploy" / "systemd" / "tether-web@.service").read_text()
