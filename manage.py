@@ -18,7 +18,7 @@ def main():
         ) from exc
     from django.core.exceptions import ImproperlyConfigured
 
-    from config.loop import leave
+    from config.process import leave
 
     try:
         execute_from_command_line(sys.argv)
@@ -29,7 +29,7 @@ def main():
         if exit.code is not None and not isinstance(exit.code, int):
             print(exit.code, file=sys.stderr)
         leave(exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1))
-    # Done and said: Python's own finalisation of Django takes a second or more (config/loop.py).
+    # Done and said: Python's own finalisation of Django takes a second or more (config/process.py).
     leave(0)
 
 

@@ -1,14 +1,12 @@
-"""daphne on the chosen event loop (config/loop.py): ``python -m config.web [daphne's arguments]``."""
+"""daphne, ending at once when it has stopped: ``python -m config.web [daphne's arguments]``."""
 
-from config.loop import choose, leave
+from daphne.cli import CommandLineInterface
 
-choose()  # before daphne.server makes its loop
-
-from daphne.cli import CommandLineInterface  # noqa: E402
+from config.process import leave
 
 if __name__ == "__main__":
     try:
         CommandLineInterface.entrypoint()
     except SystemExit as exit:  # a usage error: its status, as daphne's own command would
         leave(exit.code if isinstance(exit.code, int) else 1)
-    leave(0)  # the reactor has stopped: skip Python's slow finalisation (config/loop.py)
+    leave(0)  # the reactor has stopped: skip Python's slow finalisation (config/process.py)

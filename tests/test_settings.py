@@ -151,11 +151,3 @@ def test_production_mode_requires_allowed_hosts(tmp_path):
         assert result.returncode != 0
         assert "ALLOWED_HOSTS must be set when TETHER_MODE=production" in _last_line(result)
     assert _check(tmp_path, SECRET_KEY=secret).returncode == 0  # embedded keeps its loopback default
-
-
-@pytest.mark.parametrize("command", [["-m", "config.web", "config.asgi:application"], ["manage.py", "terminal_worker"]])
-def test_an_unknown_event_loop_stops_web_and_worker_at_start_saying_what_is_allowed(command):
-    environ = {**os.environ, "TETHER_EVENT_LOOP": "trio"}
-    done = subprocess.run([sys.executable, *command], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0
-    assert "TETHER_EVENT_LOOP must be one of uvloop, asyncio, not 'trio'" in done.stderr

@@ -24,13 +24,11 @@ class Command(BaseCommand):
         parser.add_argument("--no-worker", action="store_true", help="serve only; workers run elsewhere")
 
     def handle(self, *args, **options):
-        from config.loop import choose, leave
-
-        choose()  # uvloop (or asyncio's own) under the reactor daphne installs next
         from daphne.server import Server, twisted_loop  # installs the asyncio reactor first
         from twisted.internet import defer, reactor
 
         from config.asgi import application
+        from config.process import leave
         from terminals.worker import OwnerWorker
 
         if not Machine.objects.exists():
@@ -64,4 +62,4 @@ class Command(BaseCommand):
         self.stdout.flush()
         # websocket_timeout=-1: terminals are not cut off after daphne's default 24 hours.
         Server(application=application, endpoints=[endpoint], websocket_timeout=-1, signal_handlers=True).run()
-        leave(0)  # the reactor stopped and the worker with it (see config/loop.py)
+        leave(0)  # the reactor stopped and the worker with it (see config/process.py)
