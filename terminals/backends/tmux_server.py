@@ -126,7 +126,10 @@ class TmuxServer:
         path = self.turn_path()
         with contextlib.suppress(OSError):  # tmux makes this directory (0700) with its first server
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as error:  # where tmux itself could not keep its socket either
+            raise BackendError(f"cannot take a turn on tmux socket {self.socket}: {error}") from None
         try:
             delay = 0.001
             while True:
