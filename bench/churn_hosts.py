@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import sync_to_async
@@ -29,13 +30,10 @@ def _why_not_started(session_pks: list[str]) -> list[str]:
     """What the worker recorded for shells that did not start: each distinct reason, with how often."""
     from executions.models import Evidence, ExecutionEvent
 
-    reasons: dict[str, int] = {}
     events = ExecutionEvent.objects.filter(
         execution__terminal_session__pk__in=session_pks, evidence=Evidence.SPAWN_FAILED
     ).values_list("reason", flat=True)
-    for reason in events:
-        reasons[reason[:200]] = reasons.get(reason[:200], 0) + 1
-    return [f"{n}x {reason}" for reason, n in sorted(reasons.items(), key=lambda item: -item[1])]
+    return [f"{n}x {reason}" for reason, n in Counter(reason[:200] for reason in events).most_common()]
 
 
 def _resolve_if_unknown(session_pk) -> str:
