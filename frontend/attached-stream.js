@@ -9,6 +9,11 @@ import { markerLine, showLoss } from "./screen.js";
 import { StoredPosition } from "./stored.js";
 
 const ACK_EVERY_BYTES = 64 * 1024; // well inside the worker's flow window (TETHER_FLOW_HIGH_BYTES)
+// Everything drawn but less than ACK_EVERY_BYTES new: the ack waits this long for company. A keystroke's
+// echo is then not followed by an ack the next keystroke must queue behind, and a burst of small draws
+// (an editor redrawing) costs one ack, not one each. The flow window is far larger than what arrives in
+// this time unless output is heavy, and heavy output is acked every ACK_EVERY_BYTES at once.
+const ACK_IDLE_MS = 25;
 
 export class AttachedStream {
   // send(message): on the current socket. grid(): the terminal's {cols, rows}. onSettled(): the replay
@@ -23,6 +28,7 @@ export class AttachedStream {
     this.generation = null;
     this.epoch = null; // the owner's stream our offsets count in; it changes when a new worker adopts the shell
     this.lastAck = 0;
+    this.ackTimer = null;
     this.replay = new ReplayWatch(screen, () => this.replaySettled());
     this.newSocket();
   }
@@ -39,6 +45,8 @@ export class AttachedStream {
   stop() {
     this.live = false;
     this.replay.stop();
+    clearTimeout(this.ackTimer);
+    this.ackTimer = null;
   }
 
   // An attach (or take-over) from what is on screen; a fresh page (or a reset) asks for the whole buffer.
@@ -94,12 +102,12 @@ export class AttachedStream {
     showLoss(this.screen, message);
     if (this.confirming) {
       this.confirming = false;
-      this.rendered();
+      this.rendered({ now: true });
       return false;
     }
     this.live = true;
     this.replay.begin(message.end);
-    this.rendered();
+    this.rendered({ now: true });
     this.persist();
     return true;
   }
@@ -149,17 +157,26 @@ export class AttachedStream {
     this.persist();
   }
 
-  // Called whenever xterm drew something: ack every 64 KiB, and whenever everything received is drawn.
-  rendered() {
+  // Called whenever xterm drew something: ack every 64 KiB at once, and ACK_IDLE_MS after everything
+  // received is drawn (`now`: at once, as after an attach, where the worker's window starts again).
+  rendered({ now = false } = {}) {
     this.replay.check();
     if (!this.live) return;
-    const rendered = this.screen.rendered;
-    const drained = this.screen.pending === 0;
-    if (rendered - this.lastAck >= ACK_EVERY_BYTES || (drained && rendered > this.lastAck)) {
-      this.send({ type: "ack", offset: rendered });
-      this.lastAck = rendered;
-      this.persist();
+    const behind = this.screen.rendered - this.lastAck;
+    if (behind >= ACK_EVERY_BYTES || (now && behind > 0)) this.ack();
+    else if (behind > 0 && this.screen.pending === 0 && this.ackTimer === null) {
+      this.ackTimer = setTimeout(() => this.ack(), ACK_IDLE_MS);
     }
+  }
+
+  ack() {
+    clearTimeout(this.ackTimer);
+    this.ackTimer = null;
+    const rendered = this.screen.rendered;
+    if (!this.live || rendered <= this.lastAck) return;
+    this.send({ type: "ack", offset: rendered });
+    this.lastAck = rendered;
+    this.persist();
   }
 
   persist() {

@@ -52,6 +52,10 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+# How the page acknowledges what it drew (frontend/attached-stream.js): at once every 64 KiB, else a moment
+# after the last draw.
+ACK_EVERY_BYTES = 64 * 1024
+ACK_IDLE_SECONDS = 0.025
 TEST_IMAGE = "tether/busybox:test"  # built locally by scripts/ensure-services.sh
 # Recordings the test servers save (tests/conftest.py points this process's recordings storage here too).
 RECORDINGS_DIR = os.environ.setdefault("TETHER_RECORDINGS_DIR", f"/tmp/tether-test-recordings-{os.getuid()}")
@@ -294,6 +298,7 @@ class Viewer:
         self.offset = 0
         self.auto_ack = True  # acknowledge rendered output like the page does; False plays a stalled browser
         self.acked = 0
+        self.ack_soon: asyncio.Task | None = None
 
     @classmethod
     async def open(
@@ -326,6 +331,22 @@ class Viewer:
         self.acked = self.offset
         await self.send_json({"type": "ack", "offset": self.offset})
 
+    async def _acknowledge(self, *, idle: bool = False) -> None:
+        """As the page acks (frontend/attached-stream.js): every ACK_EVERY_BYTES at once, and what is
+        left ACK_IDLE_SECONDS after it was drawn."""
+        if idle:
+            await asyncio.sleep(ACK_IDLE_SECONDS)
+            self.ack_soon = None
+        elif self.offset - self.acked < ACK_EVERY_BYTES:
+            if self.ack_soon is None:
+                self.ack_soon = asyncio.create_task(self._acknowledge(idle=True))
+            return
+        if self.auto_ack and self.offset > self.acked:
+            try:
+                await self.ack()
+            except ConnectionClosed:
+                pass  # closing: what the server said before it (superseded, exit) is still to be read
+
     async def send_json(self, message: dict) -> None:
         await self.ws.send(json.dumps(message))
 
@@ -338,10 +359,7 @@ class Viewer:
             self.output += frame
             self.offset += len(frame)
             if self.auto_ack:  # this client renders at once, so everything received is rendered
-                try:
-                    await self.ack()
-                except ConnectionClosed:
-                    pass  # closing: what the server said before it (superseded, exit) is still to be read
+                await self._acknowledge()
         else:
             message = json.loads(frame)
             self.messages.append(message)
@@ -400,6 +418,8 @@ class Viewer:
             return closed.rcvd.code if closed.rcvd else 1006  # no close frame came: abnormal closure
 
     async def close(self) -> None:
+        if self.ack_soon is not None:
+            self.ack_soon.cancel()
         await self.ws.close()
 
 
