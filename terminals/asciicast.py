@@ -41,12 +41,9 @@ class EventLog:
     output_bytes: int = 0
     truncated_at: int | None = None
     pending: list[bytes] = field(default_factory=list)
+    pending_bytes: int = 0  # of ``pending``, kept as lines come and go (asked at every output)
     new_markers: list[list] = field(default_factory=list)
     _decoder: codecs.IncrementalDecoder = field(default_factory=lambda: UTF8("replace"))
-
-    @property
-    def pending_bytes(self) -> int:
-        return sum(len(line) for line in self.pending)
 
     @property
     def cut(self) -> bool:
@@ -56,9 +53,13 @@ class EventLog:
         line = event_line(at, code, data)
         if bounded and self.size + len(line) > self.limit:
             return False
-        self.pending.append(line)
+        self._pend(line)
         self.size += len(line)
         return True
+
+    def _pend(self, line: bytes) -> None:
+        self.pending.append(line)
+        self.pending_bytes += len(line)
 
     def output(self, stream: int, offset: int, data: bytes, at: float) -> None:
         if self.cut:
@@ -85,7 +86,7 @@ class EventLog:
     def _cut_at(self, offset: int, at: float) -> None:
         self.truncated_at = offset
         label = f"recording cut here: its size bound ({self.limit} bytes) was reached at output offset {offset}"
-        self.pending.append(f"# {label}; the session went on unrecorded\n".encode())
+        self._pend(f"# {label}; the session went on unrecorded\n".encode())
         self.marker(label, at, bounded=False)
 
     def input(self, data: bytes, at: float) -> None:
@@ -125,12 +126,13 @@ class EventLog:
             output_bytes=self.output_bytes - unfinished,
             truncated_at=self.truncated_at,
         )
-        self.pending, self.new_markers = [], []
+        self.pending, self.pending_bytes, self.new_markers = [], 0, []
         return taken
 
     def give_back(self, taken: Taken) -> None:
         """Lines that could not be written yet go out with the next write."""
         self.pending.insert(0, taken.lines)
+        self.pending_bytes += len(taken.lines)
         self.new_markers[:0] = taken.markers
 
 
