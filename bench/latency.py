@@ -10,19 +10,21 @@ import time
 
 from asgiref.sync import sync_to_async
 
-from bench.common import ROOT, Figure, summary, unique
+from bench.common import ROOT, Figure, cpu_seconds, summary, unique
 from bench.sessions import (
     MIB,
     RAW_CAT,
     Context,
     close_all,
     close_session,
+    daphne_pid,
     echo_latency,
     machine_for,
     open_session,
     raw_echo_latency,
     terminado_echo_summary,
     terminal_for,
+    worker_pid,
 )
 
 
@@ -72,7 +74,10 @@ async def bench_echo(ctx: Context) -> None:
     viewer, session = await open_session(ctx, RAW_CAT)
     await viewer.read_until(b"READY")
     await echo_latency(viewer, 50)  # warm up
+    processes = {"daphne": daphne_pid(ctx), "worker": worker_pid(ctx), "Redis": _redis_pid(ctx.stack.redis_url)}
+    before = {name: cpu_seconds(pid) for name, pid in processes.items()}
     idle = summary(await echo_latency(viewer, samples))
+    cpu = {name: (cpu_seconds(pid) - before[name]) * 1000 / samples for name, pid in processes.items()}
     for p, goal in (("p50", 2), ("p95", None), ("p99", 2)):
         ctx.report.add(
             Figure(
@@ -86,9 +91,36 @@ async def bench_echo(ctx: Context) -> None:
                 note=f"raw PTY {baseline[p]:.3f} ms",
             )
         )
-    # Loaded: other sessions each streaming about 1 MB/s to their own viewers. The full run steps up to
-    # the issue's 100, so the point where their demand passes what this machine can move shows.
-    for count in (10,) if ctx.quick else (10, 25, 50, 100):
+    # Where an echo's time goes: the CPU each process spends per keystroke, against terminado's one process.
+    ctx.report.add(
+        Figure(
+            "CPU per keystroke echo, idle: daphne + worker + Redis ("
+            + ", ".join(f"{name} {ms:.3f}" for name, ms in cpu.items())
+            + " ms)",
+            sum(cpu.values()),
+            "ms",
+            ctx.peers["echo_cpu"].get("terminado"),
+            "terminado's server",
+        )
+    )
+    await viewer.close()
+    await close_session(session)
+
+
+def _redis_pid(url: str) -> int:
+    import redis
+
+    return int(redis.Redis.from_url(url).info("server")["process_id"])
+
+
+async def bench_echo_loaded(ctx: Context) -> None:
+    """Echo while other sessions each stream about 1 MB/s to their own viewers. The full run steps up to
+    the issue's 100, so the point where their demand passes what this machine can move shows."""
+    peer = await terminado_echo_summary(ctx, 1000 if ctx.quick else 5000)
+    viewer, session = await open_session(ctx, RAW_CAT)
+    await viewer.read_until(b"READY")
+    await echo_latency(viewer, 50)  # warm up
+    for count in (10, 25) if ctx.quick else (10, 25, 50, 100):
         await _loaded_echo(ctx, viewer, count, 500 if ctx.quick else 1000, peer)
     await viewer.close()
     await close_session(session)

@@ -30,7 +30,8 @@ async def terminado_echo_summary(ctx: Context, samples: int) -> dict[str, float]
     from bench.terminado_peer import terminado_echo
 
     if "echo" not in ctx.peers:
-        ctx.peers["echo"] = summary(await terminado_echo(RAW_CAT, samples))
+        ctx.peers["echo_cpu"] = {}
+        ctx.peers["echo"] = summary(await terminado_echo(RAW_CAT, samples, ctx.peers["echo_cpu"]))
     return ctx.peers["echo"]
 
 

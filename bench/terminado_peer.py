@@ -111,8 +111,11 @@ class TerminadoClient:
         await self.ws.close()
 
 
-async def terminado_echo(argv: list[str], samples: int) -> list[float]:
-    """Keystroke to echo through terminado, timed as the benchmarks time Tether's (one byte, until it is back)."""
+async def terminado_echo(argv: list[str], samples: int, cpu: dict | None = None) -> list[float]:
+    """Keystroke to echo through terminado, timed as the benchmarks time Tether's (one byte, until it is back).
+    ``cpu``, when given, gets the server's CPU milliseconds per echo (``"terminado"``)."""
+    from bench.common import cpu_seconds
+
     with Terminado(argv) as server:
         client = await server.open()
         try:
@@ -121,12 +124,16 @@ async def terminado_echo(argv: list[str], samples: int) -> list[float]:
             letters = b"abcdefghijklmnopqrstuvwxyz"
             for i in range(samples + 50):
                 byte = letters[i % 26 : i % 26 + 1]
+                if i == 50:
+                    cpu_before = cpu_seconds(server.pid)
                 began = time.perf_counter()
                 await client.type(byte)
                 while byte not in await client.frame():
                     pass
                 if i >= 50:  # the first 50 warm up, as for Tether
                     times.append((time.perf_counter() - began) * 1000)
+            if cpu is not None:
+                cpu["terminado"] = (cpu_seconds(server.pid) - cpu_before) * 1000 / samples
             return times
         finally:
             await client.close()
