@@ -9,10 +9,11 @@ import { markerLine, showLoss } from "./screen.js";
 import { StoredPosition } from "./stored.js";
 
 const ACK_EVERY_BYTES = 64 * 1024; // well inside the worker's flow window (TETHER_FLOW_HIGH_BYTES)
-// Everything drawn but less than ACK_EVERY_BYTES new: the ack waits this long for company. A keystroke's
-// echo is then not followed by an ack the next keystroke must queue behind, and a burst of small draws
-// (an editor redrawing) costs one ack, not one each. The flow window is far larger than what arrives in
-// this time unless output is heavy, and heavy output is acked every ACK_EVERY_BYTES at once.
+// Everything drawn: acked at once from ACK_DRAINED_BYTES new (the smallest flow window a worker gives a
+// session streaming beside others is 4 KiB, so a stream that filled its window is never kept waiting);
+// less than that (a keystroke's echo, a prompt) waits ACK_IDLE_MS for company. The echo is then not
+// followed by an ack the next keystroke must queue behind, and a burst of small draws costs one ack.
+const ACK_DRAINED_BYTES = 4 * 1024;
 const ACK_IDLE_MS = 25;
 
 export class AttachedStream {
@@ -157,16 +158,16 @@ export class AttachedStream {
     this.persist();
   }
 
-  // Called whenever xterm drew something: ack every 64 KiB at once, and ACK_IDLE_MS after everything
-  // received is drawn (`now`: at once, as after an attach, where the worker's window starts again).
+  // Called whenever xterm drew something: ack every 64 KiB, and whenever everything received is drawn
+  // (a little later when that is only a few bytes; `now`: at once, as after an attach, where the
+  // worker's window starts again).
   rendered({ now = false } = {}) {
     this.replay.check();
     if (!this.live) return;
     const behind = this.screen.rendered - this.lastAck;
-    if (behind >= ACK_EVERY_BYTES || (now && behind > 0)) this.ack();
-    else if (behind > 0 && this.screen.pending === 0 && this.ackTimer === null) {
-      this.ackTimer = setTimeout(() => this.ack(), ACK_IDLE_MS);
-    }
+    const drained = this.screen.pending === 0;
+    if (behind >= ACK_EVERY_BYTES || (behind > 0 && (now || (drained && behind >= ACK_DRAINED_BYTES)))) this.ack();
+    else if (behind > 0 && drained && this.ackTimer === null) this.ackTimer = setTimeout(() => this.ack(), ACK_IDLE_MS);
   }
 
   ack() {

@@ -52,9 +52,9 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-# How the page acknowledges what it drew (frontend/attached-stream.js): at once every 64 KiB, else a moment
-# after the last draw.
-ACK_EVERY_BYTES = 64 * 1024
+# How the page acknowledges what it drew (frontend/attached-stream.js): at once from 4 KiB new (this client
+# draws everything at once), a moment after the last draw when that is less.
+ACK_DRAINED_BYTES = 4 * 1024
 ACK_IDLE_SECONDS = 0.025
 TEST_IMAGE = "tether/busybox:test"  # built locally by scripts/ensure-services.sh
 # Recordings the test servers save (tests/conftest.py points this process's recordings storage here too).
@@ -332,12 +332,12 @@ class Viewer:
         await self.send_json({"type": "ack", "offset": self.offset})
 
     async def _acknowledge(self, *, idle: bool = False) -> None:
-        """As the page acks (frontend/attached-stream.js): every ACK_EVERY_BYTES at once, and what is
-        left ACK_IDLE_SECONDS after it was drawn."""
+        """As the page acks (frontend/attached-stream.js): at once from ACK_DRAINED_BYTES, a few bytes
+        ACK_IDLE_SECONDS after they were drawn."""
         if idle:
             await asyncio.sleep(ACK_IDLE_SECONDS)
             self.ack_soon = None
-        elif self.offset - self.acked < ACK_EVERY_BYTES:
+        elif self.offset - self.acked < ACK_DRAINED_BYTES:
             if self.ack_soon is None:
                 self.ack_soon = asyncio.create_task(self._acknowledge(idle=True))
             return
