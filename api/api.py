@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from functools import wraps
 
+from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.openapi.docs import Swagger
+from ninja.security import HttpBearer
 
-from api.auth import TokenAuth, bearer_of, usable
+from api.auth import bearer_of, check_rate, usable
+from api.models import ApiToken
 from api.problems import ApiProblem, problem_response
-from api.tokens import find_token
+from api.tokens import find_token, note_used
 from executions.errors import IdentityConflict, NotFound, Refused, SlotTaken, TransitionRefused, UsageError
 from terminals.resolution import ResolveRefused
 
@@ -31,6 +35,33 @@ def signed_in_or_token(view):
     return guarded
 
 
+class TokenAuth(HttpBearer):
+    """The bearer token of every API call (api/auth.py says when one is refused)."""
+
+    def __call__(self, request):
+        if not (raw := bearer_of(request)):
+            raise ApiProblem("unauthenticated", "send the header Authorization: Bearer tether_…")
+        return self.authenticate(request, raw)
+
+    def authenticate(self, request, token: str) -> ApiToken:
+        found = find_token(token)
+        request.api_token = found  # known (even revoked): its call is audited
+        if problem := usable(found):
+            raise problem
+        check_rate(found)
+        note_used(found)
+        request.user = found.user
+        return found
+
+
+class OwnSwagger(Swagger):
+    """ninja's Swagger page with its script and styles from Tether's static files. ninja is not an installed
+    app (config/settings.py), and without one it would render the page that loads them from a CDN: its page
+    for that case is given ninja's own template, which the template engine and static files find."""
+
+    template_cdn = str(settings.NINJA_DIR / "templates" / "ninja" / "swagger.html")
+
+
 api = NinjaAPI(
     title="Tether API",
     version="1",
@@ -40,6 +71,7 @@ api = NinjaAPI(
     ),
     auth=TokenAuth(),
     urls_namespace="api",
+    docs=OwnSwagger(),
     docs_decorator=signed_in_or_token,
 )
 

@@ -1,5 +1,6 @@
 """Who calls: the bearer token (its user, its scopes), refused with a problem when it cannot be used, and
-counted against the token's rate limit."""
+counted against the token's rate limit. Free of django-ninja, so the WebSocket side (api/ws.py) loads without it;
+the API's own ``TokenAuth`` is in api/api.py."""
 
 from __future__ import annotations
 
@@ -9,11 +10,9 @@ import time
 
 from django.conf import settings
 from django.core.cache import cache
-from ninja.security import HttpBearer
 
 from api.models import ApiToken
 from api.problems import ApiProblem
-from api.tokens import find_token, note_used
 
 log = logging.getLogger(__name__)
 
@@ -52,23 +51,6 @@ def bearer_of(request) -> str:
     """The request's bearer token, "" when it sends none."""
     scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
     return raw.strip() if scheme.lower() == "bearer" else ""
-
-
-class TokenAuth(HttpBearer):
-    def __call__(self, request):
-        if not (raw := bearer_of(request)):
-            raise ApiProblem("unauthenticated", "send the header Authorization: Bearer tether_…")
-        return self.authenticate(request, raw)
-
-    def authenticate(self, request, token: str) -> ApiToken:
-        found = find_token(token)
-        request.api_token = found  # known (even revoked): its call is audited
-        if problem := usable(found):
-            raise problem
-        check_rate(found)
-        note_used(found)
-        request.user = found.user
-        return found
 
 
 def need(request, scope: str) -> ApiToken:

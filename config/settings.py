@@ -1,5 +1,6 @@
 """Tether settings. Every knob comes from the environment; see README "Configuration"."""
 
+import importlib.util
 import socket
 from pathlib import Path
 
@@ -32,6 +33,10 @@ DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = allowed_hosts(required=PRODUCTION, default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
+# Not "ninja" either: installing it imported django-ninja, pydantic and django.test into every process at
+# set-up (0.25 s of each worker's, daphne's and management command's start). Only its templates and static
+# files (the API docs page) are needed, found where it is installed without importing it.
+NINJA_DIR = Path(importlib.util.find_spec("ninja").submodule_search_locations[0])
 # Not "daphne": its app only swaps runserver for an ASGI one (tether_serve and `python -m daphne` serve), and
 # installing it imported daphne's server and Twisted's reactor into every process (0.5 s a management command).
 INSTALLED_APPS = [
@@ -43,7 +48,6 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
-    "ninja",
     "executions",
     "terminals",
     "api",
@@ -66,7 +70,7 @@ ROOT_URLCONF = "config.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [BASE_DIR / "templates", NINJA_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -157,7 +161,7 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [BASE_DIR / "static", NINJA_DIR / "static"]
 STATIC_ROOT = Path(env_str("TETHER_STATIC_ROOT", "") or DATA_DIR / "staticfiles")
 # The embedded mode serves the source folders from daphne itself (nothing to collect). In production WhiteNoise
 # serves what `manage.py collectstatic` gathered into STATIC_ROOT, compressed, under content-hashed names that

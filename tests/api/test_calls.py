@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.contrib.staticfiles import finders
 from django.test import Client
 from django.utils import timezone
 
@@ -204,6 +206,10 @@ def test_the_schema_and_the_docs_are_served_to_people_signed_in_and_to_tokens(al
     assert {"/api/v1/executions", "/api/v1/executions/{pk}/output", "/api/v1/terminals/{session_id}/input"} <= paths
     docs = client.get("/api/v1/docs")
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()
+    # Its script and styles are Tether's own static files (served by WhiteNoise in production), not a CDN's.
+    assets = re.findall(r'(?:src|href)="/static/([^"?]+)', docs.content.decode())
+    assert any(asset.endswith("swagger-ui-bundle.js") for asset in assets), assets
+    assert all(finders.find(asset) for asset in assets), assets
 
 
 def test_the_tokens_page_shows_a_new_token_once_and_revokes_only_your_own(alice, bob):
