@@ -24,11 +24,13 @@ class Owner:
     execution: int
 
 
-def _unreleased_started_lease(execution_pk: int):
+def _unreleased_started_lease(execution_pk: int, *, with_machine: bool = False):
     """The execution's unreleased lease for a started process (its handle set), with whether it has expired
-    on the database clock: one read for both questions a viewer asks (who answers, or why nobody does)."""
+    on the database clock: one read for both questions a viewer asks (who answers, or why nobody does: that
+    sentence names the machine's host, ``with_machine``)."""
+    related = ("worker", "execution__machine") if with_machine else ("worker",)
     return (
-        ProcessLease.objects.select_related("worker", "execution__machine")
+        ProcessLease.objects.select_related(*related)
         .filter(execution_id=execution_pk, released_at__isnull=True)
         .exclude(handle={})
         .annotate(expired=ExpressionWrapper(lease_expired(), output_field=BooleanField()))
@@ -67,7 +69,7 @@ def owner_of_execution(execution_pk: int) -> Owner | None:
 def owner_or_lost(execution_pk: int) -> tuple[Owner | None, str]:
     """Who answers for the execution's process, or, when nobody does because its worker stopped beating,
     why (for the page): both from one read of its lease."""
-    lease = _unreleased_started_lease(execution_pk)
+    lease = _unreleased_started_lease(execution_pk, with_machine=True)
     return _owner(lease), _lost(lease)
 
 
