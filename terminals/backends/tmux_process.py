@@ -4,7 +4,6 @@ input as ``send-keys -H``, and the terminal stopped while nobody reads (see term
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import termios
@@ -200,16 +199,18 @@ class TmuxProcess(Process):
         await self._drain()
 
     async def resize(self, cols: int, rows: int) -> None:
-        """Returns once tmux has resized the window, so a snapshot taken next is of the new grid."""
-        done = asyncio.get_running_loop().create_future()
-        async with self._server.turn():  # a window's layout changed: a notification, until its reply
-            self._send(
-                f"resize-window -t {self._pane} -x {int(cols)} -y {int(rows)}",
-                lambda reply: done.done() or done.set_result(reply),
+        """Returns once tmux has resized the window, so a snapshot taken next is of the new grid.
+
+        A command of its own, in a shared turn (a window's layout changing is a notification), not a line
+        to the control client: there its reply comes in line with the output, which the pump does not read
+        while flow control holds this shell back, and the turn (and any control client attaching on this
+        socket) would wait that long."""
+        async with self._server.turn():
+            code, _, err = await self._server.run(
+                "resize-window", "-t", self._pane, "-x", str(int(cols)), "-y", str(int(rows)), timeout=5
             )
-            await self._drain()
-            with contextlib.suppress(TimeoutError):  # the reply comes in line with output the pump reads
-                await asyncio.wait_for(asyncio.shield(done), 2)
+        if code != 0:
+            log.info("tmux pane %s was not resized to %sx%s: %s", self._pane, cols, rows, err.strip())
 
     async def _drain(self) -> None:
         try:

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -364,6 +365,30 @@ async def test_a_stalled_reader_keeps_the_tmux_server_small(backend, tmux_socket
         await read_until(process, line * 2)
     finally:
         await process.terminate(grace=0.5)
+
+
+async def test_a_resize_while_the_reader_is_stalled_is_done_at_once_and_holds_nobody_up(backend, tmux_socket):
+    """A shell whose viewer is away (nothing reads it) is resized, and another shell opens on the socket
+    meanwhile: neither waits for the stalled stream (a resize used to hold its turn on the socket until its
+    reply came in line with that output, 2 s)."""
+    line = b"x" * 200 + b"\r\n"
+    process = await backend.spawn(SpawnSpec(argv=("yes", "x" * 200)), make_tags())
+    other = None
+    try:
+        await read_until(process, line * 2)
+        await asyncio.sleep(1)  # nothing read: the stream is held back
+        began = time.monotonic()
+        resizing = asyncio.ensure_future(process.resize(100, 30))
+        other = await backend.spawn(SpawnSpec(argv=("/bin/sh", "-c", "echo up; exec sleep 1000")), make_tags())
+        await resizing
+        assert time.monotonic() - began < 1.5
+        size = tmux(tmux_socket, "display", "-p", "-t", process.handle["pane"], "#{pane_width}x#{pane_height}")
+        assert size.strip() == "100x30"
+        await read_until(other, b"up")
+    finally:
+        await process.terminate(grace=0.5)
+        if other is not None:
+            await other.terminate(grace=0.5)
 
 
 async def test_owner_tags_are_the_user_options_named_in_the_issue(backend, tmux_socket):
