@@ -91,7 +91,9 @@ def _store_chunk(recording_pk: int, number: int, lines: bytes) -> None:
     import psycopg
 
     table = connection.ops.quote_name(RecordingChunk._meta.db_table)
-    with psycopg.Cursor(connection.connection) as cursor:  # binds on the server; ``%b``: sent as binary
+    # Binds on the server (``%b``: sent as binary), in Django's transaction; its errors raised as Django's,
+    # so that a database outage is known for one (owner/context.py DB_OUTAGE) and the chunk written again.
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(
             f"INSERT INTO {table} (recording_id, number, data, written_at) VALUES (%s, %s, %b, now())",
             [recording_pk, number, lines],

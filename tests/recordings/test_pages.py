@@ -188,3 +188,17 @@ def test_a_recording_is_shared_once_its_shell_has_ended(alice):
         actions.create_share_link(alice, session, recording=recording)
     panel = logged_in(alice).get(f"/terminals/{session.id}/shares/")
     assert b"the recording of generation" not in panel.content  # not offered either
+
+
+def test_a_chunk_the_database_refuses_is_refused_as_a_database_error_the_worker_knows(recorded):
+    """Chunks are written with psycopg's own cursor (binary, terminals/actions/recordings.py); its errors must
+    still be Django's, or the worker would take a database outage on the last write for a chunk written and
+    finish the file without it (owner/context.py DB_OUTAGE lists Django's errors)."""
+    from django.db import IntegrityError, transaction
+
+    from terminals.actions.recordings import _store_chunk
+
+    _store_chunk(recorded.pk, 5, b"once\n")
+    assert RecordingChunk.objects.get(recording=recorded, number=5).data == b"once\n"
+    with pytest.raises(IntegrityError), transaction.atomic():
+        _store_chunk(recorded.pk, 5, b"twice\n")  # one chunk per number
