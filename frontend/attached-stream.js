@@ -7,14 +7,9 @@
 import { ReplayWatch } from "./replay.js";
 import { markerLine, showLoss } from "./screen.js";
 import { StoredPosition } from "./stored.js";
+import { ACK_AT_ONCE_BYTES, ACK_IDLE_MS } from "./wire.js";
 
 const ACK_EVERY_BYTES = 64 * 1024; // well inside the worker's flow window (TETHER_FLOW_HIGH_BYTES)
-// Everything drawn: acked at once from ACK_DRAINED_BYTES new (the smallest flow window a worker gives a
-// session streaming beside others is 4 KiB, so a stream that filled its window is never kept waiting);
-// less than that (a keystroke's echo, a prompt) waits ACK_IDLE_MS for company. The echo is then not
-// followed by an ack the next keystroke must queue behind, and a burst of small draws costs one ack.
-const ACK_DRAINED_BYTES = 4 * 1024;
-const ACK_IDLE_MS = 25;
 
 export class AttachedStream {
   // send(message): on the current socket. grid(): the terminal's {cols, rows}. onSettled(): the replay
@@ -159,14 +154,14 @@ export class AttachedStream {
   }
 
   // Called whenever xterm drew something: ack every 64 KiB, and whenever everything received is drawn
-  // (a little later when that is only a few bytes; `now`: at once, as after an attach, where the
-  // worker's window starts again).
+  // (ACK_IDLE_MS later when that is under ACK_AT_ONCE_BYTES, see wire.js; `now`: at once, as after an
+  // attach, where the worker's window starts again).
   rendered({ now = false } = {}) {
     this.replay.check();
     if (!this.live) return;
     const behind = this.screen.rendered - this.lastAck;
     const drained = this.screen.pending === 0;
-    if (behind >= ACK_EVERY_BYTES || (behind > 0 && (now || (drained && behind >= ACK_DRAINED_BYTES)))) this.ack();
+    if (behind >= ACK_EVERY_BYTES || (behind > 0 && (now || (drained && behind >= ACK_AT_ONCE_BYTES)))) this.ack();
     else if (behind > 0 && drained && this.ackTimer === null) this.ackTimer = setTimeout(() => this.ack(), ACK_IDLE_MS);
   }
 

@@ -2,6 +2,10 @@
 
 export const PROTOCOL_VERSION = 1;
 
+// When the page acknowledges what it drew (terminals/protocol.py says why).
+export const ACK_AT_ONCE_BYTES = 1024;
+export const ACK_IDLE_MS = 25;
+
 export const CloseCode = Object.freeze({
   PAGE_LEFT: 4000,
   SUPERSEDED: 4001,

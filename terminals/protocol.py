@@ -22,6 +22,12 @@ MAX_COLS, MAX_ROWS = 500, 200
 STRIKE_WINDOW_SECONDS = 10.0
 ATTACH_WAIT_SECONDS = 20.0
 PROTOCOL_VERSION = 1
+# The page acknowledges what it drew at once from ACK_AT_ONCE_BYTES new, and a few bytes (an echo, a prompt)
+# ACK_IDLE_MS later, with whatever came meanwhile: the echo is not followed by an ack the next key queues
+# behind. At most a third of the least flow window a worker gives a session (live.MIN_WINDOW_BYTES: a paused
+# stream resumes at a third of its window), so a stream that filled its window never waits for the timer.
+ACK_AT_ONCE_BYTES = 1024
+ACK_IDLE_MS = 25
 # Offsets fit in a JavaScript number, and in the channel layer's 64-bit integers.
 MAX_INTEGER = 2**53
 
@@ -499,6 +505,9 @@ def wire_js() -> str:
     return (
         "// Generated from terminals/protocol.py by `manage.py wire_js`: do not edit (a test compares them).\n\n"
         f"export const PROTOCOL_VERSION = {PROTOCOL_VERSION};\n\n"
+        "// When the page acknowledges what it drew (terminals/protocol.py says why).\n"
+        f"export const ACK_AT_ONCE_BYTES = {ACK_AT_ONCE_BYTES};\n"
+        f"export const ACK_IDLE_MS = {ACK_IDLE_MS};\n\n"
         f"export const CloseCode = Object.freeze({table(CloseCode)});\n\n"
         f"export const Reason = Object.freeze({table(Reason)});\n\n"
         f"export const ErrorCode = Object.freeze({table(ErrorCode)});\n\n"

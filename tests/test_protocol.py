@@ -109,3 +109,13 @@ def test_a_broken_message_is_a_protocol_error_not_a_crash():
     with pytest.raises(ProtocolError, match="integers"):
         grid({"cols": "80", "rows": 24})
     assert grid({}) is None and grid({"cols": 500, "rows": 200}) == (500, 200)
+
+
+def test_a_stream_that_filled_the_least_flow_window_is_acked_without_waiting_for_the_pages_timer():
+    """A worker resumes a paused stream once what is unacknowledged falls to a third of its window; the page
+    acks at once from ACK_AT_ONCE_BYTES (less waits ACK_IDLE_MS), so that must fit in a third of the least
+    window a session streaming beside others is given, or such a stream would stall for the timer."""
+    from terminals.live import MIN_WINDOW_BYTES
+    from terminals.protocol import ACK_AT_ONCE_BYTES
+
+    assert 3 * ACK_AT_ONCE_BYTES <= MIN_WINDOW_BYTES

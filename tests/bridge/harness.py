@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -25,6 +26,8 @@ from django.db import connection
 from django.test import Client
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
+
+from terminals.protocol import ACK_AT_ONCE_BYTES, ACK_IDLE_MS
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -52,10 +55,9 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-# How the page acknowledges what it drew (frontend/attached-stream.js): at once from 4 KiB new (this client
-# draws everything at once), a moment after the last draw when that is less.
-ACK_DRAINED_BYTES = 4 * 1024
-ACK_IDLE_SECONDS = 0.025
+# How the page acknowledges what it drew (frontend/attached-stream.js, terminals/protocol.py): at once from
+# ACK_AT_ONCE_BYTES new (this client draws everything at once), ACK_IDLE_MS after the last draw when less.
+ACK_IDLE_SECONDS = ACK_IDLE_MS / 1000
 TEST_IMAGE = "tether/busybox:test"  # built locally by scripts/ensure-services.sh
 # Recordings the test servers save (tests/conftest.py points this process's recordings storage here too).
 RECORDINGS_DIR = os.environ.setdefault("TETHER_RECORDINGS_DIR", f"/tmp/tether-test-recordings-{os.getuid()}")
@@ -332,12 +334,12 @@ class Viewer:
         await self.send_json({"type": "ack", "offset": self.offset})
 
     async def _acknowledge(self, *, idle: bool = False) -> None:
-        """As the page acks (frontend/attached-stream.js): at once from ACK_DRAINED_BYTES, a few bytes
+        """As the page acks (frontend/attached-stream.js): at once from ACK_AT_ONCE_BYTES, a few bytes
         ACK_IDLE_SECONDS after they were drawn."""
         if idle:
             await asyncio.sleep(ACK_IDLE_SECONDS)
             self.ack_soon = None
-        elif self.offset - self.acked < ACK_DRAINED_BYTES:
+        elif self.offset - self.acked < ACK_AT_ONCE_BYTES:
             if self.ack_soon is None:
                 self.ack_soon = asyncio.create_task(self._acknowledge(idle=True))
             return
@@ -415,12 +417,19 @@ class Viewer:
             while True:
                 await self._next(timeout)
         except ConnectionClosed as closed:
+            await self._stop_acking()
             return closed.rcvd.code if closed.rcvd else 1006  # no close frame came: abnormal closure
 
     async def close(self) -> None:
-        if self.ack_soon is not None:
-            self.ack_soon.cancel()
+        await self._stop_acking()
         await self.ws.close()
+
+    async def _stop_acking(self) -> None:
+        if (task := self.ack_soon) is not None:
+            self.ack_soon = None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def open_viewer(stack: Stack, terminal, user, backend: str = "local", **attach) -> tuple[Viewer, object, str]:
