@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
@@ -71,9 +72,11 @@ async def bench_echo(ctx: Context) -> None:
     samples = 1000 if ctx.quick else 5000
     baseline = summary(raw_echo_latency(samples))
     peer = await terminado_echo_summary(ctx, samples)
-    viewer, session = await open_session(ctx, RAW_CAT)
-    await viewer.read_until(b"READY")
-    await echo_latency(viewer, 50)  # warm up
+    async with echoing(ctx) as viewer:
+        await _idle_echo(ctx, viewer, samples, baseline, peer)
+
+
+async def _idle_echo(ctx: Context, viewer, samples: int, baseline: dict, peer: dict) -> None:
     processes = {"daphne": daphne_pid(ctx), "worker": worker_pid(ctx), "Redis": _redis_pid(ctx.stack.redis_url)}
     before = {name: cpu_seconds(pid) for name, pid in processes.items()}
     idle = summary(await echo_latency(viewer, samples))
@@ -103,8 +106,19 @@ async def bench_echo(ctx: Context) -> None:
             "terminado's server",
         )
     )
-    await viewer.close()
-    await close_session(session)
+
+
+@contextlib.asynccontextmanager
+async def echoing(ctx: Context):
+    """A viewer on a raw-mode ``cat`` through the full path, warmed up; its session closed after."""
+    viewer, session = await open_session(ctx, RAW_CAT)
+    try:
+        await viewer.read_until(b"READY")
+        await echo_latency(viewer, 50)  # warm up
+        yield viewer
+    finally:
+        await viewer.close()
+        await close_session(session)
 
 
 def _redis_pid(url: str) -> int:
@@ -117,13 +131,9 @@ async def bench_echo_loaded(ctx: Context) -> None:
     """Echo while other sessions each stream about 1 MB/s to their own viewers. The full run steps up to
     the issue's 100, so the point where their demand passes what this machine can move shows."""
     peer = await terminado_echo_summary(ctx, 1000 if ctx.quick else 5000)
-    viewer, session = await open_session(ctx, RAW_CAT)
-    await viewer.read_until(b"READY")
-    await echo_latency(viewer, 50)  # warm up
-    for count in (10, 25) if ctx.quick else (10, 25, 50, 100):
-        await _loaded_echo(ctx, viewer, count, 500 if ctx.quick else 1000, peer)
-    await viewer.close()
-    await close_session(session)
+    async with echoing(ctx) as viewer:
+        for count in (10, 25) if ctx.quick else (10, 25, 50, 100):
+            await _loaded_echo(ctx, viewer, count, 500 if ctx.quick else 1000, peer)
 
 
 async def _loaded_echo(ctx: Context, viewer, count: int, samples: int, idle_peer: dict) -> None:
