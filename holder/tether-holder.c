@@ -518,6 +518,26 @@ static int serve_loop(void) {
 
 /* --- starting ------------------------------------------------------------------------------------- */
 
+/* Whatever the starter was handed besides stdin, stdout and stderr (a parent's pipes or sockets left without
+   close-on-exec: uvloop's subprocesses inherit its stdio socketpairs that way) is not the holder's. Kept, it would
+   hold the starter's stdout open for as long as the holder lives, so its parent never read an end, and it would
+   reach the program. Closed here, all but `keep`, scanning /proc/self/fd until a pass finds nothing. */
+static void close_inherited(int keep) {
+    for (int closed = 1; closed;) {
+        closed = 0;
+        DIR *d = opendir("/proc/self/fd");
+        if (!d) return;
+        int fds[256], count = 0;
+        struct dirent *e;
+        while ((e = readdir(d)) && count < 256) {
+            int fd = atoi(e->d_name);
+            if (e->d_name[0] != '.' && fd > 2 && fd != keep && fd != dirfd(d)) fds[count++] = fd;
+        }
+        closedir(d);
+        for (int k = 0; k < count; k++) closed += close(fds[k]) == 0;
+    }
+}
+
 static void fail(int fd, const char *format, ...) {
     char text[512];
     va_list args;
@@ -624,6 +644,7 @@ static int serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (devnull >= 0) { dup2(devnull, 0); dup2(devnull, 1); dup2(devnull, 2); }
+    close_inherited(ready[1]);
 
     ring = malloc(ring_size);
     if (!ring) fail(ready[1], "error no memory for a ring of %zu bytes\n", ring_size);

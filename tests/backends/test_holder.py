@@ -9,6 +9,7 @@ import json
 import os
 import random
 import secrets
+import select
 import signal
 import socket
 import stat
@@ -198,58 +199,45 @@ def test_the_end_is_recorded_as_the_program_ended_and_a_sigkill_is_never_exit_13
         end(holder)
 
 
-def test_thousands_of_malformed_frames_leave_the_program_running_and_a_proper_attach_works(binary):
-    place, secret, holder = start(binary, "/bin/sh")
-    rng = random.Random(17)
+def test_descriptors_its_starter_inherited_are_kept_by_neither_the_holder_nor_the_program(binary):
+    """A parent that leaves a pipe inheritable (uvloop's subprocesses get their stdio socketpairs that way)
+    still reads the holder's answer to its end: the holder keeps no descriptor it was not given for itself,
+    so the starter's stdout reaches EOF, and the shell never sees the parent's pipe (before: the starter's
+    parent waited for ever)."""
+    place = Path(HELD_DIR) / f"raw-{secrets.token_hex(6)}"
+    Path(HELD_DIR).mkdir(mode=0o700, exist_ok=True)
+    secret = secrets.token_hex(24)
+    # The starter's stdout, also passed at a second number: as uvloop (libuv) starts a subprocess.
+    out_read, out_write = os.pipe()
     try:
-        client = Raw(place)
-        *_, pid, _ = client.attach(secret)
-        client.send(Frame.INPUT, b"echo before-$$\n")
-        client.output_until(f"before-{pid}".encode())
-        bad = [
-            lambda: rng.randbytes(rng.randrange(1, 64)),  # noise
-            lambda: struct.pack(">BI", Frame.ATTACH, 0xFFFFFFFF),  # a huge length
-            lambda: struct.pack(">BI", Frame.INPUT, 2 * 1024 * 1024) + b"x" * 100,  # over the limit
-            lambda: frame(Frame.RESIZE, b"\x00\x00\x00\x00"),  # a zero grid (before an attach: refused anyway)
-            lambda: frame(Frame.ATTACH, rng.randbytes(40)),  # a guessed secret
-            lambda: frame(Frame.ATTACH, b""),  # no secret, no offset
-            lambda: frame(Frame.QUIT),  # quitting before the attach
-            lambda: struct.pack(">BI", Frame.OUTPUT, 5)[:3],  # half a header, then gone
-            lambda: frame(rng.randrange(256), rng.randbytes(rng.randrange(0, 300))),
-        ]
-        for round_ in range(3000):
-            stranger = socket.socket(socket.AF_UNIX)
-            stranger.settimeout(5)
-            while True:
-                try:
-                    stranger.connect(str(place / "sock"))
-                    break
-                except BlockingIOError:  # its backlog is full for a moment, as for any unix socket
-                    time.sleep(0.001)
-            try:
-                stranger.sendall(bad[round_ % len(bad)]())
-                if round_ % 3 == 0:
-                    stranger.shutdown(socket.SHUT_WR)  # half-closed
-            except OSError:
-                pass  # the holder dropped it first
-            stranger.close()
-        # The attached client's own bad frames drop it, and only it.
-        for payload in (frame(Frame.RESIZE, b"\x00"), frame(Frame.ACK, b"1"), frame(ord("?"), b"")):
+        starter = subprocess.Popen(
+            [str(binary), "serve", str(place), "--", "/bin/sh", "-c", "sleep 100"],
+            stdin=subprocess.PIPE,
+            stdout=out_write,
+            pass_fds=(out_write,),
+        )
+        os.close(out_write)  # from here only what the starter passed on holds it
+        starter.stdin.write(f"{secret}\n".encode())
+        starter.stdin.close()
+        out, deadline = b"", time.monotonic() + 10
+        while (ready := select.select([out_read], [], [], max(deadline - time.monotonic(), 0))[0]) and (
+            chunk := os.read(out_read, 4096)
+        ):
+            out += chunk
+        assert ready, f"the starter's stdout never ended (read so far: {out!r}): something kept it open"
+        assert starter.wait(timeout=10) == 0
+        holder = int(out.split()[1])
+        try:
             client = Raw(place)
-            client.attach(secret)
-            client.sock.sendall(payload)
-            while client.next() is not None:
-                pass
-            client.close()
-        assert ProcessIdentity.of(pid) is not None and ProcessIdentity.of(holder) is not None
-        client = Raw(place)
-        assert client.attach(secret)[3] == pid
-        client.send(Frame.RESIZE, struct.pack(">HH", 101, 37))
-        client.send(Frame.INPUT, b"stty size; echo after-$$\n")
-        seen = client.output_until(f"after-{pid}".encode())
-        assert b"37 101" in seen
+            *_, pid, _ = client.attach(secret)
+            pipe = f"pipe:[{os.fstat(out_read).st_ino}]"
+            for process in (holder, pid):
+                held = {os.readlink(f"/proc/{process}/fd/{fd}") for fd in os.listdir(f"/proc/{process}/fd")}
+                assert pipe not in held, (process, held)
+        finally:
+            end(holder)
     finally:
-        end(holder)
+        os.close(out_read)
 
 
 async def test_a_held_shell_outlives_the_process_that_started_it_and_another_attaches_to_it():
