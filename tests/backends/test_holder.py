@@ -199,6 +199,60 @@ def test_the_end_is_recorded_as_the_program_ended_and_a_sigkill_is_never_exit_13
         end(holder)
 
 
+def test_thousands_of_malformed_frames_leave_the_program_running_and_a_proper_attach_works(binary):
+    place, secret, holder = start(binary, "/bin/sh")
+    rng = random.Random(17)
+    try:
+        client = Raw(place)
+        *_, pid, _ = client.attach(secret)
+        client.send(Frame.INPUT, b"echo before-$$\n")
+        client.output_until(f"before-{pid}".encode())
+        bad = [
+            lambda: rng.randbytes(rng.randrange(1, 64)),  # noise
+            lambda: struct.pack(">BI", Frame.ATTACH, 0xFFFFFFFF),  # a huge length
+            lambda: struct.pack(">BI", Frame.INPUT, 2 * 1024 * 1024) + b"x" * 100,  # over the limit
+            lambda: frame(Frame.RESIZE, b"\x00\x00\x00\x00"),  # a zero grid (before an attach: refused anyway)
+            lambda: frame(Frame.ATTACH, rng.randbytes(40)),  # a guessed secret
+            lambda: frame(Frame.ATTACH, b""),  # no secret, no offset
+            lambda: frame(Frame.QUIT),  # quitting before the attach
+            lambda: struct.pack(">BI", Frame.OUTPUT, 5)[:3],  # half a header, then gone
+            lambda: frame(rng.randrange(256), rng.randbytes(rng.randrange(0, 300))),
+        ]
+        for round_ in range(3000):
+            stranger = socket.socket(socket.AF_UNIX)
+            stranger.settimeout(5)
+            while True:
+                try:
+                    stranger.connect(str(place / "sock"))
+                    break
+                except BlockingIOError:  # its backlog is full for a moment, as for any unix socket
+                    time.sleep(0.001)
+            try:
+                stranger.sendall(bad[round_ % len(bad)]())
+                if round_ % 3 == 0:
+                    stranger.shutdown(socket.SHUT_WR)  # half-closed
+            except OSError:
+                pass  # the holder dropped it first
+            stranger.close()
+        # The attached client's own bad frames drop it, and only it.
+        for payload in (frame(Frame.RESIZE, b"\x00"), frame(Frame.ACK, b"1"), frame(ord("?"), b"")):
+            client = Raw(place)
+            client.attach(secret)
+            client.sock.sendall(payload)
+            while client.next() is not None:
+                pass
+            client.close()
+        assert ProcessIdentity.of(pid) is not None and ProcessIdentity.of(holder) is not None
+        client = Raw(place)
+        assert client.attach(secret)[3] == pid
+        client.send(Frame.RESIZE, struct.pack(">HH", 101, 37))
+        client.send(Frame.INPUT, b"stty size; echo after-$$\n")
+        seen = client.output_until(f"after-{pid}".encode())
+        assert b"37 101" in seen
+    finally:
+        end(holder)
+
+
 def test_descriptors_its_starter_inherited_are_kept_by_neither_the_holder_nor_the_program(binary):
     """A parent that leaves a pipe inheritable (uvloop's subprocesses get their stdio socketpairs that way)
     still reads the holder's answer to its end: the holder keeps no descriptor it was not given for itself,
