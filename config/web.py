@@ -1,8 +1,12 @@
-"""daphne, ending at once when it has stopped: ``python -m config.web [daphne's arguments]``."""
+"""daphne on the chosen event loop (config/loop.py), ending at once when it has stopped:
+``python -m config.web [daphne's arguments]``."""
 
-from daphne.cli import CommandLineInterface
-
+from config.loop import choose
 from config.process import leave
+
+choose()  # before daphne.server makes its loop
+
+from daphne.cli import CommandLineInterface  # noqa: E402
 
 if __name__ == "__main__":
     try:

@@ -151,3 +151,11 @@ def test_production_mode_requires_allowed_hosts(tmp_path):
         assert result.returncode != 0
         assert "ALLOWED_HOSTS must be set when TETHER_MODE=production" in _last_line(result)
     assert _check(tmp_path, SECRET_KEY=secret).returncode == 0  # embedded keeps its loopback default
+
+
+def test_an_unknown_web_loop_stops_the_web_process_at_start_saying_what_is_allowed():
+    environ = {**os.environ, "TETHER_WEB_LOOP": "trio"}
+    command = [sys.executable, "-m", "config.web", "config.asgi:application"]
+    done = subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "TETHER_WEB_LOOP must be one of uvloop, asyncio, not 'trio'" in done.stderr
