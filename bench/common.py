@@ -124,6 +124,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def redis_pid(url: str) -> int:
+    import redis
+
+    return int(redis.Redis.from_url(url).info("server")["process_id"])
+
+
 def redis_rss_kib(url: str) -> int:
     import redis
 

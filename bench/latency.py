@@ -11,7 +11,7 @@ import time
 
 from asgiref.sync import sync_to_async
 
-from bench.common import ROOT, Figure, cpu_seconds, summary, unique
+from bench.common import ROOT, Figure, cpu_seconds, redis_pid, summary, unique
 from bench.sessions import (
     MIB,
     RAW_CAT,
@@ -77,7 +77,7 @@ async def bench_echo(ctx: Context) -> None:
 
 
 async def _idle_echo(ctx: Context, viewer, samples: int, baseline: dict, peer: dict) -> None:
-    processes = {"daphne": daphne_pid(ctx), "worker": worker_pid(ctx), "Redis": _redis_pid(ctx.stack.redis_url)}
+    processes = {"daphne": daphne_pid(ctx), "worker": worker_pid(ctx), "Redis": redis_pid(ctx.stack.redis_url)}
     before = {name: cpu_seconds(pid) for name, pid in processes.items()}
     idle = summary(await echo_latency(viewer, samples))
     cpu = {name: (cpu_seconds(pid) - before[name]) * 1000 / samples for name, pid in processes.items()}
@@ -119,12 +119,6 @@ async def echoing(ctx: Context):
     finally:
         await viewer.close()
         await close_session(session)
-
-
-def _redis_pid(url: str) -> int:
-    import redis
-
-    return int(redis.Redis.from_url(url).info("server")["process_id"])
 
 
 async def bench_echo_loaded(ctx: Context) -> None:

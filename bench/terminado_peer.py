@@ -139,16 +139,21 @@ async def terminado_echo(argv: list[str], samples: int, cpu: dict | None = None)
             await client.close()
 
 
-async def terminado_output(argv: list[str], start: bytes = b"\r") -> tuple[bytes, float]:
-    """What a program prints after ``start`` is typed, up to ``__END__``, and the seconds it took to arrive."""
+async def terminado_output(argv: list[str], start: bytes = b"\r") -> tuple[bytes, float, float]:
+    """What a program prints after ``start`` is typed, up to ``__END__``, the seconds it took to arrive, and
+    the CPU seconds terminado's server spent meanwhile."""
+    from bench.common import cpu_seconds
+
     with Terminado(argv) as server:
         client = await server.open()
         try:
             await asyncio.sleep(0.3)
+            cpu_before = cpu_seconds(server.pid)
             began = time.perf_counter()
             await client.type(start)
             await client.read_until(b"__END__", timeout=600)
-            return bytes(client.output), time.perf_counter() - began
+            elapsed = time.perf_counter() - began
+            return bytes(client.output), elapsed, cpu_seconds(server.pid) - cpu_before
         finally:
             await client.close()
 

@@ -7,10 +7,13 @@ import hashlib
 import os
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import Figure, RawPty, unique
-from bench.sessions import MIB, Context, close_session, open_session
+from asgiref.sync import sync_to_async
+
+from bench.common import Figure, RawPty, cpu_seconds, redis_pid, unique
+from bench.sessions import MIB, Context, close_session, daphne_pid, open_session, worker_pid
 
 
 def make_data(path: Path, size: int) -> None:
@@ -42,13 +45,16 @@ def raw_throughput(path: Path) -> tuple[float, str]:
         raw.close()
 
 
-async def terminado_throughput(path: Path) -> tuple[float, str]:
-    """The peer's rate: the same program and file through terminado, read by the same kind of client."""
+async def terminado_throughput(path: Path) -> tuple[float, str, float]:
+    """The peer's rate: the same program and file through terminado, read by the same kind of client; and
+    its server's CPU milliseconds per MB."""
     from bench.terminado_peer import terminado_output
 
-    received, elapsed = await terminado_output(["/bin/sh", "-c", f"stty -echo; read x; cat {path}; echo __END__"])
+    argv = ["/bin/sh", "-c", f"stty -echo; read x; cat {path}; echo __END__"]
+    received, elapsed, cpu = await terminado_output(argv)
     payload = _payload(received)
-    return len(payload) / elapsed / MIB, hashlib.sha256(payload).hexdigest()
+    mb = len(payload) / MIB
+    return mb / elapsed, hashlib.sha256(payload).hexdigest(), cpu * 1000 / mb
 
 
 def _matches(digest: str, raw: str) -> str:
@@ -61,22 +67,78 @@ def _payload(received: bytes) -> bytes:
     return body.lstrip(b"\r\n")
 
 
-async def full_throughput(ctx: Context, backend: str, path: str, ref: str = "") -> tuple[float, str]:
+@dataclass
+class Streamed:
+    rate: float  # MB/s
+    digest: str
+    cpu_ms_per_mb: dict[str, float]  # by process, while the output streamed
+    saved_seconds: float | None  # from the session's end until its recording was a file (None: not recorded)
+
+
+async def full_throughput(ctx: Context, backend: str, path: str, ref: str = "") -> Streamed:
+    """The file through the full path. Then, before the next figure, the session's recording is waited for
+    until it is a file: finishing it (reading its chunks back, gzip) costs CPU that would otherwise be taken
+    from whatever is measured next."""
     viewer, session = await open_session(
         ctx, ["/bin/sh", "-c", f"stty -echo; read x; cat {path}; echo __END__; exec cat"], backend, ref
     )
+    processes = {"daphne": daphne_pid(ctx), "worker": worker_pid(ctx), "Redis": redis_pid(ctx.stack.redis_url)}
     try:
         await asyncio.sleep(0.3)
+        before = {name: cpu_seconds(pid) for name, pid in processes.items()}
+        postgres = postgres_cpu()
         began = time.perf_counter()
         await viewer.type(b"\r")
         while b"__END__" not in viewer.output[-4096:]:
             await viewer._next(30)
         elapsed = time.perf_counter() - began
+        used = {name: cpu_seconds(pid) - before[name] for name, pid in processes.items()}
+        used["PostgreSQL"] = _postgres_since(postgres)
         payload = _payload(bytes(viewer.output))
-        return len(payload) / elapsed / MIB, hashlib.sha256(payload).hexdigest()
+        mb = len(payload) / MIB
+        cpu = {name: seconds * 1000 / mb for name, seconds in used.items()}
     finally:
         await viewer.close()
         await close_session(session)
+    ended = time.perf_counter()
+    saved = await _recording_saved(session)
+    if saved is False:
+        ctx.report.notes.append(f"{backend} throughput: its recording was not a file 300 s after the session ended")
+    saved_seconds = time.perf_counter() - ended if saved else None
+    return Streamed(mb / elapsed, hashlib.sha256(payload).hexdigest(), cpu, saved_seconds)
+
+
+async def _recording_saved(session, timeout: float = 300) -> bool | None:
+    """Whether the session's recording became a file (None: it had no recording, e.g. TETHER_RECORDINGS=0)."""
+    from terminals.models import Recording, RecordingState
+
+    def states() -> set[str]:
+        return set(Recording.objects.filter(session_id=session.pk).values_list("state", flat=True))
+
+    if not await sync_to_async(states)():
+        return None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await sync_to_async(states)() <= {RecordingState.SAVED}:
+            return True
+        await asyncio.sleep(0.2)
+    return False
+
+
+def postgres_cpu() -> dict[int, float]:
+    """CPU seconds of each PostgreSQL process (the server's and each connection's), by pid."""
+    seconds = {}
+    for pid in subprocess.run(["pgrep", "-x", "postgres"], capture_output=True, text=True).stdout.split():
+        try:
+            seconds[int(pid)] = cpu_seconds(int(pid))
+        except OSError:
+            pass  # a connection that ended meanwhile
+    return seconds
+
+
+def _postgres_since(before: dict[int, float]) -> float:
+    """PostgreSQL's CPU seconds since ``before`` (a connection that ended meanwhile counts for nothing)."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in postgres_cpu().items())
 
 
 async def backend_rate(backend, path: str) -> float:
@@ -116,7 +178,7 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
     data = ctx.workdir / f"bench-{size // MIB}MB.b64"
     make_data(data, size)
     raw_rate, raw_hash = raw_throughput(data)
-    peer_rate, peer_hash = await terminado_throughput(data)
+    peer_rate, peer_hash, peer_cpu = await terminado_throughput(data)
     ctx.report.add(
         Figure(
             f"throughput, terminado ({size // MIB} MB base64)",
@@ -127,55 +189,76 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
             note=_matches(peer_hash, raw_hash),
         )
     )
-    rate, digest = await full_throughput(ctx, "local", str(data))
+    local = await full_throughput(ctx, "local", str(data))
     ctx.report.add(
         Figure(
             f"throughput, local ({size // MIB} MB base64)",
-            rate,
+            local.rate,
             "MB/s",
             peer_rate,
             "terminado",
             "≥ 1.5x terminado",
-            rate >= 1.5 * peer_rate,
-            note=f"{rate / raw_rate:.0%} of a raw PTY read; "
-            + ("hash matches" if digest == raw_hash else "HASH DIFFERS"),
+            local.rate >= 1.5 * peer_rate,
+            note=f"{local.rate / raw_rate:.0%} of a raw PTY read; {_matches(local.digest, raw_hash)}",
         )
     )
+    # Where a megabyte's time goes: the CPU each process spends on it, against terminado's one process.
+    ctx.report.add(
+        Figure(
+            "CPU per MB of output, local: daphne + worker + Redis + PostgreSQL ("
+            + ", ".join(f"{name} {ms:.0f}" for name, ms in local.cpu_ms_per_mb.items())
+            + " ms)",
+            sum(local.cpu_ms_per_mb.values()),
+            "ms",
+            peer_cpu,
+            "terminado's server",
+        )
+    )
+    if local.saved_seconds is not None:
+        ctx.report.add(
+            Figure(
+                f"its recording made a file ({size // MIB} MB of output; waited for before the next figure)",
+                local.saved_seconds,
+                "s",
+                size / MIB / local.rate,
+                "the output's own streaming time",
+            )
+        )
     if not container:
         ctx.report.notes.append("docker throughput skipped: no docker engine or image")
     else:
         from terminals.backends.docker import DockerBackend
 
         subprocess.run(["docker", "cp", str(data), f"{container}:/tmp/bench.b64"], check=True)
-        rate, digest = await full_throughput(ctx, "docker", "/tmp/bench.b64", container)
+        docker = await full_throughput(ctx, "docker", "/tmp/bench.b64", container)
         # dockerd relays the exec's TTY through containerd's shim and a hijacked HTTP stream: its own rate,
         # read in this process with no worker, Redis or WebSocket, is what Tether's docker path can reach.
         own = await backend_rate(DockerBackend(container=container, engine=""), "/tmp/bench.b64")
         ctx.report.add(
             Figure(
                 f"throughput, docker ({size // MIB} MB base64)",
-                rate,
+                docker.rate,
                 "MB/s",
                 own,
                 "docker exec read in-process",
                 "≥ 95% of docker's relay",
-                rate >= 0.95 * own,
-                note=f"{rate / raw_rate:.0%} of a raw PTY read; {_matches(digest, raw_hash)}",
+                docker.rate >= 0.95 * own,
+                note=f"{docker.rate / raw_rate:.0%} of a raw PTY read; {_matches(docker.digest, raw_hash)}",
             )
         )
     tmux_size = min(size, 20 * MIB)
     tmux_data = ctx.workdir / f"bench-{tmux_size // MIB}MB.b64"
     make_data(tmux_data, tmux_size)
     control = await tmux_control_rate(str(tmux_data))
-    rate, _ = await full_throughput(ctx, "tmux", str(tmux_data), unique("tether-bench"))
+    tmux = await full_throughput(ctx, "tmux", str(tmux_data), unique("tether-bench"))
     ctx.report.add(
         Figure(
             f"throughput, tmux ({tmux_size // MIB} MB base64)",
-            rate,
+            tmux.rate,
             "MB/s",
             control,
             "tmux control mode in-process",
             "≥ 90% of tmux",
-            rate >= 0.9 * control,
+            tmux.rate >= 0.9 * control,
         )
     )
