@@ -202,3 +202,25 @@ def test_a_chunk_the_database_refuses_is_refused_as_a_database_error_the_worker_
     assert RecordingChunk.objects.get(recording=recorded, number=5).data == b"once\n"
     with pytest.raises(IntegrityError), transaction.atomic():
         _store_chunk(recorded.pk, 5, b"twice\n")  # one chunk per number
+
+
+def test_a_stored_chunk_is_compressed_with_lz4_not_pglz(recorded):
+    """pglz took about 20 ms of PostgreSQL's CPU per MB of a busy shell's event lines, more than the whole path
+    its output streams through; lz4 about 6 (docs/benchmarks.md, migration 0014)."""
+    from django.db import connection
+
+    from terminals.actions.recordings import _store_chunk
+
+    if connection.vendor != "postgresql":
+        pytest.fail("this suite runs on PostgreSQL (DATABASE_URL)")
+    lines = b"".join(
+        b'[1.5, "o", "%d total 48\\r\\ndrwxr-xr-x  2 alice staff 4096 Dec  3 .\\r\\n"]\n' % i for i in range(400)
+    )
+    _store_chunk(recorded.pk, 6, lines)  # large and compressible: PostgreSQL compresses it
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_column_compression(data) FROM terminals_recordingchunk WHERE recording_id = %s AND number = 6",
+            [recorded.pk],
+        )
+        assert cursor.fetchone()[0] == "lz4"
+    assert RecordingChunk.objects.get(recording=recorded, number=6).data == lines
