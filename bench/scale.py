@@ -6,6 +6,7 @@ import asyncio
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from asgiref.sync import sync_to_async
 
@@ -28,6 +29,7 @@ async def bench_density(ctx: Context) -> None:
     # Full: the 5,000 local sessions of the performance issue; tmux 1,000 (each pane also runs tmux's shim,
     # a Python process of about 10 MiB: 5,000 would need 50 GiB for the shims alone).
     for backend, count in (("local", 100 if ctx.quick else 5000), ("tmux", 100 if ctx.quick else 1000)):
+        _enough_ptys(count)
         # A fresh worker for each: memory the last benchmark's sessions freed would otherwise be reused.
         old = ctx.stack.workers[-1]
         old.send_signal(signal.SIGTERM)
@@ -77,6 +79,21 @@ async def bench_density(ctx: Context) -> None:
         )
         if backend == "tmux":
             subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+
+
+PTY_MAX = Path("/proc/sys/kernel/pty/max")
+
+
+def _enough_ptys(sessions: int) -> None:
+    """Every shell has a terminal, and Linux gives out 4,096 by default (kernel.pty.max): 920 of 5,000 idle
+    shells failed to start on it. Raised here when it is too low (as root), else the benchmark says why."""
+    wanted = sessions + int(Path("/proc/sys/kernel/pty/nr").read_text()) + 512
+    if int(PTY_MAX.read_text()) >= wanted:
+        return
+    try:
+        PTY_MAX.write_text(f"{wanted}\n")
+    except OSError as error:
+        raise RuntimeError(f"{sessions} shells need kernel.pty.max of at least {wanted}: {error}") from None
 
 
 def _processes(marker: str, tmux_socket: str = "", quiet: bool = False) -> list[str]:

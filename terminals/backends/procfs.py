@@ -16,6 +16,7 @@ import errno
 import os
 import signal
 import time
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -124,6 +125,58 @@ def _has_marker(pid: int, marker: str, variable: str = MARKER_VARIABLE) -> bool:
     return f"{variable}={marker}".encode() in environ.split(b"\0")
 
 
+@dataclass(frozen=True)
+class ProcessTable:
+    """One pass over /proc: each process's session and the Tether variables of its environment. Finding a
+    tree in it costs nothing more, so every tree being ended at once is found in one shared pass
+    (``shared_table``), not one pass each: ending 5,000 idle shells on a host of 15,000 processes took a pass
+    per scan per tree, about 0.3 trees a second."""
+
+    sessions: dict[int, int]  # pid -> session id
+    variables: dict[int, dict[str, str]]  # pid -> its TETHER_* variables (only those that have any)
+
+    @classmethod
+    def read(cls) -> ProcessTable:
+        sessions, variables, me = {}, {}, os.getpid()
+        for entry in PROC.iterdir():
+            if not entry.name.isdigit() or int(entry.name) == me:
+                continue
+            pid = int(entry.name)
+            try:
+                environ = (entry / "environ").read_bytes()
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                environ = b""  # gone, or another user's (sudo in a shell): still a member of its session
+            if b"TETHER_" in environ:
+                found = {}
+                for item in environ.split(b"\0"):
+                    if item.startswith(b"TETHER_"):
+                        name, _, value = item.decode(errors="replace").partition("=")
+                        found[name] = value
+                variables[pid] = found
+            if (session := session_of(pid)) is not None:
+                sessions[pid] = session
+        return cls(sessions, variables)
+
+    def tree(
+        self, *, marker: str, leader: ProcessIdentity | None = None, variable: str = MARKER_VARIABLE
+    ) -> list[ProcessIdentity]:
+        """See ``find_tree``."""
+        marked = [pid for pid, found in self.variables.items() if found.get(variable) == marker]
+        members = []
+        if leader is not None:
+            members = [pid for pid, session in self.sessions.items() if session == leader.pid and pid not in marked]
+        # Checked after the pass: a leader present now held its pid all through it, so every process seen in
+        # a session of that number was in its session.
+        if members and not leader.is_present():
+            members = []
+        found = []
+        for pid in marked + members:
+            identity = ProcessIdentity.of(pid)
+            if identity is not None and identity.is_alive():
+                found.append(identity)
+        return found
+
+
 def find_tree(
     *, marker: str, leader: ProcessIdentity | None = None, variable: str = MARKER_VARIABLE
 ) -> list[ProcessIdentity]:
@@ -133,27 +186,53 @@ def find_tree(
     leader holds it. Once the leader is gone (its pid free for reuse, perhaps by a stranger that called
     setsid) or the pid names another process, only members carrying the marker are taken.
     """
-    marked, members = [], []
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        if pid == os.getpid():
-            continue
-        if _has_marker(pid, marker, variable):
-            marked.append(pid)
-        elif leader is not None and session_of(pid) == leader.pid:
-            members.append(pid)
-    # Checked after the scan: a leader present now held its pid all through the scan, so every process
-    # seen in a session of that number was in its session.
-    if members and not leader.is_present():
-        members = []
-    found = []
-    for pid in marked + members:
-        identity = ProcessIdentity.of(pid)
-        if identity is not None and identity.is_alive():
-            found.append(identity)
-    return found
+    return ProcessTable.read().tree(marker=marker, leader=leader, variable=variable)
+
+
+class _SharedPass:
+    """The passes over /proc of one event loop: a caller gets a table read wholly after the moment it
+    names, from a pass already under way if that one began since, else from the next."""
+
+    def __init__(self) -> None:
+        self.running: asyncio.Future | None = None
+        self.running_since = 0.0
+        self.last: tuple[float, ProcessTable] | None = None
+
+    async def table(self, fresh_from: float) -> ProcessTable:
+        while True:
+            if self.last is not None and self.last[0] >= fresh_from:
+                return self.last[1]
+            if self.running is None:
+                self.running_since = time.monotonic()
+                self.running = asyncio.ensure_future(self._read(self.running_since))
+            if self.running_since >= fresh_from:
+                return await asyncio.shield(self.running)
+            try:
+                await asyncio.shield(self.running)  # begun before the caller's moment: the next one is its
+            except Exception:
+                pass  # that pass's failure is its callers'; this caller asks for the next
+
+    async def _read(self, since: float) -> ProcessTable:
+        try:
+            # On a thread, so a host with thousands of processes does not stall the event loop (and with it
+            # every other session) while it runs.
+            table = await asyncio.to_thread(ProcessTable.read)
+            self.last = (since, table)
+            return table
+        finally:
+            self.running = None
+
+
+_passes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SharedPass] = weakref.WeakKeyDictionary()
+
+
+async def shared_table(fresh_from: float) -> ProcessTable:
+    """A table of every process, read wholly after ``fresh_from`` (``time.monotonic()``), shared by every
+    caller of this event loop that asks meanwhile."""
+    loop = asyncio.get_running_loop()
+    if (passes := _passes.get(loop)) is None:
+        passes = _passes[loop] = _SharedPass()
+    return await passes.table(fresh_from)
 
 
 async def terminate_tree(
@@ -177,9 +256,9 @@ async def terminate_tree(
     known: set[ProcessIdentity] = set()
 
     async def scan() -> list[ProcessIdentity]:
-        # A scan reads every process's environment: on a thread, so a host with thousands of processes
-        # does not stall the event loop (and with it every other session) while it runs.
-        known.update(await asyncio.to_thread(find_tree, marker=marker, leader=leader, variable=variable))
+        # A pass over every process, read after this moment and shared with the other trees ended meanwhile.
+        table = await shared_table(time.monotonic())
+        known.update(table.tree(marker=marker, leader=leader, variable=variable))
         known.difference_update([process for process in known if not process.is_alive()])
         return list(known)
 

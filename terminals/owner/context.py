@@ -33,7 +33,8 @@ class WorkerContext:
     live: dict[int, LiveProcess] = field(default_factory=dict)  # execution pk -> the process held for it
     tasks: Tasks = field(default_factory=Tasks)
     budget: FlowBudget = field(default_factory=lambda: FlowBudget(settings.TETHER_FLOW_WORKER_BYTES))
-    ending: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(4))  # trees ended at once
+    # Trees ended at once: they share their passes over /proc (procfs.shared_table).
+    ending: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(128))
     draining: bool = False  # taking no new work
 
 

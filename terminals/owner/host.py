@@ -179,7 +179,7 @@ class SessionHost:
         live.ended_for = reason
         live.update_flow()  # a closing session reads on to EOF
         try:
-            # A few at a time: each end scans the host's processes, so many at once would each take too long.
+            # Many at a time, not all: the trees ended at once share their passes over the host's processes.
             async with self.context.ending:
                 await live.process.terminate(grace=1.0)
         except Exception as error:  # cannot prove it gone: the supervisor records unknown
