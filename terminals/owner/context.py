@@ -34,7 +34,7 @@ class WorkerContext:
     tasks: Tasks = field(default_factory=Tasks)
     budget: FlowBudget = field(default_factory=lambda: FlowBudget(settings.TETHER_FLOW_WORKER_BYTES))
     # Trees ended at once: they share their passes over /proc (procfs.shared_table).
-    ending: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(128))
+    ending: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
     draining: bool = False  # taking no new work
 
 
