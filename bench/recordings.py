@@ -41,6 +41,7 @@ async def bench_recordings(ctx: Context) -> None:
             await close_session(session)
         worker.terminate()
         await sync_to_async(worker.wait)()
+        ctx.stack.workers.remove(worker)  # the benchmarks after this one read the stack's worker (workers[-1])
     report_pair(ctx, "recordings", ("recorded", "unrecorded"), measured)
     recording = await wait_until(sync_to_async(lambda: _saved(opened["recorded"][1])), timeout=120, interval=0.5)
     ctx.report.add(
