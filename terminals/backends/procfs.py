@@ -30,7 +30,9 @@ def boot_id() -> str:
 
 def _stat_fields(pid: int) -> list[str] | None:
     try:
-        raw = (PROC / str(pid) / "stat").read_text()
+        # A plain open on a str path: pathlib's objects cost more than the read on a host of 15,000 processes.
+        with open(f"/proc/{pid}/stat") as file:
+            raw = file.read()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # The command name is in parentheses and may itself contain spaces or ')'.
@@ -117,12 +119,24 @@ def session_of(pid: int) -> int | None:
     return int(fields[3]) if fields else None
 
 
-def _has_marker(pid: int, marker: str, variable: str = MARKER_VARIABLE) -> bool:
+def _tether_variables(pid: int) -> dict[str, str]:
+    """The TETHER_* variables of a process's environment (none when it is gone or another user's)."""
     try:
-        environ = (PROC / str(pid) / "environ").read_bytes()
+        with open(f"/proc/{pid}/environ", "rb") as file:
+            environ = file.read()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
-    return f"{variable}={marker}".encode() in environ.split(b"\0")
+        return {}
+    found = {}
+    if b"TETHER_" in environ:
+        for item in environ.split(b"\0"):
+            if item.startswith(b"TETHER_"):
+                key, _, value = item.decode(errors="replace").partition("=")
+                found[key] = value
+    return found
+
+
+def _has_marker(pid: int, marker: str, variable: str = MARKER_VARIABLE) -> bool:
+    return _tether_variables(pid).get(variable) == marker
 
 
 @dataclass(frozen=True)
@@ -137,31 +151,15 @@ class ProcessTable:
 
     @classmethod
     def read(cls, with_sessions: bool = True) -> ProcessTable:
-        # Plain os calls on str paths: pathlib's objects cost more than the reads on a host of 15,000 processes.
         sessions, variables, me = {}, {}, str(os.getpid())
-        for name in os.listdir("/proc"):
+        for name in os.listdir("/proc"):  # plain os calls: pathlib's objects cost more than the reads here
             if not name.isdigit() or name == me:
                 continue
             pid = int(name)
-            try:
-                with open(f"/proc/{name}/environ", "rb") as file:
-                    environ = file.read()
-            except OSError:
-                environ = b""  # gone, or another user's (sudo in a shell): still a member of its session
-            if b"TETHER_" in environ:
-                found = {}
-                for item in environ.split(b"\0"):
-                    if item.startswith(b"TETHER_"):
-                        key, _, value = item.decode(errors="replace").partition("=")
-                        found[key] = value
+            if found := _tether_variables(pid):  # none if unreadable (sudo in a shell): still a member below
                 variables[pid] = found
-            if with_sessions:
-                try:
-                    with open(f"/proc/{name}/stat", "rb") as file:
-                        stat = file.read()
-                    sessions[pid] = int(stat[stat.rindex(b")") + 2 :].split(None, 4)[3])  # state ppid pgrp session
-                except (OSError, ValueError, IndexError):
-                    pass  # gone meanwhile
+            if with_sessions and (session := session_of(pid)) is not None:
+                sessions[pid] = session
         return cls(sessions, variables)
 
     def tree(
