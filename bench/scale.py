@@ -81,13 +81,13 @@ async def bench_density(ctx: Context) -> None:
             subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
 
 
-PTY_MAX = Path("/proc/sys/kernel/pty/max")
+PTY_MAX, PTY_NR = Path("/proc/sys/kernel/pty/max"), Path("/proc/sys/kernel/pty/nr")
 
 
 def _enough_ptys(sessions: int) -> None:
     """Every shell has a terminal, and Linux gives out 4,096 by default (kernel.pty.max): 920 of 5,000 idle
     shells failed to start on it. Raised here when it is too low (as root), else the benchmark says why."""
-    wanted = sessions + int(Path("/proc/sys/kernel/pty/nr").read_text()) + 512
+    wanted = sessions + int(PTY_NR.read_text()) + 512
     if int(PTY_MAX.read_text()) >= wanted:
         return
     try:
