@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -153,9 +154,12 @@ static size_t exit_text(char *buf, size_t size) {
 
 /* --- ending the program's session ----------------------------------------------------------------- */
 
-/* Every process whose session is the program's (it leads its own): the whole tree that did not leave it. */
+/* Every process whose session is the program's (it leads its own): the tree that did not leave it. The
+   way to find it when the holder cannot be a child subreaper or read /proc/PID/task/TID/children: a pass
+   over every process of the host, which costs each of many sessions ended at once as much as the host has
+   processes. */
 static void signal_session(int sig) {
-    kill(-program, sig);
+    kill(-program, sig);  /* its process group, whoever of it left the session */
     DIR *proc = opendir("/proc");
     if (!proc) return;
     struct dirent *entry;
@@ -179,6 +183,93 @@ static void signal_session(int sig) {
             kill((pid_t)pid, sig);
     }
     closedir(proc);
+}
+
+static int subreaper;  /* the holder is a child subreaper: nothing the program starts can leave its tree */
+
+struct pids { pid_t *at; size_t len, cap; };
+
+static void pids_add(struct pids *list, pid_t pid) {
+    if (list->len == list->cap) {
+        size_t cap = list->cap ? list->cap * 2 : 64;
+        pid_t *grown = realloc(list->at, cap * sizeof *grown);
+        if (!grown) return;  /* no memory: this one is found again on the next round (its parent is stopped) */
+        list->at = grown;
+        list->cap = cap;
+    }
+    list->at[list->len++] = pid;
+}
+
+/* Appends the children of every thread of `pid`; 0 when its task directory cannot be read (it is gone, or
+   the kernel has no children files: only the holder's own read tells which). */
+static int children_of(pid_t pid, struct pids *out) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *tasks = opendir(path);
+    if (!tasks) return 0;
+    int read_any = 0;
+    struct dirent *entry;
+    while ((entry = readdir(tasks))) {
+        char *tail;
+        long tid = strtol(entry->d_name, &tail, 10);
+        if (*tail || tid <= 0) continue;
+        char file[96];
+        snprintf(file, sizeof file, "/proc/%d/task/%ld/children", (int)pid, tid);
+        int fd = open(file, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        read_any = 1;
+        /* "PID PID ... ": the whole file first, so no pid is cut between two reads */
+        size_t size = 4096, len = 0;
+        char *text = malloc(size);
+        ssize_t n;
+        while (text && (n = read(fd, text + len, size - len - 1)) > 0) {
+            len += (size_t)n;
+            if (size - len - 1 == 0) {
+                char *grown = realloc(text, size * 2);
+                if (!grown) break;
+                text = grown;
+                size *= 2;
+            }
+        }
+        close(fd);
+        if (!text) continue;
+        text[len] = 0;
+        for (char *p = text; *p;) {
+            char *end;
+            long child = strtol(p, &end, 10);
+            if (end == p) { p++; continue; }
+            if (child > 0) pids_add(out, (pid_t)child);
+            p = end;
+        }
+        free(text);
+    }
+    closedir(tasks);
+    return read_any;
+}
+
+/* Every process below the holder: each is stopped as it is found, before its own children are read, so
+   none forks or reaps behind the walk; then each gets `sig` and goes on (a pending signal is taken before it
+   runs an instruction of its own). The holder is a child subreaper, so an orphan of the tree is the
+   holder's child, never init's. 0 when the children files cannot be read: the caller scans the session. */
+static int signal_descendants(int sig) {
+    struct pids found = {0};
+    if (!children_of(getpid(), &found)) { free(found.at); return 0; }
+    for (size_t i = 0; i < found.len; i++) {
+        kill(found.at[i], SIGSTOP);
+        children_of(found.at[i], &found);
+    }
+    for (size_t i = 0; i < found.len; i++) kill(found.at[i], sig);
+    for (size_t i = 0; i < found.len; i++) kill(found.at[i], SIGCONT);
+    free(found.at);
+    return 1;
+}
+
+/* Ends what the program started: its process group, and every process below the holder (or, when the
+   holder cannot see its tree, every process of the program's session). */
+static void signal_tree(int sig) {
+    if (subreaper && signal_descendants(sig)) return;
+    signal_session(sig);
+    signal_session(SIGCONT);  /* a stopped job takes its HUP and TERM once it goes on */
 }
 
 /* --- connections ---------------------------------------------------------------------------------- */
@@ -318,9 +409,8 @@ static int client_frame(struct conn *c, int type, const unsigned char *p, size_t
         if (n != 4) return 0;
         uint32_t grace = get32(p);
         if (grace > 60000) grace = 60000;
-        signal_session(SIGHUP);
-        signal_session(SIGTERM);
-        signal_session(SIGCONT);
+        signal_tree(SIGHUP);
+        signal_tree(SIGTERM);
         kill_at_ms = now_ms() + grace;
         return 1;
     }
@@ -434,7 +524,7 @@ static int serve_loop(void) {
             }
         }
         if (kill_at_ms && now >= kill_at_ms) {
-            signal_session(SIGKILL);
+            signal_tree(SIGKILL);
             kill_at_ms = 0;
         }
         if (quit_now && ended && pty_eof && (!client || (exit_sent && client->out_pos >= client->out_len))) return 0;
@@ -669,6 +759,10 @@ static int serve(int argc, char **argv) {
     sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
     if (sigfd < 0) fail(ready[1], "error signalfd: %s\n", strerror(errno));
 
+    /* Orphans of the program's tree become the holder's children, not init's: ending the tree then finds
+       all of it below the holder (signal_tree), and the holder reaps them. */
+    subreaper = prctl(PR_SET_CHILD_SUBREAPER, 1) == 0;
+
     int exec_report[2];
     if (pipe2(exec_report, O_CLOEXEC) != 0) fail(ready[1], "error pipe: %s\n", strerror(errno));
     program = fork();
@@ -703,8 +797,8 @@ static int serve(int argc, char **argv) {
 
     char holder_path[4096], text[128];
     path_in(holder_path, sizeof holder_path, "holder");
-    int n = snprintf(text, sizeof text, "holder %d %llu program %d %llu\n", (int)getpid(), start_time_of(getpid()),
-                     (int)program, start_time_of(program));
+    int n = snprintf(text, sizeof text, "holder %d %llu program %d %llu%s\n", (int)getpid(), start_time_of(getpid()),
+                     (int)program, start_time_of(program), subreaper ? " subreaper" : "");
     int fd = open(holder_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd >= 0) { ssize_t w = write(fd, text, (size_t)n); (void)w; close(fd); }
     ssize_t w = write(ready[1], text, (size_t)n);

@@ -181,8 +181,8 @@ async def spawn_held(
         raise BackendError(f"the engine failed while starting the session holder: {error}") from None
     if text.startswith("error "):
         raise SpawnError(text.removeprefix("error ").strip())
-    holder_pid, _, pid, _ = parse_started(text)
-    handle["holder"] |= {"pid": holder_pid, "program": pid}
+    started = parse_started(text)
+    handle["holder"] |= {"pid": started.holder_pid, "program": started.pid}
     return await attach_held(api, handle)
 
 

@@ -68,12 +68,24 @@ def parse_record(text: str) -> Exit | None:
     return None
 
 
-def parse_started(text: str) -> tuple[int, int, int, int]:
-    """``serve``'s answer: (holder pid, its start time, program pid, its start time)."""
+@dataclass(frozen=True)
+class Started:
+    """``serve``'s answer."""
+
+    holder_pid: int
+    holder_start: int
+    pid: int  # the program's
+    start: int
+    subreaper: bool  # every process the program starts stays below the holder (procfs.terminate_descendants)
+
+
+def parse_started(text: str) -> Started:
+    """``serve``'s answer: "holder PID START program PID START [subreaper]"."""
     words = text.split()
-    if len(words) != 6 or words[0] != "holder" or words[3] != "program":
+    known = len(words) in (6, 7) and words[0] == "holder" and words[3] == "program"
+    if not known or words[6:] not in ([], ["subreaper"]):
         raise BackendError(f"the holder did not start: {text.strip() or 'no answer'}")
-    return int(words[1]), int(words[2]), int(words[4]), int(words[5])
+    return Started(int(words[1]), int(words[2]), int(words[4]), int(words[5]), subreaper=len(words) == 7)
 
 
 class Link(Protocol):

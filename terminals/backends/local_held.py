@@ -18,7 +18,7 @@ from django.conf import settings
 
 from terminals.backends.base import BackendError, Exit, Inspection, SpawnError, SpawnSpec, Status, Tags
 from terminals.backends.holder import HeldProcess, Session, SocketLink, parse_record, parse_started
-from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, boot_id, terminate_tree
+from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, boot_id, terminate_descendants, terminate_tree
 
 PROGRAM_ONLY = (MARKER_VARIABLE, "TETHER_SESSION")
 
@@ -53,15 +53,18 @@ async def spawn_held(binary: Path, spec: SpawnSpec, tags: Tags, env: dict[str, s
     if starter.returncode != 0:
         shutil.rmtree(place, ignore_errors=True)
         raise SpawnError(text.removeprefix("error ").strip() or err.decode(errors="replace").strip())
-    holder_pid, holder_start, pid, start = parse_started(text)
+    started = parse_started(text)
     handle = {
         "backend": "local",
-        "process": ProcessIdentity(pid=pid, start_time=start, boot_id=boot_id()).to_json(),
+        "process": ProcessIdentity(pid=started.pid, start_time=started.start, boot_id=boot_id()).to_json(),
         "marker": tags.marker,
         "holder": {
             "dir": str(place),
             "secret": secret,
-            "process": ProcessIdentity(pid=holder_pid, start_time=holder_start, boot_id=boot_id()).to_json(),
+            "process": ProcessIdentity(
+                pid=started.holder_pid, start_time=started.holder_start, boot_id=boot_id()
+            ).to_json(),
+            "subreaper": started.subreaper,
         },
     }
     return await attach_held(handle)
@@ -79,13 +82,12 @@ async def attach_held(handle: dict, since: int = 0) -> HeldProcess:
             raise
 
     session, attached = await connect(since)
-    leader = ProcessIdentity.from_json(handle["process"])
 
     async def read_record() -> Exit | None:
         return await asyncio.to_thread(read_exit_record, handle)
 
     async def end_tree(grace: float) -> None:
-        await terminate_tree(marker=handle["marker"], leader=leader, grace=grace)
+        await end_held_tree(handle, grace)
 
     async def forget() -> None:
         await asyncio.to_thread(shutil.rmtree, holder["dir"], True)
@@ -133,6 +135,20 @@ async def remove_held(handle: dict, grace: float) -> None:
         else:
             await process.terminate(grace=grace)
             await process.release()
+            return
+    await end_held_tree(handle, grace)
+
+
+async def end_held_tree(handle: dict, grace: float) -> None:
+    """End whatever the held program started. A holder that is a child subreaper has all of it below it
+    (``terminate_descendants``: a few reads, where a pass over every process of the host costs each of many
+    sessions ended at once as much as the host has processes); then one pass finds what left the tree
+    through a daemon (an ``at`` job) with the marker still in its environment. A holder that is gone, or
+    that could not be a subreaper, leaves the tree to be found by marker and session."""
+    holder = handle["holder"]
+    if holder.get("subreaper"):
+        if await terminate_descendants(ProcessIdentity.from_json(holder["process"]), grace=grace):
+            await terminate_tree(marker=handle["marker"], grace=grace)
             return
     leader = ProcessIdentity.from_json(handle["process"])
     await terminate_tree(marker=handle["marker"], leader=leader, grace=grace)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import os
 import signal
 import time
@@ -24,7 +25,9 @@ PROC = Path("/proc")
 MARKER_VARIABLE = "TETHER_PROCESS_MARKER"
 
 
+@functools.cache
 def boot_id() -> str:
+    """This boot's id: read once, as it cannot change while this process runs (every identity check asks)."""
     return (PROC / "sys/kernel/random/boot_id").read_text().strip()
 
 
@@ -195,10 +198,12 @@ def find_tree(
 
 
 class _SharedPass:
-    """The passes over /proc of one event loop: a caller gets a table read wholly after the moment it
-    names, from a pass already under way if that one began since, else from the next."""
+    """The passes over /proc of one event loop (of one kind: with sessions or without): a caller gets a
+    table read wholly after the moment it names, from a pass already under way if that one began since,
+    else from the next."""
 
-    def __init__(self) -> None:
+    def __init__(self, with_sessions: bool) -> None:
+        self.with_sessions = with_sessions
         self.running: asyncio.Future | None = None
         self.running_since = 0.0
         self.last: tuple[float, ProcessTable] | None = None
@@ -221,23 +226,25 @@ class _SharedPass:
         try:
             # On a thread, so a host with thousands of processes does not stall the event loop (and with it
             # every other session) while it runs.
-            table = await asyncio.to_thread(ProcessTable.read)
+            table = await asyncio.to_thread(ProcessTable.read, self.with_sessions)
             self.last = (since, table)
             return table
         finally:
             self.running = None
 
 
-_passes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SharedPass] = weakref.WeakKeyDictionary()
+_passes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[bool, _SharedPass]] = weakref.WeakKeyDictionary()
 
 
-async def shared_table(fresh_from: float) -> ProcessTable:
+async def shared_table(fresh_from: float, with_sessions: bool = True) -> ProcessTable:
     """A table of every process, read wholly after ``fresh_from`` (``time.monotonic()``), shared by every
-    caller of this event loop that asks meanwhile."""
+    caller of this event loop that asks meanwhile. Without sessions a pass reads half the files."""
     loop = asyncio.get_running_loop()
     if (passes := _passes.get(loop)) is None:
-        passes = _passes[loop] = _SharedPass()
-    return await passes.table(fresh_from)
+        passes = _passes[loop] = {}
+    if (shared := passes.get(with_sessions)) is None:
+        shared = passes[with_sessions] = _SharedPass(with_sessions)
+    return await shared.table(fresh_from)
 
 
 async def terminate_tree(
@@ -262,12 +269,16 @@ async def terminate_tree(
 
     async def scan() -> list[ProcessIdentity]:
         # A pass over every process, read after this moment and shared with the other trees ended meanwhile.
-        table = await shared_table(time.monotonic())
+        table = await shared_table(time.monotonic(), with_sessions=leader is not None)
         known.update(table.tree(marker=marker, leader=leader, variable=variable))
         known.difference_update([process for process in known if not process.is_alive()])
         return list(known)
 
     first = await scan()
+    if not first:
+        # Nothing to end: a pass read wholly after the call found none, the same proof the last round takes.
+        # (Ending a holder's tree leaves only this sweep for strays, one pass shared with the others.)
+        return first
     # Each round freezes the tree before signalling it: signalled one by one, a child could die first and
     # let its parent run on for a moment (a subshell whose sleep was ended goes on to its next command).
     _frozen(first, signal.SIGHUP, signal.SIGTERM)
@@ -283,6 +294,94 @@ async def terminate_tree(
         if time.monotonic() > stop_by:
             raise TimeoutError(f"processes still alive after SIGKILL: {[p.pid for p in left]}")
         await asyncio.sleep(0.05)
+
+
+def _children(pid: int) -> list[int] | None:
+    """The children of every thread of ``pid`` (zombies too, until reaped); None when its task directory
+    cannot be read (it is gone, or the kernel has no children files)."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    found, read_any = [], False
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/children", "rb") as file:
+                text = file.read()
+        except OSError:
+            continue
+        read_any = True
+        found.extend(int(child) for child in text.split())
+    return found if read_any else None
+
+
+def _stopped_below(root: ProcessIdentity) -> list[ProcessIdentity] | None:
+    """Every live process below ``root``, each stopped (SIGSTOP) as it is found and before its own children
+    are read, so none forks or reaps behind the walk; None when ``root`` is gone or its children cannot be
+    read. A process whose parent dies meanwhile moves up to ``root`` (a child subreaper), after its list was
+    read: it is found by the next walk."""
+    pids = _children(root.pid)
+    if pids is None or not root.is_alive():
+        return None
+    found = []
+    for pid in pids:  # grows as the walk goes down
+        identity = ProcessIdentity.of(pid)
+        if identity is None or not identity.signal(signal.SIGSTOP):
+            continue  # gone, or a zombie: its children were given to root before it became one
+        found.append(identity)
+        pids.extend(_children(pid) or ())
+    return found
+
+
+def _has_no_children(root: ProcessIdentity) -> bool | None:
+    """Whether ``root`` has no child at all, live or zombie, at one moment (a children file read empty is
+    exact: its first entry is looked up under the kernel's task list lock); None when it cannot tell."""
+    children = _children(root.pid)
+    if children is None or not root.is_alive():
+        return None
+    return not children
+
+
+async def terminate_descendants(holder: ProcessIdentity, *, grace: float = 2.0, timeout: float = 10.0) -> bool:
+    """End every process below ``holder``, a child subreaper (the session holder): whatever its program
+    starts, daemons included, stays below it, so the tree is a walk down from it, a few reads, not a pass
+    over every process of the host. Like ``terminate_tree``: HUP and TERM to the tree (stopped while it is
+    found), up to ``grace`` for it to end, then KILL each round until none is left; TimeoutError after
+    ``timeout``. True once the holder had no child left at one moment while it still lived; False when that
+    cannot be told (the holder is gone, or its children cannot be read): the caller ends the tree by marker.
+
+    The holder reaps every child it gets, so "no child" is soon true once the tree has ended."""
+
+    def round(*signals: int) -> bool | None:
+        found = _stopped_below(holder)
+        if found is None:
+            return None
+        try:
+            for process in found:
+                for signum in signals:
+                    process.signal(signum)
+        finally:
+            for process in found:
+                process.signal(signal.SIGCONT)
+        return bool(found)
+
+    if round(signal.SIGHUP, signal.SIGTERM) is None:
+        return False
+    deadline = time.monotonic() + grace
+    while (empty := _has_no_children(holder)) is False and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    stop_by = time.monotonic() + timeout
+    while True:
+        if empty is None:
+            return False
+        if empty:
+            return True
+        if round(signal.SIGKILL) is None:
+            return False
+        if time.monotonic() > stop_by:
+            raise TimeoutError(f"processes still alive below holder {holder.pid} after SIGKILL")
+        await asyncio.sleep(0.02)
+        empty = _has_no_children(holder)
 
 
 def _frozen(processes: list[ProcessIdentity], *signals: int) -> None:

@@ -8,8 +8,10 @@ import hashlib
 import json
 import os
 import random
+import re
 import secrets
 import select
+import shlex
 import signal
 import socket
 import stat
@@ -340,6 +342,78 @@ async def test_terminate_ends_the_whole_session_and_the_holder_records_the_signa
     assert time.monotonic() - started < 10
     await asyncio.wait_for(reading, 10)
     await process.release()
+
+
+# A child of the shell that double-forks, calls setsid, clears its environment (Tether's marker with it) and
+# ignores HUP and TERM: it leaves the shell's session and carries no marker, every net but its ancestry.
+DAEMON = "trap '' HUP TERM; echo daemon-$$-up; exec sleep 1000"
+LEAVES_EVERY_NET = f"(setsid env -i sh -c {shlex.quote(DAEMON)} &); exec sleep 1000"
+
+
+def _parent_of(pid: int) -> int:
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return int(raw[raw.rindex(")") + 2 :].split()[1])
+
+
+def test_the_kill_frame_ends_a_daemon_that_left_the_session_and_the_marker(binary):
+    """The holder is a child subreaper: the daemon the program left behind is the holder's child, not
+    init's, and the holder's K frame ends it (KILL after the grace) with nobody else looking for it."""
+    place, secret, holder_pid = start(binary, "/bin/sh", "-c", LEAVES_EVERY_NET)
+    daemon = None
+    try:
+        client = Raw(place)
+        client.attach(secret)
+        seen = client.output_until(b"-up")
+        daemon = ProcessIdentity.of(int(re.search(rb"daemon-(\d+)-up", seen).group(1)))
+        assert _parent_of(daemon.pid) == holder_pid
+        client.send(Frame.KILL, struct.pack(">I", 300))
+        wait_until(lambda: not daemon.is_alive(), timeout=10)
+    finally:
+        end(holder_pid)
+        if daemon is not None:
+            daemon.signal(signal.SIGKILL)
+
+
+async def test_ending_a_held_shell_ends_its_daemons_below_the_holder_without_a_session_pass(monkeypatch):
+    """Ending a held shell finds its tree below the holder (a few reads), not by a pass over every process
+    on the host for its session (which cost each of 5,000 sessions closed at once as much as the host has
+    processes); one pass without sessions still looks for strays that carry the marker."""
+    from terminals.backends import procfs
+
+    passes = []
+    read = procfs.ProcessTable.read
+    monkeypatch.setattr(
+        procfs.ProcessTable,
+        "read",
+        staticmethod(lambda with_sessions=True: passes.append(with_sessions) or read(with_sessions)),
+    )
+    process = await LocalBackend().spawn(SpawnSpec(argv=("/bin/sh", "-c", LEAVES_EVERY_NET)), make_tags())
+    seen = await read_until(process, b"-up")
+    daemon = ProcessIdentity.of(int(re.search(rb"daemon-(\d+)-up", seen).group(1)))
+    holder = ProcessIdentity.from_json(process.handle["holder"]["process"])
+    try:
+        assert process.handle["holder"]["subreaper"]
+        assert _parent_of(daemon.pid) == holder.pid
+        reading = asyncio.ensure_future(drain(process, 20))
+        exit = await asyncio.wait_for(process.terminate(grace=0.3), 20)
+        assert exit.signal == signal.SIGHUP  # the program's own end: its sleep took the HUP
+        assert not daemon.is_alive()
+        assert passes == [False]  # the sweep for strays; no pass for the session
+        await asyncio.wait_for(reading, 20)
+    finally:
+        daemon.signal(signal.SIGKILL)
+        await process.release()
+
+
+def test_serve_says_whether_its_holder_is_a_subreaper_and_an_answer_of_another_shape_is_refused():
+    from terminals.backends.base import BackendError
+    from terminals.backends.holder import parse_started
+
+    assert parse_started("holder 10 20 program 11 21 subreaper\n").subreaper
+    assert not parse_started("holder 10 20 program 11 21\n").subreaper  # a holder built before: by marker
+    for text in ("holder 10 20 program 11 21 extra", "error no PTY", "", "holder 10 20 program 11"):
+        with pytest.raises(BackendError, match="did not start"):
+            parse_started(text)
 
 
 # --- docker: the holder inside the container ---------------------------------------------------------

@@ -135,15 +135,15 @@ async def test_trees_ended_at_once_are_all_ended_in_passes_over_proc_they_share(
     original_read, original_table = procfs.ProcessTable.__dict__["read"], procfs.shared_table
     read = procfs.ProcessTable.read
 
-    def counted():
+    def counted(with_sessions=True):
         nonlocal passes
         passes += 1
-        return read()
+        return read(with_sessions)
 
-    async def counted_table(fresh_from):
+    async def counted_table(fresh_from, **kind):
         nonlocal asked
         asked += 1
-        return await original_table(fresh_from)
+        return await original_table(fresh_from, **kind)
 
     escaped = "setsid sh -c \"trap '' HUP TERM; echo escaped-\\$\\$-up; exec sleep 1000\""
     processes = [
