@@ -93,7 +93,8 @@ async def main(args) -> Report:
     container, _ = start_container("tether-test-bench")
     workdir = Path(tempfile.mkdtemp(prefix="tether-bench-"))
     chosen = args.only.split(",") if args.only else [*BENCHMARKS, "embedded"]
-    ctx = Context(stack, user, cookie, report, not args.full, workdir)
+    sizes = {name: int(value) for name, _, value in (size.partition("=") for size in args.size or [])}
+    ctx = Context(stack, user, cookie, report, not args.full, workdir, sizes=sizes)
     try:
         await sync_to_async(stack.start_daphne)()
         await sync_to_async(stack.start_worker)("local,tmux,docker")
@@ -169,6 +170,9 @@ def cli() -> None:
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument("--profile", metavar="DIR", help="sample daphne and the worker with py-spy into DIR")
     parser.add_argument("--set", action="append", metavar="NAME=VALUE", help="a setting for daphne and the worker")
+    parser.add_argument(
+        "--size", action="append", metavar="NAME=N", help="a size instead of quick or full: density.local, density.tmux"
+    )
     args = parser.parse_args()
     setup_django()
     report = asyncio.run(main(args))

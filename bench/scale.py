@@ -29,6 +29,9 @@ async def bench_density(ctx: Context) -> None:
     # Full: the 5,000 local sessions of the performance issue; tmux 1,000 (each pane also runs tmux's shim,
     # a Python process of about 10 MiB: 5,000 would need 50 GiB for the shims alone).
     for backend, count in (("local", 100 if ctx.quick else 5000), ("tmux", 100 if ctx.quick else 1000)):
+        count = ctx.sizes.get(f"density.{backend}", count)  # --size density.local=2000
+        if not count:
+            continue
         _enough_ptys(count)
         # A fresh worker for each: memory the last benchmark's sessions freed would otherwise be reused.
         old = ctx.stack.workers[-1]
@@ -66,7 +69,19 @@ async def bench_density(ctx: Context) -> None:
             )
         )
         ctx.report.add(Figure(f"density: worker CPU with {count} idle {backend} sessions", cpu_idle, "% of a core"))
-        await close_all(sessions)
+        began = time.monotonic()
+        asking = await close_all(sessions)
+        closing = time.monotonic() - began
+        unknown = await sync_to_async(_unknown)([s.execution_id for s in sessions])
+        ctx.report.add(
+            Figure(
+                f"density: {backend} sessions closed per second, all {count} at once",
+                count / closing,
+                "/s",
+                note=f"{closing:.1f} s from the first Kill to the last closed (the Kills asked in {asking:.1f} s); "
+                f"{unknown} recorded unknown",
+            )
+        )
         leftovers = _processes(marker, socket if backend == "tmux" else "")
         ctx.report.add(
             Figure(
@@ -79,6 +94,13 @@ async def bench_density(ctx: Context) -> None:
         )
         if backend == "tmux":
             subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+
+
+def _unknown(ids: list[int]) -> int:
+    """Executions recorded ``unknown``: the worker could not prove the end its Kill made."""
+    from executions.models import Execution
+
+    return Execution.objects.filter(pk__in=ids, state="unknown").count()
 
 
 PTY_MAX, PTY_NR = Path("/proc/sys/kernel/pty/max"), Path("/proc/sys/kernel/pty/nr")

@@ -23,6 +23,7 @@ class Context:
     quick: bool
     workdir: Path
     peers: dict = field(default_factory=dict)  # the peers' figures measured in this run (terminado's echo)
+    sizes: dict = field(default_factory=dict)  # --size NAME=N: a benchmark's size instead of quick or full
 
 
 async def terminado_echo_summary(ctx: Context, samples: int) -> dict[str, float]:
@@ -127,11 +128,14 @@ def raw_echo_latency(samples: int) -> list[float]:
         raw.close()
 
 
-async def close_all(sessions) -> None:
+async def close_all(sessions) -> float:
+    """Kill every session and wait until all are closed; returns how long asking took (seconds)."""
     from terminals.models import TerminalSession
 
+    began = time.monotonic()
     for session in sessions:
         await close_session(session)
+    asking = time.monotonic() - began
     await wait_until(
         lambda: sync_to_async(
             lambda: (
@@ -143,3 +147,4 @@ async def close_all(sessions) -> None:
         timeout=900,
         interval=0.5,
     )
+    return asking
