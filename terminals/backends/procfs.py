@@ -101,6 +101,10 @@ class ProcessIdentity:
             signal.pidfd_send_signal(pidfd, signum)
         except ProcessLookupError:
             return False
+        except PermissionError:
+            # Another user's process (a sudo in the shell): not ours to signal. Said as not sent, never
+            # raised, so that a round that stopped the rest of a tree still lets every one of them go on.
+            return False
         finally:
             os.close(pidfd)
         return True
@@ -326,9 +330,11 @@ def _stopped_below(root: ProcessIdentity) -> list[ProcessIdentity] | None:
     found = []
     for pid in pids:  # grows as the walk goes down
         identity = ProcessIdentity.of(pid)
-        if identity is None or not identity.signal(signal.SIGSTOP):
+        if identity is None or not identity.is_alive():
             continue  # gone, or a zombie: its children were given to root before it became one
-        found.append(identity)
+        if identity.signal(signal.SIGSTOP):
+            found.append(identity)
+        # (one that is not ours to stop, a sudo, is walked through: what it started may be ours)
         pids.extend(_children(pid) or ())
     return found
 

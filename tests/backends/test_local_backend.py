@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import secrets
 import signal
@@ -200,3 +201,25 @@ def test_a_signal_reaches_the_recorded_process_and_never_an_exited_or_reaped_one
     assert identity.is_present() and not identity.signal(signal.SIGKILL)
     assert child.wait() == -signal.SIGTERM
     assert not identity.is_present() and not identity.signal(signal.SIGKILL)  # reaped: the pid is free
+
+
+def test_a_process_not_ours_to_signal_is_said_not_signalled_not_raised():
+    """A worker that is not root, ending a tree with another user's process in it (a sudo in the shell),
+    is told the signal was not sent: raised, it stopped the round after the rest of the tree was stopped
+    (SIGSTOP), so they never went on. Run as nobody against a root process; Debian's python3, since the
+    venv's may sit where nobody can read it."""
+    assert os.getuid() == 0, "this test plays another user with setpriv, which needs root"
+    root_process = subprocess.Popen(["sleep", "1000"])
+    try:
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+             "import sys; sys.path.insert(0, sys.argv[1]); from terminals.backends.procfs import ProcessIdentity;"
+             " print(ProcessIdentity.of(int(sys.argv[2])).signal(15))",
+             str(Path(__file__).resolve().parents[2]), str(root_process.pid)],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr
+        assert root_process.poll() is None  # and it was indeed not signalled
+    finally:
+        root_process.kill()
+        root_process.wait()
