@@ -362,13 +362,7 @@ async def terminate_descendants(holder: ProcessIdentity, *, grace: float = 2.0, 
         found = _stopped_below(holder)
         if found is None:
             return None
-        try:
-            for process in found:
-                for signum in signals:
-                    process.signal(signum)
-        finally:
-            for process in found:
-                process.signal(signal.SIGCONT)
+        _frozen(found, *signals)  # stopped already, as the walk found them: signalled, then let go
         return bool(found)
 
     if round(signal.SIGHUP, signal.SIGTERM) is None:
