@@ -330,11 +330,11 @@ def _stopped_below(root: ProcessIdentity) -> list[ProcessIdentity] | None:
     found = []
     for pid in pids:  # grows as the walk goes down
         identity = ProcessIdentity.of(pid)
-        if identity is None or not identity.is_alive():
-            continue  # gone, or a zombie: its children were given to root before it became one
-        if identity.signal(signal.SIGSTOP):
+        if identity is None:
+            continue  # gone
+        if identity.signal(signal.SIGSTOP):  # not sent to a zombie, nor to one not ours (a sudo)
             found.append(identity)
-        # (one that is not ours to stop, a sudo, is walked through: what it started may be ours)
+        # Walked through either way: a zombie has no children (they went to root), a sudo's may be ours.
         pids.extend(_children(pid) or ())
     return found
 
