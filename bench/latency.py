@@ -30,10 +30,11 @@ from bench.sessions import (
 
 
 async def bench_echo_other_layer(ctx: Context) -> None:
-    """The idle echo again through a second daphne and worker on the other channels-redis layer."""
+    """The idle echo again through a second daphne and worker on another layer (channels-redis's pub/sub when
+    the default is Tether's)."""
     from django.conf import settings as django_settings
 
-    other = "core" if django_settings.TETHER_CHANNEL_LAYER == "pubsub" else "pubsub"
+    other = "channels-pubsub" if django_settings.TETHER_CHANNEL_LAYER == "pubsub" else "pubsub"
     from tests.bridge.harness import Stack
 
     samples = 1000 if ctx.quick else 5000
@@ -173,9 +174,12 @@ async def _loaded_echo(ctx: Context, viewer, count: int, samples: int, idle_peer
 
 
 async def bench_layers(ctx: Context) -> None:
-    """One message there and back between two channels: channels-redis core vs pub/sub."""
+    """One message there and back between two channels: Tether's pub/sub layer against channels-redis's
+    pub/sub and core layers, with the CPU each takes per hop (sender and receiver are this process)."""
     from channels_redis.core import RedisChannelLayer
     from channels_redis.pubsub import RedisPubSubChannelLayer
+
+    from terminals.redis_layer import RedisPubSubLayer
 
     samples = 500 if ctx.quick else 2000
     results = {}
@@ -184,10 +188,15 @@ async def bench_layers(ctx: Context) -> None:
             "core",
             RedisChannelLayer(hosts=[{"address": ctx.stack.redis_url, "socket_timeout": 15}], prefix=unique("bench")),
         ),
-        ("pubsub", RedisPubSubChannelLayer(hosts=[{"address": ctx.stack.redis_url}], prefix=unique("bench"))),
+        (
+            "channels-pubsub",
+            RedisPubSubChannelLayer(hosts=[{"address": ctx.stack.redis_url, "protocol": 2}], prefix=unique("bench")),
+        ),
+        ("pubsub", RedisPubSubLayer(hosts=[ctx.stack.redis_url], prefix=unique("bench"))),
     ):
         a, b = await layer.new_channel(), await layer.new_channel()
         times = []
+        cpu = time.process_time()
         for _ in range(samples):
             began = time.perf_counter()
             await layer.send(b, {"type": "ping", "data": b"x"})
@@ -196,6 +205,7 @@ async def bench_layers(ctx: Context) -> None:
             await layer.receive(a)
             times.append((time.perf_counter() - began) * 1000 / 2)
         results[name] = summary(times)
+        results[name]["cpu"] = (time.process_time() - cpu) * 1e6 / (2 * samples)
         if hasattr(layer, "flush"):
             await layer.flush()
     ctx.report.add(
@@ -206,5 +216,16 @@ async def bench_layers(ctx: Context) -> None:
             results["pubsub"]["p50"],
             "pub/sub",
             note=f"p99 {results['core']['p99']:.2f} vs {results['pubsub']['p99']:.2f} ms",
+        )
+    )
+    theirs, ours = results["channels-pubsub"], results["pubsub"]
+    ctx.report.add(
+        Figure(
+            "channel layer one-way hop, Tether's pub/sub layer, p50",
+            ours["p50"],
+            "ms",
+            theirs["p50"],
+            "channels-redis pub/sub",
+            note=f"p99 {ours['p99']:.2f} vs {theirs['p99']:.2f} ms; CPU {ours['cpu']:.0f} vs {theirs['cpu']:.0f} µs a hop",
         )
     )

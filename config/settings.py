@@ -111,11 +111,20 @@ REDIS_URL = redis_url("REDIS_URL")
 # Every channel-layer message is refused over this size (terminals/layers.py). Output travels in
 # 64 KiB pieces; the largest message is a tmux screen redrawn on attach, kept well under this.
 TETHER_LAYER_MESSAGE_BYTES = env_int("TETHER_LAYER_MESSAGE_BYTES", 1024 * 1024, minimum=128 * 1024)
-# pubsub: Redis PUBLISH (at-most-once, one Redis round trip a hop: 2.5x faster echo here); core:
-# channels-redis lists (at-least-once, per-channel capacity). The protocol survives both loss and
-# repetition (offsets, numbered input, owner checks against PostgreSQL); see docs/benchmarks.md.
-TETHER_CHANNEL_LAYER = env_choice("TETHER_CHANNEL_LAYER", "pubsub", {"core", "pubsub"})
+# pubsub: Redis PUBLISH (at-most-once), spoken by Tether's own client (terminals/redis_layer.py:
+# pipelined publishes, one subscribing connection read with hiredis); channels-pubsub: the same through
+# channels-redis's pub/sub layer (redis-py's command path, 2.5x the CPU a hop); core: channels-redis lists
+# (at-least-once, per-channel capacity). The protocol survives both loss and repetition (offsets,
+# numbered input, owner checks against PostgreSQL); see docs/benchmarks.md.
+TETHER_CHANNEL_LAYER = env_choice("TETHER_CHANNEL_LAYER", "pubsub", {"core", "pubsub", "channels-pubsub"})
 if REDIS_URL and TETHER_CHANNEL_LAYER == "pubsub":
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "terminals.layers.CappedRedisPubSubLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("TETHER_CHANNEL_PREFIX", "tether")},
+        }
+    }
+elif REDIS_URL and TETHER_CHANNEL_LAYER == "channels-pubsub":
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "terminals.layers.CappedPubSubLayer",

@@ -11,6 +11,7 @@ from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.conf import settings
 
 from terminals import metrics
+from terminals.redis_layer import RedisPubSubLayer
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,12 @@ class _CappedSerialize:
         return data
 
 
+class CappedRedisPubSubLayer(_CappedSerialize, RedisPubSubLayer):
+    """Tether's pub/sub layer (the default), refusing any message over the cap."""
+
+
 class CappedPubSubLayer(_CappedSerialize, RedisPubSubChannelLayer):
-    """The pub/sub layer (the default), refusing any message over the cap."""
+    """channels-redis's pub/sub layer, refusing any message over the cap."""
 
 
 class CappedRedisLayer(_CappedSerialize, RedisChannelLayer):
@@ -81,7 +86,12 @@ async def forget_channel(layer, channel: str | None) -> None:
     """
     if layer is None or not channel:
         return
-    if isinstance(layer, RedisPubSubChannelLayer):
+    if isinstance(layer, RedisPubSubLayer):
+        try:
+            await layer.forget(channel)
+        except Exception as error:  # Redis away: the subscription goes with the connection's next loss
+            log.warning("could not unsubscribe %s (%r)", channel, error)
+    elif isinstance(layer, RedisPubSubChannelLayer):
         loop_layer = layer._get_layer()  # the layer object of this event loop
         if loop_layer.channels.pop(channel, None) is not None:
             try:

@@ -7,20 +7,28 @@ import uuid
 
 import pytest
 
-from terminals.layers import CappedInMemoryLayer, CappedPubSubLayer, CappedRedisLayer, MessageTooLarge
+from terminals.layers import (
+    CappedInMemoryLayer,
+    CappedPubSubLayer,
+    CappedRedisLayer,
+    CappedRedisPubSubLayer,
+    MessageTooLarge,
+)
 from tests.bridge.harness import REDIS_URL
 
 
 def make_layer(kind: str):
     prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
     if kind == "pubsub":
+        return CappedRedisPubSubLayer(hosts=[REDIS_URL], prefix=prefix)
+    if kind == "channels-pubsub":
         return CappedPubSubLayer(hosts=[{"address": REDIS_URL}], prefix=prefix)
     if kind == "core":
         return CappedRedisLayer(hosts=[{"address": REDIS_URL, "socket_timeout": 15}], prefix=prefix)
     return CappedInMemoryLayer()
 
 
-@pytest.mark.parametrize("kind", ["pubsub", "core", "memory"])
+@pytest.mark.parametrize("kind", ["pubsub", "channels-pubsub", "core", "memory"])
 async def test_a_message_over_the_cap_is_refused_and_the_channel_carries_on(settings, kind):
     settings.TETHER_LAYER_MESSAGE_BYTES = 128 * 1024
     layer = make_layer(kind)

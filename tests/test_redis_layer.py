@@ -1,0 +1,159 @@
+"""Tether's pub/sub channel layer (terminals/redis_layer.py), on real Redis: what a sender and a
+receiver rely on, through a Redis restart and after a channel is let go of."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+
+import pytest
+import redis
+from asgiref.sync import async_to_sync
+
+from terminals.redis_layer import RedisPubSubLayer
+from tests.bridge.harness import REDIS_URL, RedisServer
+
+PREFIX = f"tether-test-{uuid.uuid4().hex[:8]}."  # as every process of one install shares its prefix
+
+
+def make_layer(url: str = REDIS_URL) -> RedisPubSubLayer:
+    return RedisPubSubLayer(hosts=[url], prefix=PREFIX)
+
+
+async def test_the_first_message_sent_after_new_channel_is_received():
+    """new_channel returns once Redis has the subscription: a message sent at once is never lost."""
+    sender, receiver = make_layer(), make_layer()
+    try:
+        for n in range(50):
+            channel = await receiver.new_channel()
+            await sender.send(channel, {"type": "terminal.output", "n": n, "data": b"\x00\xff"})
+            message = await asyncio.wait_for(receiver.receive(channel), 5)
+            assert message == {"type": "terminal.output", "n": n, "data": b"\x00\xff"}
+            await receiver.forget(channel)
+    finally:
+        await sender.flush()
+        await receiver.flush()
+
+
+async def test_groups_reach_every_member_and_a_discarded_one_no_more():
+    sender, receiver = make_layer(), make_layer()
+    try:
+        first, second = await receiver.new_channel(), await receiver.new_channel()
+        await receiver.group_add("viewers", first)
+        await receiver.group_add("viewers", second)
+        await sender.group_send("viewers", {"type": "hello"})
+        assert await asyncio.wait_for(receiver.receive(first), 5) == {"type": "hello"}
+        assert await asyncio.wait_for(receiver.receive(second), 5) == {"type": "hello"}
+        await receiver.group_discard("viewers", first)
+        await sender.group_send("viewers", {"type": "again"})
+        assert await asyncio.wait_for(receiver.receive(second), 5) == {"type": "again"}
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(receiver.receive(first), 0.5)
+    finally:
+        await sender.flush()
+        await receiver.flush()
+
+
+async def test_publishes_are_not_reordered_under_a_burst():
+    """Pipelined publishes (nothing waits for Redis's reply) still arrive in the order they were sent."""
+    sender, receiver = make_layer(), make_layer()
+    try:
+        channel = await receiver.new_channel()
+        for n in range(2000):
+            await sender.send(channel, {"type": "terminal.output", "offset": n, "data": b"x" * 2048})
+        got = [(await asyncio.wait_for(receiver.receive(channel), 5))["offset"] for _ in range(2000)]
+        assert got == list(range(2000))
+    finally:
+        await sender.flush()
+        await receiver.flush()
+
+
+async def test_a_cancelled_receive_lets_go_of_its_channel_in_redis():
+    """A consumer that ends (its receive cancelled) leaves no subscription behind in Redis."""
+    receiver = make_layer()
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        channel = await receiver.new_channel()
+        assert client.pubsub_numsub(channel) == [(channel.encode(), 1)]
+        receiving = asyncio.ensure_future(receiver.receive(channel))
+        await asyncio.sleep(0.1)
+        receiving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await receiving
+        for _ in range(50):
+            if client.pubsub_numsub(channel) == [(channel.encode(), 0)]:
+                break
+            await asyncio.sleep(0.05)
+        assert client.pubsub_numsub(channel) == [(channel.encode(), 0)]
+    finally:
+        client.close()
+        await receiver.flush()
+
+
+async def test_a_redis_restart_is_survived_sends_raise_while_it_is_away_and_subscriptions_come_back():
+    server = RedisServer()
+    server.start()
+    sender, receiver = make_layer(server.url), make_layer(server.url)
+    try:
+        channel = await receiver.new_channel()
+        await receiver.group_add("viewers", channel)
+        await sender.send(channel, {"type": "before"})
+        assert await asyncio.wait_for(receiver.receive(channel), 5) == {"type": "before"}
+        server.stop()
+        # A sender finds out: once its connection is seen gone, a send raises (the caller counts it and
+        # the protocol's offsets recover what was lost), it never hangs.
+        raised = None
+        for _ in range(50):
+            try:
+                await asyncio.wait_for(sender.send(channel, {"type": "lost"}), 10)
+            except (ConnectionError, OSError) as error:
+                raised = error
+                break
+            await asyncio.sleep(0.1)
+        assert raised is not None, "sends to a stopped Redis never raised"
+        # A consumer connecting meanwhile is told so at once, not handed a channel nothing can reach.
+        late = make_layer(server.url)
+        with pytest.raises(ConnectionError, match="did not confirm"):
+            await asyncio.wait_for(late.new_channel(), 15)
+        await late.flush()
+        server.start()  # the same port: Redis is back, empty
+        # The receiver subscribes its channel and its group again by itself.
+        delivered = None
+        for n in range(100):
+            try:
+                await sender.send(channel, {"type": "after", "n": n})
+                await sender.group_send("viewers", {"type": "group", "n": n})
+                delivered = await asyncio.wait_for(receiver.receive(channel), 0.2)
+                break
+            except (ConnectionError, OSError, TimeoutError):
+                await asyncio.sleep(0.1)
+        assert delivered is not None and delivered["type"] in ("after", "group")
+    finally:
+        await sender.flush()
+        await receiver.flush()
+        server.stop()
+
+
+def test_a_loop_made_for_one_call_closes_its_connections():
+    """Synchronous code (a view, a signal after a commit) sends through async_to_sync from threads: each
+    call's event loop closes its connections with it, so Redis's client count does not grow."""
+    layer = make_layer()
+    client = redis.Redis.from_url(REDIS_URL)
+
+    def clients() -> int:
+        return len(client.client_list())
+
+    try:
+        before = clients()
+
+        def send_some():
+            for n in range(20):
+                async_to_sync(layer.group_send)("nobody", {"type": "hello", "n": n})
+
+        thread = threading.Thread(target=send_some)
+        thread.start()
+        thread.join(60)
+        assert clients() <= before + 1
+    finally:
+        client.close()
