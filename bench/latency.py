@@ -226,6 +226,7 @@ async def bench_layers(ctx: Context) -> None:
             "ms",
             theirs["p50"],
             "channels-redis pub/sub",
-            note=f"p99 {ours['p99']:.2f} vs {theirs['p99']:.2f} ms; CPU {ours['cpu']:.0f} vs {theirs['cpu']:.0f} µs a hop",
+            note=f"p99 {ours['p99']:.2f} vs {theirs['p99']:.2f} ms; "
+            f"CPU {ours['cpu']:.0f} vs {theirs['cpu']:.0f} µs a hop",
         )
     )

@@ -132,6 +132,13 @@ async def main(args) -> Report:
     return report
 
 
+LAYER_NAMES = {
+    "pubsub": "PUBLISH, Tether's own pub/sub layer",
+    "channels-pubsub": "PUBLISH, channels-redis's pub/sub layer",
+    "core": "lists, channels-redis's core layer",
+}
+
+
 def write_markdown(report: Report, args, path: Path) -> None:
     from django.conf import settings
 
@@ -145,7 +152,7 @@ def write_markdown(report: Report, args, path: Path) -> None:
         f"- run: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {'full' if args.full else 'quick'} sizes"
         + (f", with {', '.join(args.set)}" if args.set else ""),
         f"- machine: {os.cpu_count()} cores ({cpu}), Linux {platform.release()}, Python {platform.python_version()}",
-        f"- path: WebSocket client → daphne (consumer) → Redis (channels-redis {settings.TETHER_CHANNEL_LAYER} layer)"
+        f"- path: WebSocket client → daphne (consumer) → Redis ({LAYER_NAMES[settings.TETHER_CHANNEL_LAYER]})"
         " → owner worker → process",
         "",
         report.markdown(),

@@ -309,7 +309,9 @@ class RedisPubSubLayer(BaseChannelLayer):
 
     async def receive(self, channel: str) -> dict:
         layer = self._layer()
-        queue = layer.channels.get(channel) or await self._subscribe(channel)
+        queue = layer.channels.get(channel)
+        if queue is None:
+            queue = await self._subscribe(channel)
         try:
             data = await queue.get()
         except (asyncio.CancelledError, TimeoutError, GeneratorExit):
