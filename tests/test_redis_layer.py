@@ -4,13 +4,17 @@ receiver rely on, through a Redis restart and after a channel is let go of."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import socket
 import threading
 import uuid
 
+import msgpack
 import pytest
 import redis
 from asgiref.sync import async_to_sync
 
+from terminals import redis_layer
 from terminals.redis_layer import RedisPubSubLayer
 from tests.bridge.harness import REDIS_URL, RedisServer
 
@@ -118,17 +122,31 @@ async def test_a_redis_restart_is_survived_sends_raise_while_it_is_away_and_subs
             await asyncio.wait_for(late.new_channel(), 15)
         await late.flush()
         server.start()  # the same port: Redis is back, empty
-        # The receiver subscribes its channel and its group again by itself.
-        delivered = None
+        # The receiver subscribes its channel and its group again by itself: its consumer, waiting all
+        # along, gets what is sent once Redis is back.
+        receiving = asyncio.ensure_future(receiver.receive(channel))
         for n in range(100):
             try:
                 await sender.send(channel, {"type": "after", "n": n})
-                await sender.group_send("viewers", {"type": "group", "n": n})
-                delivered = await asyncio.wait_for(receiver.receive(channel), 0.2)
+            except (ConnectionError, OSError):
+                pass
+            await asyncio.sleep(0.1)
+            if receiving.done():
                 break
-            except (ConnectionError, OSError, TimeoutError):
-                await asyncio.sleep(0.1)
-        assert delivered is not None and delivered["type"] in ("after", "group")
+        assert (await asyncio.wait_for(receiving, 1))["type"] == "after"
+
+        async def a_group_message():
+            while (message := await receiver.receive(channel))["type"] != "group":
+                pass
+            return message
+
+        receiving = asyncio.ensure_future(a_group_message())
+        for n in range(50):
+            await sender.group_send("viewers", {"type": "group", "n": n})
+            await asyncio.sleep(0.1)
+            if receiving.done():
+                break
+        assert (await asyncio.wait_for(receiving, 1))["type"] == "group"
     finally:
         await sender.flush()
         await receiver.flush()
@@ -159,3 +177,122 @@ def test_a_loop_made_for_one_call_closes_its_connections():
         assert layer._layers == {}  # nothing kept for the 20 loops that have closed
     finally:
         client.close()
+
+
+async def test_members_joining_one_group_at_once_share_its_confirmation_and_its_failure(monkeypatch):
+    """Two viewers join one group while Redis cannot confirm it in time: both are told, neither is left
+    believing it is in a group Redis does not deliver to; once Redis answers, joining works."""
+    sender, receiver = make_layer(), make_layer()
+    try:
+        first, second = await receiver.new_channel(), await receiver.new_channel()
+        monkeypatch.setattr(redis_layer, "CONFIRM_SECONDS", 0)
+        results = await asyncio.gather(
+            receiver.group_add("crowd", first), receiver.group_add("crowd", second), return_exceptions=True
+        )
+        assert [type(result) for result in results] == [ConnectionError, ConnectionError]
+        monkeypatch.setattr(redis_layer, "CONFIRM_SECONDS", 5.0)
+        await asyncio.gather(receiver.group_add("crowd", first), receiver.group_add("crowd", second))
+        await sender.group_send("crowd", {"type": "hello"})
+        assert await asyncio.wait_for(receiver.receive(first), 5) == {"type": "hello"}
+        assert await asyncio.wait_for(receiver.receive(second), 5) == {"type": "hello"}
+    finally:
+        await sender.flush()
+        await receiver.flush()
+
+
+async def test_a_cancelled_new_channel_leaves_no_subscription_in_redis():
+    layer = make_layer()
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        kept = await layer.new_channel()  # the connection is up: the next subscribe is one write away
+        asking = asyncio.ensure_future(layer.new_channel())
+        await asyncio.sleep(0)
+        asking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asking
+        await asyncio.sleep(0.3)
+        assert client.pubsub_channels(f"{PREFIX}*") == [kept.encode()]
+    finally:
+        client.close()
+        await layer.flush()
+
+
+def test_what_a_closing_loop_has_buffered_still_reaches_redis(monkeypatch):
+    """A view's async_to_sync send returns once its bytes are buffered; when that call's loop closes, they
+    are still sent, not thrown away (a small send buffer stands in for a slow link to Redis)."""
+    connect = redis_layer._connect
+
+    async def slow_link(url):
+        reader, writer = await connect(url)
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        return reader, writer
+
+    monkeypatch.setattr(redis_layer, "_connect", slow_link)
+    layer = make_layer()
+    client = redis.Redis.from_url(REDIS_URL)
+    listener = client.pubsub()
+    listener.subscribe(f"{PREFIX}slow")
+    listener.get_message(timeout=2)  # the subscribe's confirmation
+    try:
+
+        def send_some():
+            for n in range(5):
+                async_to_sync(layer.send)(f"{PREFIX}slow", {"type": "big", "n": n, "data": b"z" * 200_000})
+
+        thread = threading.Thread(target=send_some)
+        thread.start()
+        thread.join(60)
+        got = []
+        while (message := listener.get_message(timeout=5)) is not None:
+            got.append(msgpack.unpackb(message["data"])["n"])
+            if len(got) == 5:
+                break
+        assert got == [0, 1, 2, 3, 4]
+    finally:
+        listener.close()
+        client.close()
+
+
+async def test_a_redis_that_stops_answering_makes_publishes_raise_then_they_connect_again(monkeypatch):
+    """A Redis that stops answering (stopped, or its host gone without a reset) is found out: publishes
+    raise once they have gone unanswered a while, instead of piling up unseen; after it answers again
+    they go through."""
+    monkeypatch.setattr(redis_layer, "ANSWER_SECONDS", 1.0)
+    server = RedisServer()
+    server.start()
+    sender, receiver = make_layer(server.url), make_layer(server.url)
+    try:
+        channel = await receiver.new_channel()
+        await sender.send(channel, {"type": "before"})
+        assert await asyncio.wait_for(receiver.receive(channel), 5) == {"type": "before"}
+        server.process.send_signal(signal.SIGSTOP)
+        raised = None
+        for _ in range(40):
+            try:
+                await sender.send(channel, {"type": "unanswered"})
+            except ConnectionError as error:
+                raised = error
+                break
+            await asyncio.sleep(0.1)
+        assert raised is not None and "not answered" in str(raised)
+        server.process.send_signal(signal.SIGCONT)
+        await sender.send(channel, {"type": "after"})
+        seen = []
+        async with asyncio.timeout(10):
+            while not seen or seen[-1] != "after":
+                seen.append((await receiver.receive(channel))["type"])
+        assert seen[-1] == "after"
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+        await sender.flush()
+        await receiver.flush()
+        server.stop()
+
+
+def test_options_it_cannot_honour_are_refused():
+    with pytest.raises(ValueError, match="symmetric_encryption_keys"):
+        RedisPubSubLayer(hosts=[REDIS_URL], symmetric_encryption_keys=["secret"])
+    with pytest.raises(ValueError, match="one host"):
+        RedisPubSubLayer(hosts=[REDIS_URL, REDIS_URL])
+    with pytest.raises(ValueError, match="ssl_cert_reqs"):
+        RedisPubSubLayer(hosts=[{"address": REDIS_URL, "ssl_cert_reqs": None}])
