@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import subprocess
 import threading
 import uuid
 
@@ -16,7 +17,7 @@ from asgiref.sync import async_to_sync
 
 from terminals import redis_layer
 from terminals.redis_layer import RedisPubSubLayer
-from tests.bridge.harness import REDIS_URL, RedisServer
+from tests.bridge.harness import REDIS_URL, RedisServer, free_port
 
 PREFIX = f"tether-test-{uuid.uuid4().hex[:8]}."  # as every process of one install shares its prefix
 
@@ -296,3 +297,40 @@ def test_options_it_cannot_honour_are_refused():
         RedisPubSubLayer(hosts=[REDIS_URL, REDIS_URL])
     with pytest.raises(ValueError, match="ssl_cert_reqs"):
         RedisPubSubLayer(hosts=[{"address": REDIS_URL, "ssl_cert_reqs": None}])
+
+
+async def test_a_password_and_a_unix_socket_work_as_redis_url_says(tmp_path):
+    """Production Redis wants a password, and often listens on a unix socket: both, as REDIS_URL spells
+    them, carry messages (and a wrong password is refused, never silently ignored)."""
+    sock = tmp_path / "redis.sock"
+    port = free_port()
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--unixsocket", str(sock)]
+    server = subprocess.Popen(
+        [*argv, "--requirepass", "s3cret", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(100):
+            if sock.exists():
+                break
+            await asyncio.sleep(0.05)
+        for url in (f"redis://:s3cret@127.0.0.1:{port}/0", f"unix://:s3cret@{sock}?db=0"):
+            sender, receiver = make_layer(url), make_layer(url)
+            try:
+                channel = await receiver.new_channel()
+                await sender.send(channel, {"type": "hello", "via": url.split(":")[0]})
+                assert await asyncio.wait_for(receiver.receive(channel), 5) == {
+                    "type": "hello",
+                    "via": url.split(":")[0],
+                }
+            finally:
+                await sender.flush()
+                await receiver.flush()
+        wrong = make_layer(f"redis://:wrong@127.0.0.1:{port}/0")
+        with pytest.raises(ConnectionError):
+            await wrong.send(f"{PREFIX}nobody", {"type": "hello"})
+        await wrong.flush()
+    finally:
+        server.kill()
+        server.wait()
