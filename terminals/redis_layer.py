@@ -152,6 +152,7 @@ class _Subscriber:
         self.confirming: dict[str, list[asyncio.Future]] = {}  # callers waiting for a name's confirmation
         self.unanswered: dict[str, int] = {}  # SUBSCRIBEs sent on this connection and not yet answered
         self.task: asyncio.Task | None = None
+        self.failure: Exception | None = None  # why the last connect failed, said to a subscribe that gives up
 
     def _ask(self, *names: str) -> None:
         self.writer.write(_command(b"SUBSCRIBE", *names))
@@ -183,8 +184,9 @@ class _Subscriber:
             if not waiting:
                 self.confirming.pop(name, None)
             if isinstance(error, TimeoutError):
+                why = f": {self.failure}" if self.failure else ""
                 raise ConnectionError(
-                    f"Redis did not confirm the subscription to {name} in {CONFIRM_SECONDS:.0f} s"
+                    f"Redis did not confirm the subscription to {name} in {CONFIRM_SECONDS:.0f} s{why}"
                 ) from None
             raise
 
@@ -206,11 +208,12 @@ class _Subscriber:
             try:
                 reader, writer = await _connect(self.url)
             except Exception as error:  # refused, unreachable, or redis-py's own (AUTH refused, its timeout)
+                self.failure = error
                 log.warning("cannot subscribe on Redis (%r); trying again in %.1fs", error, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            backoff = 0.1
+            backoff, self.failure = 0.1, None
             self.writer, self.unanswered = writer, {}
             if self.names:
                 self._ask(*sorted(self.names))

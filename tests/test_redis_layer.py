@@ -334,3 +334,87 @@ async def test_a_password_and_a_unix_socket_work_as_redis_url_says(tmp_path):
     finally:
         server.kill()
         server.wait()
+
+
+def _certificates(directory) -> tuple[str, str, str]:
+    """A CA and a server certificate for 127.0.0.1 signed by it (files: ca, cert, key)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def made(subject, issuer, key, signer, *extensions):
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+        )
+        for extension, critical in extensions:
+            builder = builder.add_extension(extension, critical=critical)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = made(
+        "tether test CA", "tether test CA", ca_key, ca_key, (x509.BasicConstraints(ca=True, path_length=None), True)
+    )
+    alt = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    server = made("127.0.0.1", "tether test CA", server_key, ca_key, (alt, False))
+    paths = [directory / name for name in ("ca.crt", "server.crt", "server.key")]
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        server_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return tuple(str(path) for path in paths)
+
+
+async def test_tls_carries_messages_with_the_ca_the_url_names_and_refuses_a_certificate_it_cannot_trust(
+    tmp_path, monkeypatch
+):
+    """rediss:// verifies Redis's certificate: with the CA the URL names, messages flow; without it the
+    subscribe fails and says why (the certificate), never falls back to an unverified connection."""
+    ca, cert, key = _certificates(tmp_path)
+    port = free_port()
+    argv = ["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    server = subprocess.Popen(
+        [*argv, "--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", ca, "--tls-auth-clients", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}"
+        sender, receiver = make_layer(url), make_layer(url)
+        try:
+            channel = await receiver.new_channel()
+            await sender.send(channel, {"type": "over tls"})
+            assert await asyncio.wait_for(receiver.receive(channel), 5) == {"type": "over tls"}
+        finally:
+            await sender.flush()
+            await receiver.flush()
+        monkeypatch.setattr(redis_layer, "CONFIRM_SECONDS", 1.0)
+        untrusted = make_layer(f"rediss://127.0.0.1:{port}/0")
+        with pytest.raises(ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+            await untrusted.new_channel()
+        with pytest.raises(ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+            await untrusted.send(f"{PREFIX}nobody", {"type": "hello"})
+        await untrusted.flush()
+    finally:
+        server.kill()
+        server.wait()
