@@ -113,7 +113,7 @@ REDIS_URL = redis_url("REDIS_URL")
 TETHER_LAYER_MESSAGE_BYTES = env_int("TETHER_LAYER_MESSAGE_BYTES", 1024 * 1024, minimum=128 * 1024)
 # pubsub: Redis PUBLISH (at-most-once), spoken by Tether's own client (terminals/redis_layer.py:
 # pipelined publishes, one subscribing connection read with hiredis); channels-pubsub: the same through
-# channels-redis's pub/sub layer (redis-py's command path, 2.5x the CPU a hop); core: channels-redis lists
+# channels-redis's pub/sub layer (redis-py's command path, 1.7x the CPU a hop); core: channels-redis lists
 # (at-least-once, per-channel capacity). The protocol survives both loss and repetition (offsets,
 # numbered input, owner checks against PostgreSQL); see docs/benchmarks.md.
 TETHER_CHANNEL_LAYER = env_choice("TETHER_CHANNEL_LAYER", "pubsub", {"core", "pubsub", "channels-pubsub"})
