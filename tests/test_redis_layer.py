@@ -4,6 +4,7 @@ receiver rely on, through a Redis restart and after a channel is let go of."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 import subprocess
@@ -26,24 +27,30 @@ def make_layer(url: str = REDIS_URL) -> RedisPubSubLayer:
     return RedisPubSubLayer(hosts=[url], prefix=PREFIX)
 
 
+@contextlib.asynccontextmanager
+async def pair(url: str = REDIS_URL):
+    """A sender's layer and a receiver's (two processes, as daphne and a worker), closed afterwards."""
+    sender, receiver = make_layer(url), make_layer(url)
+    try:
+        yield sender, receiver
+    finally:
+        await sender.flush()
+        await receiver.flush()
+
+
 async def test_the_first_message_sent_after_new_channel_is_received():
     """new_channel returns once Redis has the subscription: a message sent at once is never lost."""
-    sender, receiver = make_layer(), make_layer()
-    try:
+    async with pair() as (sender, receiver):
         for n in range(50):
             channel = await receiver.new_channel()
             await sender.send(channel, {"type": "terminal.output", "n": n, "data": b"\x00\xff"})
             message = await asyncio.wait_for(receiver.receive(channel), 5)
             assert message == {"type": "terminal.output", "n": n, "data": b"\x00\xff"}
             await receiver.forget(channel)
-    finally:
-        await sender.flush()
-        await receiver.flush()
 
 
 async def test_groups_reach_every_member_and_a_discarded_one_no_more():
-    sender, receiver = make_layer(), make_layer()
-    try:
+    async with pair() as (sender, receiver):
         first, second = await receiver.new_channel(), await receiver.new_channel()
         await receiver.group_add("viewers", first)
         await receiver.group_add("viewers", second)
@@ -55,23 +62,16 @@ async def test_groups_reach_every_member_and_a_discarded_one_no_more():
         assert await asyncio.wait_for(receiver.receive(second), 5) == {"type": "again"}
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(receiver.receive(first), 0.5)
-    finally:
-        await sender.flush()
-        await receiver.flush()
 
 
 async def test_publishes_are_not_reordered_under_a_burst():
     """Pipelined publishes (nothing waits for Redis's reply) still arrive in the order they were sent."""
-    sender, receiver = make_layer(), make_layer()
-    try:
+    async with pair() as (sender, receiver):
         channel = await receiver.new_channel()
         for n in range(2000):
             await sender.send(channel, {"type": "terminal.output", "offset": n, "data": b"x" * 2048})
         got = [(await asyncio.wait_for(receiver.receive(channel), 5))["offset"] for _ in range(2000)]
         assert got == list(range(2000))
-    finally:
-        await sender.flush()
-        await receiver.flush()
 
 
 async def test_a_cancelled_receive_lets_go_of_its_channel_in_redis():
@@ -183,8 +183,7 @@ def test_a_loop_made_for_one_call_closes_its_connections():
 async def test_members_joining_one_group_at_once_share_its_confirmation_and_its_failure(monkeypatch):
     """Two viewers join one group while Redis cannot confirm it in time: both are told, neither is left
     believing it is in a group Redis does not deliver to; once Redis answers, joining works."""
-    sender, receiver = make_layer(), make_layer()
-    try:
+    async with pair() as (sender, receiver):
         first, second = await receiver.new_channel(), await receiver.new_channel()
         monkeypatch.setattr(redis_layer, "CONFIRM_SECONDS", 0)
         results = await asyncio.gather(
@@ -196,9 +195,6 @@ async def test_members_joining_one_group_at_once_share_its_confirmation_and_its_
         await sender.group_send("crowd", {"type": "hello"})
         assert await asyncio.wait_for(receiver.receive(first), 5) == {"type": "hello"}
         assert await asyncio.wait_for(receiver.receive(second), 5) == {"type": "hello"}
-    finally:
-        await sender.flush()
-        await receiver.flush()
 
 
 async def test_a_cancelled_new_channel_leaves_no_subscription_in_redis():
@@ -316,17 +312,13 @@ async def test_a_password_and_a_unix_socket_work_as_redis_url_says(tmp_path):
                 break
             await asyncio.sleep(0.05)
         for url in (f"redis://:s3cret@127.0.0.1:{port}/0", f"unix://:s3cret@{sock}?db=0"):
-            sender, receiver = make_layer(url), make_layer(url)
-            try:
+            async with pair(url) as (sender, receiver):
                 channel = await receiver.new_channel()
                 await sender.send(channel, {"type": "hello", "via": url.split(":")[0]})
                 assert await asyncio.wait_for(receiver.receive(channel), 5) == {
                     "type": "hello",
                     "via": url.split(":")[0],
                 }
-            finally:
-                await sender.flush()
-                await receiver.flush()
         wrong = make_layer(f"redis://:wrong@127.0.0.1:{port}/0")
         with pytest.raises(ConnectionError):
             await wrong.send(f"{PREFIX}nobody", {"type": "hello"})
@@ -400,14 +392,10 @@ async def test_tls_carries_messages_with_the_ca_the_url_names_and_refuses_a_cert
             except OSError:
                 await asyncio.sleep(0.05)
         url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}"
-        sender, receiver = make_layer(url), make_layer(url)
-        try:
+        async with pair(url) as (sender, receiver):
             channel = await receiver.new_channel()
             await sender.send(channel, {"type": "over tls"})
             assert await asyncio.wait_for(receiver.receive(channel), 5) == {"type": "over tls"}
-        finally:
-            await sender.flush()
-            await receiver.flush()
         monkeypatch.setattr(redis_layer, "CONFIRM_SECONDS", 1.0)
         untrusted = make_layer(f"rediss://127.0.0.1:{port}/0")
         with pytest.raises(ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
