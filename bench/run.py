@@ -30,7 +30,14 @@ async def embedded_echo(ctx, samples: int) -> None:
     """The same echo through `tether_serve`: one process, in-memory channel layer, no Redis hop."""
     from asgiref.sync import sync_to_async
 
-    from bench.sessions import RAW_CAT, echo_latency, machine_for, terminado_echo_summary, terminal_for
+    from bench.sessions import (
+        RAW_CAT,
+        close_session,
+        echo_latency,
+        machine_for,
+        terminado_echo_summary,
+        terminal_for,
+    )
     from tests.bridge.harness import Viewer, free_port
 
     port = free_port()
@@ -57,6 +64,7 @@ async def embedded_echo(ctx, samples: int) -> None:
         await echo_latency(viewer, 50)
         stats = summary(await echo_latency(viewer, samples))
         await viewer.close()
+        await close_session(session)  # while tether_serve runs: its held shell would outlive it
         peer = await terminado_echo_summary(ctx, samples)
         for p in ("p50", "p99"):
             ctx.report.add(

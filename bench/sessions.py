@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -61,17 +62,30 @@ async def open_session(ctx: Context, shell: list[str], backend: str = "local", r
     return viewer, session
 
 
-async def close_session(session) -> None:
+async def ask_to_close(session) -> None:
+    """An operator's Kill for ``session`` (carried out by its worker; not waited for)."""
     from executions.actions import Actor
     from terminals.actions import operator_session_action
     from terminals.models import TerminalSession
 
-    def kill():
+    def kill() -> None:
         fresh = TerminalSession.objects.get(pk=session.pk)
         if fresh.process_state != "closed":
             operator_session_action(fresh, "kill", actor=Actor.command("bench"))
 
     await sync_to_async(kill)()
+
+
+async def close_session(session) -> None:
+    """Kill ``session`` and wait until its worker has carried it out: a run that stopped its worker first
+    left the held shell running (a holder outlives its worker by design), one per benchmark."""
+    from terminals.models import TerminalSession
+
+    await ask_to_close(session)
+    for _ in range(200):
+        if await sync_to_async(lambda: TerminalSession.objects.get(pk=session.pk).process_state == "closed")():
+            return
+        await asyncio.sleep(0.1)
 
 
 async def frame(viewer, timeout: float = 10.0) -> bytes:
@@ -134,7 +148,7 @@ async def close_all(sessions) -> float:
 
     began = time.monotonic()
     for session in sessions:
-        await close_session(session)
+        await ask_to_close(session)
     asking = time.monotonic() - began
     await wait_until(
         lambda: sync_to_async(
