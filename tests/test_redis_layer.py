@@ -117,7 +117,7 @@ async def test_a_redis_restart_is_survived_sends_raise_while_it_is_away_and_subs
                 break
             await asyncio.sleep(0.1)
         assert raised is not None, "sends to a stopped Redis never raised"
-        # A consumer connecting meanwhile is told so at once, not handed a channel nothing can reach.
+        # A consumer connecting meanwhile is told so (in CONFIRM_SECONDS), not handed a channel nothing can reach.
         late = make_layer(server.url)
         with pytest.raises(ConnectionError, match="did not confirm"):
             await asyncio.wait_for(late.new_channel(), 15)
