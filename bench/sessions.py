@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -79,13 +78,7 @@ async def ask_to_close(session) -> None:
 async def close_session(session) -> None:
     """Kill ``session`` and wait until its worker has carried it out: a run that stopped its worker first
     left the held shell running (a holder outlives its worker by design), one per benchmark."""
-    from terminals.models import TerminalSession
-
-    await ask_to_close(session)
-    for _ in range(200):
-        if await sync_to_async(lambda: TerminalSession.objects.get(pk=session.pk).process_state == "closed")():
-            return
-        await asyncio.sleep(0.1)
+    await close_all([session])
 
 
 async def frame(viewer, timeout: float = 10.0) -> bytes:
