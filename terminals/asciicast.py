@@ -1,17 +1,29 @@
-"""asciicast v3 (and v2 for older tools): the events of a recording as they are taken, kept and written.
+r"""asciicast v3 (and v2 for older tools): the events of a recording as they are taken, kept and written.
 
 No I/O here. ``EventLog`` takes a shell's output, input, resizes and markers as they happen and hands out
-lines of ``[unix_seconds, code, data]`` for the owner worker to store in chunks; ``write_v3`` and
-``write_v2`` turn those lines into a file (https://docs.asciinema.org/manual/asciicast/v3/).
+the records the owner worker stores in chunks; ``write_v3`` and ``v2_from_v3`` turn those chunks into a file
+(https://docs.asciinema.org/manual/asciicast/v3/).
 
-Output is decoded as UTF-8 incrementally, so a character split across two reads is one character in the
-file and the file's output, encoded again, is the shell's output byte for byte; bytes that are not UTF-8
-become U+FFFD, as asciinema's own recorder does.
+A chunk's records, one after another:
+
+- ``O<unix_seconds> <length>\n`` and then that many bytes: a read of the shell's output, as it was read.
+  Output is taken raw and made into text once, when the file is made: JSON-encoding every read as it came
+  was the largest item of a busy worker's profile (docs/benchmarks.md).
+- ``R\n``: the output before and after are not one stream (a hole, or another owner's stream), so a
+  character left unfinished before it is dropped.
+- ``[unix_seconds, code, data]\n``: any other event (input, resize, marker, exit), and output as chunks
+  written before output was taken raw held it.
+- ``# ...\n``: a comment, copied into the file.
+
+Output is decoded as UTF-8 incrementally across reads and chunks, so a character split across two reads (or
+two owners) is one character in the file and the file's output, encoded again, is the shell's output byte
+for byte; bytes that are not UTF-8 become U+FFFD, as asciinema's own recorder does.
 """
 
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -24,9 +36,12 @@ def event_line(at: float, code: str, data: str) -> bytes:
     return json.dumps([round(at, 6), code, data], ensure_ascii=False).encode() + b"\n"
 
 
+RESET = b"R\n"
+
+
 @dataclass
 class EventLog:
-    """One recording's events as they are taken, up to a size bound (``limit``, bytes of event lines).
+    """One recording's events as they are taken, up to a size bound (``limit``, bytes of records).
 
     ``end`` is the stream offset the recorded output runs to, in ``stream`` (see Recording.stream): output
     already recorded (a new owner replaying a holder's ring) is skipped, and a hole is said with a marker.
@@ -37,13 +52,12 @@ class EventLog:
     grid: tuple[int, int] = (80, 24)  # the grid as last recorded
     stream: int = 0
     end: int = 0
-    size: int = 0  # bytes of event lines taken so far (in earlier chunks too)
+    size: int = 0  # bytes of records taken so far (in earlier chunks too)
     output_bytes: int = 0
     truncated_at: int | None = None
     pending: list[bytes] = field(default_factory=list)
-    pending_bytes: int = 0  # of ``pending``, kept as lines come and go (asked at every output)
+    pending_bytes: int = 0  # of ``pending``, kept as records come and go (asked at every output)
     new_markers: list[list] = field(default_factory=list)
-    _decoder: codecs.IncrementalDecoder = field(default_factory=lambda: UTF8("replace"))
 
     @property
     def cut(self) -> bool:
@@ -67,25 +81,34 @@ class EventLog:
         if stream != self.stream:
             # Another owner's stream, counted from its own start (an adopted tmux shell): go on from there.
             self.stream, self.end = stream, offset
-            self._decoder.reset()
+            self._pend(RESET)
         if offset + len(data) <= self.end:
             return  # recorded already
         if offset < self.end:
             data = data[self.end - offset :]
             offset = self.end
         elif offset > self.end:
+            self._pend(RESET)
             self.marker(f"{offset - self.end} bytes of output were not recorded here", at)
-            self._decoder.reset()
-        text = self._decoder.decode(data)
-        if text and not self._add(at, "o", text):
+        if not data:
+            self.end = offset
+            return
+        head = b"O%.6f %d\n" % (at, len(data))
+        if self.size + len(head) + len(data) > self.limit:
             self._cut_at(offset, at)
             return
+        # As read (a bytearray is copied: its owner may reuse it); the header and the bytes are joined when
+        # the chunk is taken, so a read is copied once here.
+        self.pending += (head, data if type(data) is bytes else bytes(data))
+        self.pending_bytes += len(head) + len(data)
+        self.size += len(head) + len(data)
         self.end = offset + len(data)
         self.output_bytes += len(data)
 
     def _cut_at(self, offset: int, at: float) -> None:
         self.truncated_at = offset
         label = f"recording cut here: its size bound ({self.limit} bytes) was reached at output offset {offset}"
+        self._pend(RESET)  # a character the output before the cut left unfinished is not written
         self._pend(f"# {label}; the session went on unrecorded\n".encode())
         self.marker(label, at, bounded=False)
 
@@ -106,31 +129,23 @@ class EventLog:
         else:
             self._cut_at(self.end, at)
 
-    def close(self, at: float) -> None:
-        """The output has ended: a character it left unfinished is written as U+FFFD."""
-        if not self.cut and (text := self._decoder.decode(b"", final=True)):
-            self._add(at, "o", text, bounded=False)
-
     def take(self) -> Taken:
-        """The event lines and markers taken since the last call, and where the recording stands with them:
-        its output offset less the bytes of a character still unfinished (a later owner starts there, and
-        records that character whole)."""
-        unfinished = len(self._decoder.getstate()[0])
+        """The records and markers taken since the last call, and where the recording stands with them."""
         taken = Taken(
             b"".join(self.pending),
             self.new_markers,
             stream=self.stream,
             grid=self.grid,
-            end=self.end - unfinished,
+            end=self.end,
             size=self.size,
-            output_bytes=self.output_bytes - unfinished,
+            output_bytes=self.output_bytes,
             truncated_at=self.truncated_at,
         )
         self.pending, self.pending_bytes, self.new_markers = [], 0, []
         return taken
 
     def give_back(self, taken: Taken) -> None:
-        """Lines that could not be written yet go out with the next write."""
+        """Records that could not be written yet go out with the next write."""
         self.pending.insert(0, taken.lines)
         self.pending_bytes += len(taken.lines)
         self.new_markers[:0] = taken.markers
@@ -138,7 +153,7 @@ class EventLog:
 
 @dataclass(frozen=True)
 class Taken:
-    lines: bytes
+    lines: bytes  # the records
     markers: list
     stream: int
     grid: tuple[int, int]
@@ -150,28 +165,74 @@ class Taken:
 
 # --- files ---------------------------------------------------------------------------------------
 
-
-def parse_lines(data: bytes) -> Iterator[tuple[float, str, str]]:
-    """Events of stored chunk lines (comments are skipped here and written again by ``comments``)."""
-    for line in data.splitlines():
-        if line and not line.startswith(b"#"):
-            at, code, text = json.loads(line)
-            yield float(at), code, text
+Event = tuple[float, str, str]
 
 
-def write_v3(header: dict, chunks: Iterable[bytes], started: float) -> Iterator[bytes]:
+def _records(data: bytes) -> Iterator[tuple[float, str, str | bytes] | bytes]:
+    """A chunk's records as stored: (time, "O", raw bytes) for output taken raw, (time, code, text) for an
+    event line, ``RESET``, or a comment line (bytes)."""
+    at, size = 0, len(data)
+    while at < size:
+        newline = data.find(b"\n", at)
+        if newline < 0:
+            newline = size
+        line = data[at:newline]
+        at = newline + 1
+        if line.startswith(b"O"):
+            when, length = line[1:].split(b" ")
+            body, at = data[at : at + int(length)], at + int(length)
+            yield float(when), "O", body
+        elif line == b"R":
+            yield RESET
+        elif line.startswith(b"#"):
+            yield line + b"\n"
+        elif line:
+            when, code, text = json.loads(line)
+            yield float(when), code, text
+
+
+def events(chunks: Iterable[bytes], *, final: bool = False) -> Iterator[Event | bytes]:
+    """The events of stored chunks, in order, output made text (UTF-8, decoded across reads and chunks);
+    comment lines as bytes. ``final``: the output has ended, so a character it left unfinished is U+FFFD."""
+    decoder, last = UTF8("replace"), 0.0
+    for data in chunks:
+        for record in _records(data):
+            if type(record) is bytes:
+                if record == RESET:
+                    decoder.reset()
+                else:
+                    yield record
+            else:
+                when, code, text = record
+                last = when
+                if code != "O":
+                    yield record
+                elif text := decoder.decode(text):
+                    yield when, "o", text
+    if final and (text := decoder.decode(b"", final=True)):
+        yield last, "o", text
+
+
+def parse_lines(data: bytes) -> Iterator[Event]:
+    """The events of stored records, with their absolute times (comments left out)."""
+    for event in events([data]):
+        if type(event) is not bytes:
+            yield event
+
+
+def write_v3(header: dict, chunks: Iterable[bytes], started: float, closing: bytes = b"") -> Iterator[bytes]:
     """The file, a line at a time: the header, then each event with the time since the one before it (never
-    negative: the owners that took a recording's events may have had slightly different clocks)."""
+    negative: the owners that took a recording's events may have had slightly different clocks). ``closing``:
+    how the shell ended (its output has ended with it); without it, a recording still being made."""
     yield json.dumps({"version": 3, **header}, ensure_ascii=False).encode() + b"\n"
     last = started
-    for data in chunks:
-        for line in data.splitlines(keepends=True):
-            if line.startswith(b"#"):
-                yield line
-                continue
-            at, code, text = json.loads(line)
-            yield json.dumps([round(max(at - last, 0.0), 6), code, text], ensure_ascii=False).encode() + b"\n"
-            last = max(last, at)
+    for event in itertools.chain(events(chunks, final=bool(closing)), events([closing])):
+        if type(event) is bytes:
+            yield event
+            continue
+        at, code, text = event
+        yield json.dumps([round(max(at - last, 0.0), 6), code, text], ensure_ascii=False).encode() + b"\n"
+        last = max(last, at)
 
 
 def v2_from_v3(lines: Iterable[bytes]) -> Iterator[bytes]:

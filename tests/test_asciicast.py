@@ -9,9 +9,13 @@ from terminals.asciicast import EventLog, event_line, output_of, parse_lines, v2
 HEADER = {"term": {"cols": 80, "rows": 24, "type": "xterm-256color"}, "timestamp": 1000}
 
 
-def file_of(log: EventLog, *closing: bytes) -> list[bytes]:
-    """The file of what ``log`` took, then ``closing`` lines (how the shell ended, as finishing adds it)."""
-    return b"".join(write_v3(HEADER, [log.take().lines, *closing], log.started)).splitlines(keepends=True)
+def file_of(log: EventLog, closing: bytes = b"") -> list[bytes]:
+    """The file of what ``log`` took, then ``closing`` (how the shell ended, as finishing adds it)."""
+    return lines_of(write_v3(HEADER, [log.take().lines], log.started, closing))
+
+
+def lines_of(written) -> list[bytes]:
+    return b"".join(written).splitlines(keepends=True)
 
 
 def test_output_split_inside_a_character_is_the_same_bytes_in_the_file():
@@ -73,17 +77,53 @@ def test_stored_lines_parse_back_with_their_absolute_times():
     assert list(parse_lines(taken.lines)) == [(5.25, "i", "ls\r")] and taken.markers == []
 
 
-def test_a_character_split_across_a_write_is_left_to_the_next_owner_whole():
+def test_output_is_taken_as_read_and_made_text_once_when_the_file_is_made():
     log = EventLog(started=0.0, limit=1 << 20)
-    check = "✓".encode()
-    log.output(0, 0, b"ok " + check[:1], 1.0)
+    log.output(0, 0, b"\x1b[1mbold\x1b[0m \xff\r\n", 1.0)
     taken = log.take()
-    assert taken.end == 3 and output_of([b"{}\n", taken.lines]) == b"ok "  # the split character is not counted
-    log.output(0, 4, check[1:], 2.0)
-    assert output_of([b"{}\n", log.take().lines]) == check
-    log.output(0, 6, check[:2], 3.0)
-    log.close(4.0)  # the output ended inside a character: it is written as U+FFFD, not lost silently
-    assert output_of([b"{}\n", log.take().lines]) == "\ufffd".encode()
+    assert taken.lines == b"O1.000000 16\n\x1b[1mbold\x1b[0m \xff\r\n" and taken.end == taken.output_bytes == 16
+    events = [json.loads(line) for line in lines_of(write_v3(HEADER, [taken.lines], 0.0))[1:]]
+    assert events == [[1.0, "o", "\x1b[1mbold\x1b[0m \ufffd\r\n"]]  # not UTF-8: U+FFFD, as asciinema does
+
+
+def test_a_character_split_across_two_owners_chunks_is_one_character_in_the_file():
+    check = "✓".encode()
+    first = EventLog(started=0.0, limit=1 << 20)
+    first.output(0, 0, b"ok " + check[:1], 1.0)
+    taken = first.take()
+    assert taken.end == 4  # every byte read is recorded: the next owner goes on from the next one
+    second = EventLog(started=0.0, limit=1 << 20, end=taken.end, size=taken.size)
+    second.output(0, 0, b"ok " + check, 2.0)  # the holder replays what the first owner recorded
+    second.output(0, 6, check[:2], 3.0)
+    chunks = [taken.lines, second.take().lines]
+    # While it is being made the unfinished character is not shown; once the shell has ended it is U+FFFD.
+    assert output_of(lines_of(write_v3(HEADER, chunks, 0.0))) == b"ok " + check
+    ended = lines_of(write_v3(HEADER, chunks, 0.0, event_line(4.0, "x", "0")))
+    assert output_of(ended) == b"ok " + check + "\ufffd".encode()
+    assert [json.loads(line)[1] for line in ended[1:]] == ["o", "o", "o", "x"]  # the U+FFFD before the exit
+
+
+def test_a_hole_drops_a_character_left_unfinished_before_it():
+    log = EventLog(started=0.0, limit=1 << 20)
+    log.output(0, 0, b"a" + "✓".encode()[:2], 1.0)
+    log.output(0, 10, b"b", 2.0)
+    lines = file_of(log, event_line(3.0, "x", "0"))
+    assert output_of(lines) == b"ab"
+    assert [json.loads(line)[1:] for line in lines[1:]] == [
+        ["o", "a"], ["m", "7 bytes of output were not recorded here"], ["o", "b"], ["x", "0"]
+    ]  # fmt: skip
+
+
+def test_chunks_written_before_output_was_taken_raw_still_make_the_file():
+    """A recording begun by an older worker holds its output as event lines: one file with what came after."""
+    old = event_line(1.0, "o", "héllo ") + event_line(1.5, "m", "ls") + b"# a comment\n"
+    log = EventLog(started=0.0, limit=1 << 20, end=len("héllo ".encode()))
+    log.output(0, 7, "wörld".encode(), 2.0)
+    lines = lines_of(write_v3(HEADER, [old, log.take().lines], 0.0, event_line(3.0, "x", "0")))
+    assert output_of(lines) == "héllo wörld".encode()
+    assert lines[3] == b"# a comment\n"
+    events = [json.loads(line) for line in lines[1:] if not line.startswith(b"#")]
+    assert events == [[1.0, "o", "héllo "], [0.5, "m", "ls"], [0.5, "o", "wörld"], [1.0, "x", "0"]]
 
 
 def test_a_recording_still_being_made_reads_as_v3_and_v2_line_by_line():

@@ -158,10 +158,9 @@ def finish_recording(recording_pk: int) -> Recording | None:
         closing = _closing_lines(recording)
         last = list(asciicast.parse_lines(closing))[-1][0]
         recording.duration = max(last - recording.started_epoch, 0.0)
-        chunks = [*_chunks(recording), closing]
         name = f"{recording.session_id}/{recording.generation}-{recording.pk}.cast.gz"
         recording.file, recording.file_bytes = recording_store.save(
-            name, asciicast.write_v3(header(recording), chunks, recording.started_epoch)
+            name, asciicast.write_v3(header(recording), _chunks(recording), recording.started_epoch, closing)
         )
         Recording.objects.filter(pk=recording.pk).update(
             state=RecordingState.SAVED,

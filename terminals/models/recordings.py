@@ -76,8 +76,9 @@ class Recording(models.Model):
 
 
 class RecordingChunk(models.Model):
-    """Events of a recording not yet in its file: lines of ``[unix_seconds, code, data]`` (PostgreSQL compresses
-    them at rest)."""
+    """Events of a recording not yet in its file: its output as read, and its other events as lines of
+    ``[unix_seconds, code, data]`` (the records are in terminals/asciicast.py; PostgreSQL compresses them at
+    rest)."""
 
     recording = models.ForeignKey(Recording, on_delete=models.CASCADE, related_name="chunk_rows")
     number = models.PositiveIntegerField()

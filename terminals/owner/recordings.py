@@ -137,15 +137,13 @@ class Recorder:
 
     async def flush(self, live: LiveProcess, *, final: bool = False) -> None:
         """Write what was taken since the last write, fenced by the lease. ``final``: the shell's output has
-        ended, so a character it left unfinished is written too, and a database outage is raised for the
-        caller to wait out (nothing would write these lines later)."""
+        ended, so a database outage is raised for the caller to wait out (nothing would write these records
+        later)."""
         take = live.recording
         if take is None or take.stopped:
             return
         async with take.writing:
             take.flush_due = False
-            if final:
-                take.log.close(time.time())
             taken = take.log.take()
             if not taken.lines:
                 return
