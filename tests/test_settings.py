@@ -159,3 +159,12 @@ def test_an_unknown_web_loop_stops_the_web_process_at_start_saying_what_is_allow
     done = subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "TETHER_WEB_LOOP must be one of uvloop, asyncio, not 'trio'" in done.stderr
+
+
+def test_an_unknown_worker_loop_stops_the_worker_at_start_saying_what_is_allowed(tmp_path):
+    environ = {**os.environ, "TETHER_WORKER_LOOP": "gevent", "TETHER_DATA_DIR": str(tmp_path)}
+    environ.pop("DATABASE_URL", None)
+    command = [sys.executable, "manage.py", "terminal_worker", "--http", ""]
+    done = subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "TETHER_WORKER_LOOP must be one of uvloop, asyncio, not 'gevent'" in done.stderr

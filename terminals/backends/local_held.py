@@ -19,6 +19,7 @@ from django.conf import settings
 from terminals.backends.base import BackendError, Exit, Inspection, SpawnError, SpawnSpec, Status, Tags
 from terminals.backends.holder import HeldProcess, Session, SocketLink, parse_record, parse_started
 from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, boot_id, terminate_descendants, terminate_tree
+from terminals.children import PIPE, Child
 
 PROGRAM_ONLY = (MARKER_VARIABLE, "TETHER_SESSION")
 
@@ -38,17 +39,20 @@ async def spawn_held(binary: Path, spec: SpawnSpec, tags: Tags, env: dict[str, s
     argv += ["--ring", str(settings.TETHER_HOLDER_RING_BYTES), "--cwd", cwd]
     for assignment in program_env:
         argv += ["--setenv", assignment]
-    starter = await asyncio.create_subprocess_exec(
-        *argv,
-        "--",
-        *spec.argv,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    starter = Child.start(
+        [*argv, "--", *spec.argv],
+        stdin=PIPE,
+        stdout=PIPE,
+        stderr=PIPE,
         env={name: value for name, value in env.items() if name not in PROGRAM_ONLY},
         start_new_session=True,
     )
-    out, err = await asyncio.wait_for(starter.communicate(secret.encode() + b"\n"), 30)
+    try:
+        out, err = await asyncio.wait_for(starter.communicate(secret.encode() + b"\n"), 30)
+    except BaseException:  # it said nothing in 30 s (or the worker is stopping): it is not left running
+        starter.kill()
+        await asyncio.shield(starter.wait())
+        raise
     text = out.decode(errors="replace")
     if starter.returncode != 0:
         shutil.rmtree(place, ignore_errors=True)

@@ -18,6 +18,8 @@ import os
 import weakref
 from dataclasses import dataclass, field
 
+from terminals.children import DEVNULL, Child
+
 PIPE_READ = 64 * 1024
 
 
@@ -176,7 +178,7 @@ class ControlClient:
     """A ``tmux -C attach-session`` process on raw pipes: we write commands without waiting for replies,
     and its output is read only through ``reader``. Dropped without ``close()``, its pipes still close."""
 
-    def __init__(self, process: asyncio.subprocess.Process, stdin: int, stdout: int):
+    def __init__(self, process: Child, stdin: int, stdout: int):
         self.process = process
         self.reader = ControlReader(stdout)
         self._stdin: int | None = stdin
@@ -191,9 +193,7 @@ class ControlClient:
         stdin_read, stdin_write = os.pipe()
         stdout_read, stdout_write = os.pipe()
         try:
-            process = await asyncio.create_subprocess_exec(
-                *argv, stdin=stdin_read, stdout=stdout_write, stderr=asyncio.subprocess.DEVNULL, env=env
-            )
+            process = Child.start(argv, stdin=stdin_read, stdout=stdout_write, stderr=DEVNULL, env=env)
         except BaseException:
             _close_all([stdin_write, stdout_read])
             raise

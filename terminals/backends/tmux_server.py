@@ -16,6 +16,7 @@ from signal import SIGTERM
 from terminals.backends import procfs
 from terminals.backends.base import BackendError, Exit, Status
 from terminals.backends.tmux_shim import SHIM_MARKER_VARIABLE
+from terminals.children import DEVNULL, PIPE, Child
 
 SHIM_GRACE = 2.0  # seconds the shim may take to record the exit and end once the program's tree is gone
 GONE_ERRORS = ("no server running", "error connecting", "can't find", "no such session", "server exited")
@@ -147,15 +148,11 @@ class TmuxServer:
         finally:
             os.close(fd)  # and with it the lock
 
-    async def exec(self, *args: str, **streams) -> asyncio.subprocess.Process:
+    async def run(self, *args: str, timeout: float = 30) -> tuple[int, str, str]:
         try:
-            return await asyncio.create_subprocess_exec(*self.argv(), *args, env=self.env, **streams)
+            process = Child.start([*self.argv(), *args], env=self.env, stdin=DEVNULL, stdout=PIPE, stderr=PIPE)
         except OSError as error:
             raise BackendError(f"cannot run tmux: {error}") from None
-
-    async def run(self, *args: str, timeout: float = 30) -> tuple[int, str, str]:
-        pipe = asyncio.subprocess.PIPE
-        process = await self.exec(*args, stdin=asyncio.subprocess.DEVNULL, stdout=pipe, stderr=pipe)
         try:
             out, err = await asyncio.wait_for(process.communicate(), timeout)
         except TimeoutError:

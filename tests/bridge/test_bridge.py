@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -29,6 +30,26 @@ async def test_echo_round_trip(stack, terminal, operator, backend):
     await viewer.type("echo tether-$((6*7))\r")
     await viewer.read_until(b"tether-42")
     await viewer.close()
+
+
+@pytest.mark.parametrize("loop", ["", "asyncio"])
+async def test_a_worker_runs_on_uvloop_unless_told_asyncio_and_starts_tmux_and_held_shells_on_either(
+    terminal, operator, loop
+):
+    """On uvloop the worker's first tmux new-session (which forks the tmux server) never returned while its
+    programs were started as uvloop's subprocesses (terminals/children.py)."""
+    stack = Stack(extra_env={"TETHER_WORKER_LOOP": loop})
+    try:
+        stack.start(backends="local,tmux")
+        maps = (Path("/proc") / str(stack.workers[0].pid) / "maps").read_text()
+        assert ("uvloop" in maps) == (loop != "asyncio")
+        for backend in ("tmux", "local"):
+            viewer, _session, _cookie = await open_viewer(stack, terminal, operator, backend)
+            await viewer.type("echo loop-$((6*7))\r")
+            await viewer.read_until(b"loop-42")
+            await viewer.close()
+    finally:
+        stack.stop()
 
 
 async def test_command_runs_once_and_its_exit_code_is_recorded(stack, place, tmp_path):

@@ -8,6 +8,7 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from config.loop import choose
 from config.process import leave
 from executions.models import Backend
 from terminals.worker import OwnerWorker
@@ -37,6 +38,7 @@ class Command(BaseCommand):
         http = options["http"] or ""
         if http and not re.fullmatch(r"[\w.:\[\]-]*:\d{1,5}", http):
             raise CommandError(f"--http wants HOST:PORT, not {http!r}", returncode=2)
+        choose("TETHER_WORKER_LOOP")
         asyncio.run(self.serve(OwnerWorker(backends=backends, poll_interval=options["poll"], http=http)))
         leave(0)  # stopped and recorded: no need to wait for Python to take Django apart
 

@@ -24,6 +24,9 @@ class Command(BaseCommand):
         parser.add_argument("--no-worker", action="store_true", help="serve only; workers run elsewhere")
 
     def handle(self, *args, **options):
+        from config.loop import choose
+
+        choose("TETHER_WORKER_LOOP")  # before daphne.server makes its loop
         from daphne.server import Server, twisted_loop  # installs the asyncio reactor first
         from twisted.internet import defer, reactor
 
