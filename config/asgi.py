@@ -16,8 +16,10 @@ from api.ws import TokenAuthMiddleware  # noqa: E402
 from terminals.daphne_close import send_close_reasons  # noqa: E402
 from terminals.origins import SameOriginValidator  # noqa: E402
 from terminals.routing import websocket_urlpatterns  # noqa: E402
+from terminals.twisted_write import write_at_once  # noqa: E402
 
 send_close_reasons()
+write_at_once()
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app
 
