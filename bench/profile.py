@@ -4,7 +4,8 @@
 
 writes ``<benchmark>-<process>.folded`` (collapsed stacks, for any flame-graph viewer) and prints where
 each process spent its samples: the functions with the most samples of their own, and the Tether
-functions with the most samples including what they called.
+functions with the most samples including what they called. ``--only embedded`` samples the one
+``tether_serve`` process while it echoes.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from bench.common import ROOT, Figure, Report, setup_django, summary
 from bench.profile import profiled
 
 
-async def embedded_echo(ctx, samples: int) -> None:
+async def embedded_echo(ctx, samples: int, profile: Path | None = None) -> None:
     """The same echo through `tether_serve`: one process, in-memory channel layer, no Redis hop."""
     from asgiref.sync import sync_to_async
 
@@ -62,7 +62,8 @@ async def embedded_echo(ctx, samples: int) -> None:
         await viewer.attach()
         await viewer.read_until(b"READY", timeout=30)
         await echo_latency(viewer, 50)
-        stats = summary(await echo_latency(viewer, samples))
+        with profiled(profile, "embedded", {"tether_serve": serve.pid}) if profile else contextlib.nullcontext():
+            stats = summary(await echo_latency(viewer, samples))
         await viewer.close()
         await close_session(session)  # while tether_serve runs: its held shell would outlive it
         peer = await terminado_echo_summary(ctx, samples)
@@ -134,7 +135,7 @@ async def main(args) -> Report:
     if "embedded" in chosen:
         print("[embedded]", flush=True)
         try:
-            await embedded_echo(ctx, 1000 if not args.full else 5000)
+            await embedded_echo(ctx, 1000 if not args.full else 5000, Path(args.profile) if args.profile else None)
         except Exception as error:
             report.notes.append(f"embedded did not complete: {error!r}")
     return report
