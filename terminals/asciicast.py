@@ -90,6 +90,8 @@ class EventLog:
         elif offset > self.end:
             self._pend(RESET)
             self.marker(f"{offset - self.end} bytes of output were not recorded here", at)
+            if self.cut:  # the hole's marker met the size bound: cut where the hole began
+                return
         if not data:
             self.end = offset
             return

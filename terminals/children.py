@@ -48,7 +48,7 @@ class Child:
         """Its exit status, once it has ended."""
         if self._ended is None:
             loop = asyncio.get_running_loop()
-            self._ended = ended = loop.create_future()
+            ended = loop.create_future()
             pidfd, popen = self._pidfd, self.popen
 
             def reap() -> None:  # the pidfd is readable: the child has ended, and waitpid returns at once
@@ -58,8 +58,8 @@ class Child:
                 if not ended.done():
                     ended.set_result(None)
 
-            self._pidfd = None  # reap() closes it
             loop.add_reader(pidfd, reap)
+            self._pidfd, self._ended = None, ended  # reap() closes it
         await asyncio.shield(self._ended)
         return self.popen.returncode
 

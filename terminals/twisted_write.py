@@ -28,6 +28,10 @@ def write_at_once() -> None:
             and not self.TLS  # started with startTLS: its TLS layer writes (daphne's TLS endpoints wrap instead)
             and self.connected
             and not self._writeDisconnected
+            and not getattr(self, "_aborting", False)  # abortConnection() drops what comes after it
+            # A pull producer is asked for more by doWrite once the queue empties: it keeps Twisted's way.
+            # (HTTP and WebSocket connections register themselves as streaming producers.)
+            and (self.producer is None or self.streamingProducer)
             and not self._tempDataBuffer
             and self.offset == len(self.dataBuffer)
         ):

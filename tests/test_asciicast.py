@@ -135,3 +135,13 @@ def test_a_recording_still_being_made_reads_as_v3_and_v2_line_by_line():
     assert all(line.count(b"\n") == 1 for line in lines) and len(lines) == 4
     v2 = [json.loads(line) for line in v2_from_v3(lines)]
     assert [event[1:] for event in v2[1:]] == [["o", "0\n"], ["o", "1\n"], ["o", "2\n"]]
+
+
+def test_a_hole_met_at_the_size_bound_cuts_the_recording_once_where_the_hole_began():
+    log = EventLog(started=0.0, limit=40)
+    log.output(0, 0, b"12345", 1.0)
+    log.output(0, 1000, b"after the hole", 2.0)  # its marker does not fit: the cut is where the hole began
+    lines = file_of(log)
+    assert log.truncated_at == 5
+    assert sum(line.startswith(b"# recording cut here") for line in lines) == 1
+    assert output_of(lines) == b"12345"

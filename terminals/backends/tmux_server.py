@@ -159,6 +159,10 @@ class TmuxServer:
             process.kill()
             await process.wait()
             return -1, "", "timed out"
+        except BaseException:  # cancelled (the worker stops) or a pipe failed: the command is not left running
+            process.kill()
+            await asyncio.shield(process.wait())
+            raise
         return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
     async def state(self, handle: dict) -> PaneState:
