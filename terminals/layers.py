@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 import msgpack
+from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer
 from channels_redis.core import RedisChannelLayer
 from channels_redis.pubsub import RedisPubSubChannelLayer
@@ -49,15 +52,64 @@ class CappedRedisLayer(_CappedSerialize, RedisChannelLayer):
 
 class CappedInMemoryLayer(InMemoryChannelLayer):
     """The embedded mode's layer: nothing is serialised, so the cap is taken on the msgpack size the
-    Redis layers would send, and the embedded mode refuses what production would."""
+    Redis layers would send, and the embedded mode refuses what production would.
+
+    channels' in-memory layer deep-copies every message and walks every channel and group for expired
+    ones at each receive; here a flat message (only strings, bytes and numbers: all of Tether's on the hot
+    path) is copied as a dict, which is all a deep copy of it does, the walk runs at most once a second, and
+    a message is packed only when a bound on its size could pass the cap."""
+
+    CLEAN_SECONDS = 1.0
+    _cleaned = 0.0
 
     async def send(self, channel, message):
-        _checked(len(msgpack.packb(message)), message)
-        return await super().send(channel, message)
+        self._check(message)
+        if not isinstance(message, dict) or not _flat(message):
+            return await super().send(channel, message)
+        self.require_valid_channel_name(channel)
+        assert "__asgi_channel__" not in message
+        queue = self.channels.setdefault(channel, asyncio.Queue(maxsize=self.get_capacity(channel)))
+        try:
+            queue.put_nowait((time.time() + self.expiry, dict(message)))
+        except asyncio.QueueFull:
+            raise ChannelFull(channel) from None
 
     async def group_send(self, group, message):
-        _checked(len(msgpack.packb(message)), message)
+        self._check(message)
         return await super().group_send(group, message)
+
+    def _clean_expired(self):
+        now = time.monotonic()
+        if now - self._cleaned >= self.CLEAN_SECONDS:
+            self._cleaned = now
+            super()._clean_expired()
+
+    @staticmethod
+    def _check(message) -> None:
+        if not isinstance(message, dict) or _size_bound(message) > settings.TETHER_LAYER_MESSAGE_BYTES:
+            _checked(len(msgpack.packb(message)), message)
+
+
+_SCALARS = (str, bytes, int, float, bool, type(None))
+
+
+def _flat(message: dict) -> bool:
+    return all(type(value) in _SCALARS for value in message.values())
+
+
+def _size_bound(message: dict) -> int:
+    """At least the message's msgpack size, cheaply: a flat message's strings, bytes and numbers, each with
+    the most msgpack adds to one (9 bytes); anything else counts as over any cap (it is packed)."""
+    size = 5
+    for key, value in message.items():
+        if type(value) not in _SCALARS or type(key) is not str:
+            return 1 << 62
+        size += len(key) + 9
+        if type(value) in (str, bytes):
+            size += len(value) * (4 if type(value) is str else 1) + 9  # UTF-8: at most 4 bytes a character
+        else:
+            size += 9
+    return size
 
 
 def tell_group(group: str, message: dict, what: str) -> None:
