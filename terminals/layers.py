@@ -63,8 +63,7 @@ class CappedInMemoryLayer(InMemoryChannelLayer):
     _cleaned = 0.0
 
     async def send(self, channel, message):
-        self._check(message)
-        if not isinstance(message, dict) or not _flat(message):
+        if _capped(message) == NOT_FLAT:
             return await super().send(channel, message)
         self.require_valid_channel_name(channel)
         assert "__asgi_channel__" not in message
@@ -75,7 +74,7 @@ class CappedInMemoryLayer(InMemoryChannelLayer):
             raise ChannelFull(channel) from None
 
     async def group_send(self, group, message):
-        self._check(message)
+        _capped(message)  # refused once, members or none (channels' then sends to each through send())
         return await super().group_send(group, message)
 
     def _clean_expired(self):
@@ -84,26 +83,27 @@ class CappedInMemoryLayer(InMemoryChannelLayer):
             self._cleaned = now
             super()._clean_expired()
 
-    @staticmethod
-    def _check(message) -> None:
-        if not isinstance(message, dict) or _size_bound(message) > settings.TETHER_LAYER_MESSAGE_BYTES:
-            _checked(len(msgpack.packb(message)), message)
-
 
 _SCALARS = (str, bytes, int, float, bool, type(None))
+NOT_FLAT = -1
 
 
-def _flat(message: dict) -> bool:
-    return all(type(value) in _SCALARS for value in message.values())
+def _capped(message) -> int:
+    """Refuse ``message`` if it is over the cap, packing it only when its size bound could be; returns the
+    bound."""
+    bound = _size_bound(message) if isinstance(message, dict) else NOT_FLAT
+    if bound == NOT_FLAT or bound > settings.TETHER_LAYER_MESSAGE_BYTES:
+        _checked(len(msgpack.packb(message)), message)
+    return bound
 
 
 def _size_bound(message: dict) -> int:
     """At least the message's msgpack size, cheaply: a flat message's strings, bytes and numbers, each with
-    the most msgpack adds to one (9 bytes); anything else counts as over any cap (it is packed)."""
+    the most msgpack adds to one (9 bytes); ``NOT_FLAT`` for a message holding anything else."""
     size = 5
     for key, value in message.items():
         if type(value) not in _SCALARS or type(key) is not str:
-            return 1 << 62
+            return NOT_FLAT
         size += len(key) + 9
         if type(value) in (str, bytes):
             size += len(value) * (4 if type(value) is str else 1) + 9  # UTF-8: at most 4 bytes a character
