@@ -44,6 +44,12 @@ class Child:
     def kill(self) -> None:
         self.popen.kill()  # nothing once it is reaped; a zombie not yet reaped ignores it
 
+    async def end(self) -> int:
+        """Kill it and wait until it has ended: a command given up on (its time ran out, or the wait for it
+        was cancelled) is never left running. The wait goes on through a cancellation."""
+        self.kill()
+        return await asyncio.shield(self.wait())
+
     async def wait(self) -> int:
         """Its exit status, once it has ended."""
         if self._ended is None:

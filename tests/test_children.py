@@ -79,3 +79,19 @@ def test_a_wait_that_is_cancelled_leaves_the_child_to_be_waited_for_again(run):
         return await asyncio.wait_for(child.wait(), 10)
 
     assert run(main()) == 5
+
+
+def test_ending_a_child_given_up_on_kills_it_and_waits_even_when_the_wait_is_cancelled(run):
+    async def main():
+        sleeper = Child.start(["sleep", "30"])
+        ending = asyncio.ensure_future(sleeper.end())
+        await asyncio.sleep(0)
+        ending.cancel()  # the caller gives up on the wait: the child is still reaped
+        with pytest.raises(asyncio.CancelledError):
+            await ending
+        code = await asyncio.wait_for(sleeper.wait(), 10)
+        done = Child.start(["sh", "-c", "exit 4"])
+        await done.wait()
+        return code, await done.end()  # one that has ended already keeps its own status
+
+    assert run(main()) == (-signal.SIGKILL, 4)

@@ -50,8 +50,7 @@ async def spawn_held(binary: Path, spec: SpawnSpec, tags: Tags, env: dict[str, s
     try:
         out, err = await asyncio.wait_for(starter.communicate(secret.encode() + b"\n"), 30)
     except BaseException:  # it said nothing in 30 s (or the worker is stopping): it is not left running
-        starter.kill()
-        await asyncio.shield(starter.wait())
+        await starter.end()
         raise
     text = out.decode(errors="replace")
     if starter.returncode != 0:

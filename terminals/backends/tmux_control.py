@@ -13,7 +13,6 @@ What a control client reads, one line each:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import weakref
 from dataclasses import dataclass, field
@@ -254,9 +253,7 @@ class ControlClient:
                     pass
                 await self.process.wait()
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()
-            await self.process.wait()
+            await self.process.end()
         finally:
             self.reader.close()
             self._finalizer()

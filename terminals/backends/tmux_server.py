@@ -155,13 +155,10 @@ class TmuxServer:
             raise BackendError(f"cannot run tmux: {error}") from None
         try:
             out, err = await asyncio.wait_for(process.communicate(), timeout)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-            return -1, "", "timed out"
-        except BaseException:  # cancelled (the worker stops) or a pipe failed: the command is not left running
-            process.kill()
-            await asyncio.shield(process.wait())
+        except BaseException as error:  # out of time, cancelled (the worker stops) or a pipe failed
+            await process.end()
+            if isinstance(error, TimeoutError):
+                return -1, "", "timed out"
             raise
         return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
