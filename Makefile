@@ -3,6 +3,10 @@ PY := .venv/bin/python
 # Tests always run against PostgreSQL over its local socket, as the current OS user.
 TEST_DATABASE_URL ?= postgres:///tether?host=/var/run/postgresql
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+# The suite runs in this many processes (pytest-xdist, a test file at a time each): its tests mostly wait on
+# real processes, so two keep two cores busy where one left them two-thirds idle. Tests marked `exclusive` run
+# after, alone.
+TEST_JOBS ?= 2
 
 .PHONY: run test venv frontend holder services lint bench
 
@@ -36,7 +40,8 @@ lint: venv
 
 test: venv services lint frontend holder
 	DATABASE_URL='$(TEST_DATABASE_URL)' $(PY) manage.py makemigrations --check --dry-run
-	DATABASE_URL='$(TEST_DATABASE_URL)' TEST_REDIS_URL='$(TEST_REDIS_URL)' $(PY) -m pytest
+	DATABASE_URL='$(TEST_DATABASE_URL)' TEST_REDIS_URL='$(TEST_REDIS_URL)' $(PY) -m pytest -n $(TEST_JOBS) --dist loadfile -m 'not exclusive'
+	DATABASE_URL='$(TEST_DATABASE_URL)' TEST_REDIS_URL='$(TEST_REDIS_URL)' $(PY) -m pytest -m exclusive
 
 # Benchmarks (not part of `make test`): figures vs same-run baselines, written to docs/benchmarks.md.
 bench: venv services holder

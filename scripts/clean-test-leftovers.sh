@@ -11,7 +11,8 @@ for socket in /tmp/tmux-"$(id -u)"/tether-test-*; do
     [ -S "$socket" ] && tmux -S "$socket" kill-server 2>/dev/null
 done
 rm -f /tmp/tmux-"$(id -u)"/tether-test-*.tether-turn  # their lock files (TmuxServer.turn)
-# Session holders of test shells (their directory is /tmp/tether-test-held-UID/...).
+# Session holders of test shells (their directory is /tmp/tether-test-held-UID/..., or
+# /tmp/tether-test-held-UID-gwN/... for each process of a parallel run).
 pkill -KILL -f "tether-holder serve /tmp/tether-test-held-" 2>/dev/null
-rm -rf /tmp/tether-test-held-"$(id -u)"
+rm -rf /tmp/tether-test-held-"$(id -u)" /tmp/tether-test-held-"$(id -u)"-gw*
 exit 0

@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -15,11 +16,11 @@ from django.db import connection
 from executions.actions import Actor, add_machine
 from terminals import actions as terminal_actions
 from terminals.backends.tmux_server import TmuxServer
-from tests.bridge.harness import RECORDINGS_DIR, TEST_IMAGE, Stack, session_cookie, start_container
+from tests.bridge.harness import RECORDINGS_DIR, TEST_IMAGE, Stack, own_directory, session_cookie, start_container
 
 # Session holders of test shells keep their sockets here, apart from a real install's (workers started by the
 # tests inherit it).
-HELD_DIR = os.environ.setdefault("TETHER_HOLDER_DIR", f"/tmp/tether-test-held-{os.getuid()}")
+HELD_DIR = own_directory("TETHER_HOLDER_DIR", f"/tmp/tether-test-held-{os.getuid()}")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -55,6 +56,22 @@ def _require_postgres(django_db_setup, django_db_blocker):
     with django_db_blocker.unblock():
         if connection.vendor != "postgresql":
             pytest.exit("tests must run against PostgreSQL: set DATABASE_URL (make test does)", returncode=1)
+    yield
+    # The test database is dropped next: this process's pooled connections go (the pool keeps them open
+    # after use), and the last servers' are given a moment to end (PostgreSQL ends a backend a little after
+    # its process exits); a connection left makes the drop fail with a warning and leaves the database.
+    with django_db_blocker.unblock():
+        connection.close_pool()
+        with connection.cursor() as cursor:
+            for _ in range(100):
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                if not cursor.fetchone()[0]:
+                    break
+                time.sleep(0.1)
+        connection.close_pool()
 
 
 @pytest.fixture(autouse=True)

@@ -154,6 +154,7 @@ async def test_a_redis_restart_is_survived_sends_raise_while_it_is_away_and_subs
         server.stop()
 
 
+@pytest.mark.exclusive  # counts every client of the shared Redis
 def test_a_loop_made_for_one_call_closes_its_connections():
     """Synchronous code (a view, a signal after a commit) sends through async_to_sync from threads: each
     call's event loop closes its connections and drops its queues with it, so neither Redis's client

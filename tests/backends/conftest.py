@@ -107,11 +107,12 @@ def output_relays(backend_name, request) -> Callable[[], dict[str, int]]:
         return dict
     if backend_name == "local":
 
-        def holder() -> dict[str, int]:  # the newest holder: the one the spawn just started
+        def holder() -> dict[str, int]:  # this run's newest holder: the one the spawn just started
             holders = []
+            ours = f"tether-holder\0serve\0{os.environ['TETHER_HOLDER_DIR']}/".encode()  # tests/conftest.py
             for entry in Path("/proc").iterdir():
                 try:
-                    if entry.name.isdigit() and b"tether-holder\0serve" in (entry / "cmdline").read_bytes():
+                    if entry.name.isdigit() and ours in (entry / "cmdline").read_bytes():
                         holders.append((int(_stat(int(entry.name))[19]), int(entry.name)))
                 except OSError:
                     continue

@@ -253,9 +253,10 @@ def rss_kib(pid: int) -> int:
 # A stalled program's output may sit in bounded buffers only. The writer below makes about 20 MB/s when read
 # (docker, measured), so 3.5 s of a buffer that grows would be ~70 MB: far over these limits.
 OUR_GROWTH_LIMIT_KIB = 10 * 1024
-RELAY_GROWTH_LIMIT_KIB = 16 * 1024  # dockerd is shared with other test runs: leave room for their noise
+RELAY_GROWTH_LIMIT_KIB = 16 * 1024  # dockerd is shared with other programs on the host: leave room for their noise
 
 
+@pytest.mark.exclusive  # weighs dockerd, which every docker test uses
 async def test_stalled_reader_makes_the_writer_block_with_flat_memory(backend, read_place_file, output_relays):
     counter = f"/tmp/tether-counter-{uuid.uuid4().hex[:8]}"
     line = "x" * 200

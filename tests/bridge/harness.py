@@ -59,8 +59,21 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
 # ACK_AT_ONCE_BYTES new (this client draws everything at once), ACK_IDLE_MS after the last draw when less.
 ACK_IDLE_SECONDS = ACK_IDLE_MS / 1000
 TEST_IMAGE = "tether/busybox:test"  # built locally by scripts/ensure-services.sh
+
+
+def own_directory(variable: str, default: str) -> str:
+    """A directory of this test process's own, kept in ``variable`` for the servers it starts: under
+    pytest-xdist each worker gets its own (``…-gw0``), so one worker's clean-up never touches another's."""
+    value = os.environ.get(variable) or default
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and not value.endswith(f"-{worker}"):
+        value = f"{value}-{worker}"
+    os.environ[variable] = value
+    return value
+
+
 # Recordings the test servers save (tests/conftest.py points this process's recordings storage here too).
-RECORDINGS_DIR = os.environ.setdefault("TETHER_RECORDINGS_DIR", f"/tmp/tether-test-recordings-{os.getuid()}")
+RECORDINGS_DIR = own_directory("TETHER_RECORDINGS_DIR", f"/tmp/tether-test-recordings-{os.getuid()}")
 
 
 @functools.cache

@@ -15,7 +15,8 @@ from executions.models import Execution, State
 from terminals.models import Worker
 from tests.bridge.harness import Stack, open_viewer
 
-pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
+# It restarts the PostgreSQL every test uses.
+pytestmark = [pytest.mark.faults, pytest.mark.exclusive, pytest.mark.django_db(transaction=True)]
 
 
 def restart_postgresql() -> None:
