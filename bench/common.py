@@ -124,6 +124,28 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def postgres_cpu() -> dict[int, float]:
+    """CPU seconds of each PostgreSQL process (the server's and each connection's), by pid."""
+    seconds = {}
+    for pid in subprocess.run(["pgrep", "-x", "postgres"], capture_output=True, text=True).stdout.split():
+        try:
+            seconds[int(pid)] = cpu_seconds(int(pid))
+        except OSError:
+            pass  # a connection that ended meanwhile
+    return seconds
+
+
+def postgres_since(before: dict[int, float]) -> float:
+    """PostgreSQL's CPU seconds since ``before`` (a connection that ended meanwhile counts for nothing)."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in postgres_cpu().items())
+
+
+def machine_busy() -> float:
+    """CPU seconds all cores of this machine have spent busy (not idle, not waiting on I/O) since boot."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def redis_pid(url: str) -> int:
     import redis
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -11,7 +12,17 @@ import time
 
 from asgiref.sync import sync_to_async
 
-from bench.common import ROOT, Figure, cpu_seconds, redis_pid, summary, unique
+from bench.common import (
+    ROOT,
+    Figure,
+    cpu_seconds,
+    machine_busy,
+    postgres_cpu,
+    postgres_since,
+    redis_pid,
+    summary,
+    unique,
+)
 from bench.sessions import (
     MIB,
     RAW_CAT,
@@ -151,9 +162,21 @@ async def _loaded_echo(ctx: Context, viewer, count: int, samples: int, idle_peer
         await asyncio.sleep(2)  # past the replay of what they printed before being viewed
         drain.send_signal(signal.SIGUSR1)
         mark = int(await asyncio.to_thread(drain.stdout.readline))
+        processes = {
+            "daphne": daphne_pid(ctx),
+            "worker": worker_pid(ctx),
+            "Redis": redis_pid(ctx.stack.redis_url),
+            "the viewers' client": drain.pid,
+            "this client": os.getpid(),
+        }
+        before, postgres, busy = {n: cpu_seconds(p) for n, p in processes.items()}, postgres_cpu(), machine_busy()
         began = time.monotonic()
         loaded = summary(await echo_latency(viewer, samples))
         elapsed = time.monotonic() - began
+        # Where the machine's two cores went meanwhile (the programs' own output loops are the rest).
+        used = {n: (cpu_seconds(p) - before[n]) / elapsed for n, p in processes.items()}
+        used["PostgreSQL"] = postgres_since(postgres) / elapsed
+        used["the machine"] = (machine_busy() - busy) / elapsed
         drain.send_signal(signal.SIGTERM)
         delivered = int((await asyncio.to_thread(drain.communicate, timeout=60))[0].split()[-1]) - mark
     finally:
@@ -168,7 +191,9 @@ async def _loaded_echo(ctx: Context, viewer, count: int, samples: int, idle_peer
             "terminado, idle",
             "≤ 20 ms",
             loaded["p99"] <= 20,
-            note=f"p50 {loaded['p50']:.2f} ms; the {count} sessions got {delivered / MIB / elapsed:.1f} MB/s in all",
+            note=f"p50 {loaded['p50']:.2f} ms; the {count} sessions got {delivered / MIB / elapsed:.1f} MB/s in all; "
+            + "cores used: "
+            + ", ".join(f"{name} {share:.2f}" for name, share in used.items()),
         )
     )
 

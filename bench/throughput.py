@@ -12,7 +12,7 @@ from pathlib import Path
 
 from asgiref.sync import sync_to_async
 
-from bench.common import Figure, RawPty, cpu_seconds, redis_pid, unique
+from bench.common import Figure, RawPty, cpu_seconds, postgres_cpu, postgres_since, redis_pid, unique
 from bench.sessions import MIB, Context, close_session, daphne_pid, open_session, worker_pid
 
 
@@ -93,7 +93,7 @@ async def full_throughput(ctx: Context, backend: str, path: str, ref: str = "") 
             await viewer._next(30)
         elapsed = time.perf_counter() - began
         used = {name: cpu_seconds(pid) - before[name] for name, pid in processes.items()}
-        used["PostgreSQL"] = _postgres_since(postgres)
+        used["PostgreSQL"] = postgres_since(postgres)
         payload = _payload(bytes(viewer.output))
         mb = len(payload) / MIB
         cpu = {name: seconds * 1000 / mb for name, seconds in used.items()}
@@ -123,22 +123,6 @@ async def _recording_saved(session, timeout: float = 300) -> bool | None:
             return True
         await asyncio.sleep(0.2)
     return False
-
-
-def postgres_cpu() -> dict[int, float]:
-    """CPU seconds of each PostgreSQL process (the server's and each connection's), by pid."""
-    seconds = {}
-    for pid in subprocess.run(["pgrep", "-x", "postgres"], capture_output=True, text=True).stdout.split():
-        try:
-            seconds[int(pid)] = cpu_seconds(int(pid))
-        except OSError:
-            pass  # a connection that ended meanwhile
-    return seconds
-
-
-def _postgres_since(before: dict[int, float]) -> float:
-    """PostgreSQL's CPU seconds since ``before`` (a connection that ended meanwhile counts for nothing)."""
-    return sum(seconds - before.get(pid, 0.0) for pid, seconds in postgres_cpu().items())
 
 
 async def backend_rate(backend, path: str) -> float:
