@@ -12,7 +12,7 @@ from pathlib import Path
 
 from asgiref.sync import sync_to_async
 
-from bench.common import Figure, RawPty, cpu_seconds, postgres_cpu, postgres_since, redis_pid, unique
+from bench.common import Figure, RawPty, cpu_seconds, machine_busy, postgres_cpu, postgres_since, redis_pid, unique
 from bench.sessions import MIB, Context, close_session, daphne_pid, open_session, worker_pid
 
 
@@ -72,6 +72,7 @@ class Streamed:
     rate: float  # MB/s
     digest: str
     cpu_ms_per_mb: dict[str, float]  # by process, while the output streamed
+    cores: float  # how many of the machine's cores were busy meanwhile, whoever used them
     saved_seconds: float | None  # from the session's end until its recording was a file (None: not recorded)
 
 
@@ -86,12 +87,13 @@ async def full_throughput(ctx: Context, backend: str, path: str, ref: str = "") 
     try:
         await asyncio.sleep(0.3)
         before = {name: cpu_seconds(pid) for name, pid in processes.items()}
-        postgres = postgres_cpu()
+        postgres, busy = postgres_cpu(), machine_busy()
         began = time.perf_counter()
         await viewer.type(b"\r")
         while b"__END__" not in viewer.output[-4096:]:
             await viewer._next(30)
         elapsed = time.perf_counter() - began
+        cores = (machine_busy() - busy) / elapsed
         used = {name: cpu_seconds(pid) - before[name] for name, pid in processes.items()}
         used["PostgreSQL"] = postgres_since(postgres)
         payload = _payload(bytes(viewer.output))
@@ -105,7 +107,17 @@ async def full_throughput(ctx: Context, backend: str, path: str, ref: str = "") 
     if saved is False:
         ctx.report.notes.append(f"{backend} throughput: its recording was not a file 300 s after the session ended")
     saved_seconds = time.perf_counter() - ended if saved else None
-    return Streamed(mb / elapsed, hashlib.sha256(payload).hexdigest(), cpu, saved_seconds)
+    return Streamed(mb / elapsed, hashlib.sha256(payload).hexdigest(), cpu, cores, saved_seconds)
+
+
+def _where_it_went(streamed: Streamed, relay_cores: float) -> str:
+    """Where a megabyte's time went on its way through Tether, and how full the machine was: with every core
+    busy the rate is the machine's, and only less CPU per MB (anywhere) raises it."""
+    parts = ", ".join(f"{name} {ms:.0f}" for name, ms in streamed.cpu_ms_per_mb.items())
+    return (
+        f"CPU per MB {sum(streamed.cpu_ms_per_mb.values()):.0f} ms ({parts}); cores busy {streamed.cores:.2f}"
+        f" of {os.cpu_count()}, {relay_cores:.2f} while its relay was read in-process"
+    )
 
 
 async def _recording_saved(session, timeout: float = 300) -> bool | None:
@@ -127,6 +139,11 @@ async def _recording_saved(session, timeout: float = 300) -> bool | None:
 
 async def backend_rate(backend, path: str) -> float:
     """A backend's own rate: its process read in this process, with no worker, Redis or WebSocket."""
+    return (await backend_run(backend, path))[0]
+
+
+async def backend_run(backend, path: str) -> tuple[float, float]:
+    """``backend_rate``, and how many of the machine's cores were busy meanwhile."""
     from terminals.backends.base import SpawnSpec, Tags
     from terminals.backends.procfs import ProcessIdentity
 
@@ -136,23 +153,24 @@ async def backend_rate(backend, path: str) -> float:
     try:
         await asyncio.sleep(0.3)
         received = bytearray()
-        began = time.perf_counter()
+        busy, began = machine_busy(), time.perf_counter()
         await process.write(b"\r")
         while b"__END__" not in received[-4096:]:
             received += await process.read()
-        return len(_payload(bytes(received))) / (time.perf_counter() - began) / MIB
+        elapsed = time.perf_counter() - began
+        return len(_payload(bytes(received))) / elapsed / MIB, (machine_busy() - busy) / elapsed
     finally:
         await process.terminate(0.5)
         await process.release()
 
 
-async def tmux_control_rate(path: str) -> float:
-    """tmux's own rate: tmux control mode read in this process."""
+async def tmux_control_rate(path: str) -> tuple[float, float]:
+    """tmux's own rate: tmux control mode read in this process (and the machine's cores busy meanwhile)."""
     from terminals.backends.tmux import TmuxBackend
 
     socket = unique("tether-bench")
     try:
-        return await backend_rate(TmuxBackend(socket), path)
+        return await backend_run(TmuxBackend(socket), path)
     finally:
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
 
@@ -183,7 +201,8 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
             "terminado",
             "≥ 1.5x terminado",
             local.rate >= 1.5 * peer_rate,
-            note=f"{local.rate / raw_rate:.0%} of a raw PTY read; {_matches(local.digest, raw_hash)}",
+            note=f"{local.rate / raw_rate:.0%} of a raw PTY read; {_matches(local.digest, raw_hash)}; "
+            + f"cores busy {local.cores:.2f} of {os.cpu_count()}",
         )
     )
     # Where a megabyte's time goes: the CPU each process spends on it, against terminado's one process.
@@ -217,7 +236,7 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
         docker = await full_throughput(ctx, "docker", "/tmp/bench.b64", container)
         # dockerd relays the exec's TTY through containerd's shim and a hijacked HTTP stream: its own rate,
         # read in this process with no worker, Redis or WebSocket, is what Tether's docker path can reach.
-        own = await backend_rate(DockerBackend(container=container, engine=""), "/tmp/bench.b64")
+        own, own_cores = await backend_run(DockerBackend(container=container, engine=""), "/tmp/bench.b64")
         ctx.report.add(
             Figure(
                 f"throughput, docker ({size // MIB} MB base64)",
@@ -227,13 +246,14 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
                 "docker exec read in-process",
                 "≥ 95% of docker's relay",
                 docker.rate >= 0.95 * own,
-                note=f"{docker.rate / raw_rate:.0%} of a raw PTY read; {_matches(docker.digest, raw_hash)}",
+                note=f"{docker.rate / raw_rate:.0%} of a raw PTY read; {_matches(docker.digest, raw_hash)}; "
+                + _where_it_went(docker, own_cores),
             )
         )
     tmux_size = min(size, 20 * MIB)
     tmux_data = ctx.workdir / f"bench-{tmux_size // MIB}MB.b64"
     make_data(tmux_data, tmux_size)
-    control = await tmux_control_rate(str(tmux_data))
+    control, control_cores = await tmux_control_rate(str(tmux_data))
     tmux = await full_throughput(ctx, "tmux", str(tmux_data), unique("tether-bench"))
     ctx.report.add(
         Figure(
@@ -244,5 +264,6 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
             "tmux control mode in-process",
             "≥ 90% of tmux",
             tmux.rate >= 0.9 * control,
+            note=_where_it_went(tmux, control_cores),
         )
     )

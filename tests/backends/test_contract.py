@@ -53,6 +53,19 @@ def shell(*script: str, cols: int = 80, rows: int = 24) -> SpawnSpec:
     return SpawnSpec(argv=("/bin/sh", "-c", "; ".join(script)) if script else ("/bin/sh",), cols=cols, rows=rows)
 
 
+async def test_every_byte_value_comes_through_as_written(backend):
+    """Output byte for byte, whatever it is: every byte value, and text that looks like tmux's own escapes
+    (a backslash before three digits, which tmux's control mode sends as \\134 and the digits)."""
+    payload = bytes(range(256)) + b"\\015 \\134\\\\012 \\777 \\01 end\\"
+    octal = "".join(f"\\{byte:03o}" for byte in payload)
+    process = await backend.spawn(shell("stty raw -echo -opost", f"printf 'BEGIN{octal}END'"), make_tags())
+    try:
+        out = await drain(process)
+        assert out[out.index(b"BEGIN") + 5 : out.rindex(b"END")] == payload
+    finally:
+        await process.terminate(grace=0.5)
+
+
 async def test_echo_round_trip(backend):
     process = await backend.spawn(shell(), make_tags())
     try:
