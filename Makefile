@@ -40,8 +40,10 @@ lint: venv
 
 test: venv services lint frontend holder
 	DATABASE_URL='$(TEST_DATABASE_URL)' $(PY) manage.py makemigrations --check --dry-run
-	DATABASE_URL='$(TEST_DATABASE_URL)' TEST_REDIS_URL='$(TEST_REDIS_URL)' $(PY) -m pytest -n $(TEST_JOBS) --dist loadfile -m 'not exclusive'
-	DATABASE_URL='$(TEST_DATABASE_URL)' TEST_REDIS_URL='$(TEST_REDIS_URL)' $(PY) -m pytest -m exclusive
+	status=0; export DATABASE_URL='$(TEST_DATABASE_URL)' TEST_REDIS_URL='$(TEST_REDIS_URL)'; \
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile -m 'not exclusive' || status=$$?; \
+	$(PY) -m pytest -m exclusive || status=$$?; \
+	exit $$status
 
 # Benchmarks (not part of `make test`): figures vs same-run baselines, written to docs/benchmarks.md.
 bench: venv services holder

@@ -141,9 +141,10 @@ def postgres_since(before: dict[int, float]) -> float:
 
 
 def machine_busy() -> float:
-    """CPU seconds all cores of this machine have spent busy (not idle, not waiting on I/O) since boot."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds all cores of this machine have spent busy since boot: user, nice, system, irq and softirq
+    (not idle, not waiting on I/O, not stolen by the hypervisor for another machine)."""
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in Path("/proc/stat").read_text().split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def redis_pid(url: str) -> int:

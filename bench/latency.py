@@ -174,9 +174,10 @@ async def _loaded_echo(ctx: Context, viewer, count: int, samples: int, idle_peer
         loaded = summary(await echo_latency(viewer, samples))
         elapsed = time.monotonic() - began
         # Where the machine's two cores went meanwhile (the programs' own output loops are the rest).
+        machine = (machine_busy() - busy) / elapsed
         used = {n: (cpu_seconds(p) - before[n]) / elapsed for n, p in processes.items()}
         used["PostgreSQL"] = postgres_since(postgres) / elapsed
-        used["the machine"] = (machine_busy() - busy) / elapsed
+        used["the machine"] = machine
         drain.send_signal(signal.SIGTERM)
         delivered = int((await asyncio.to_thread(drain.communicate, timeout=60))[0].split()[-1]) - mark
     finally:

@@ -22,7 +22,7 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.common import ROOT, Figure, Report, setup_django, summary
+from bench.common import ROOT, Figure, Report, cpu_seconds, setup_django, summary
 from bench.profile import profiled
 
 
@@ -62,8 +62,10 @@ async def embedded_echo(ctx, samples: int, profile: Path | None = None) -> None:
         await viewer.attach()
         await viewer.read_until(b"READY", timeout=30)
         await echo_latency(viewer, 50)
+        before = cpu_seconds(serve.pid)
         with profiled(profile, "embedded", {"tether_serve": serve.pid}) if profile else contextlib.nullcontext():
             stats = summary(await echo_latency(viewer, samples))
+        cpu_ms = (cpu_seconds(serve.pid) - before) * 1000 / samples
         await viewer.close()
         await close_session(session)  # while tether_serve runs: its held shell would outlive it
         peer = await terminado_echo_summary(ctx, samples)
@@ -79,6 +81,16 @@ async def embedded_echo(ctx, samples: int, profile: Path | None = None) -> None:
                     stats[p] <= 1.3 * peer[p],
                 )
             )
+        # Where an echo's time goes: one process each, so their CPU per keystroke compares directly.
+        ctx.report.add(
+            Figure(
+                "CPU per keystroke echo, embedded (tether_serve's one process)",
+                cpu_ms,
+                "ms",
+                ctx.peers["echo_cpu"].get("terminado"),
+                "terminado's server",
+            )
+        )
     finally:
         serve.terminate()
         serve.wait(timeout=30)

@@ -95,7 +95,11 @@ def database_from_url(url: str) -> dict:
             path = path[1:] if path.startswith("//") else path
         if not path:
             raise ImproperlyConfigured(f"DATABASE_URL={url!r} names no SQLite file")
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": path, "OPTIONS": {"timeout": 20}}
+        # The embedded mode's web process, worker and management commands write it at once: each transaction
+        # takes the write lock when it begins (a deferred one that read first failed at once with "database
+        # is locked" when another writer was waiting to commit), and in WAL mode readers never wait.
+        options = {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": path, "OPTIONS": options}
     if parts.scheme in {"postgres", "postgresql", "pgsql"}:
         name = unquote(parts.path.lstrip("/"))
         if not name:

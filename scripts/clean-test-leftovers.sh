@@ -15,4 +15,5 @@ rm -f /tmp/tmux-"$(id -u)"/tether-test-*.tether-turn  # their lock files (TmuxSe
 # /tmp/tether-test-held-UID-gwN/... for each process of a parallel run).
 pkill -KILL -f "tether-holder serve /tmp/tether-test-held-" 2>/dev/null
 rm -rf /tmp/tether-test-held-"$(id -u)" /tmp/tether-test-held-"$(id -u)"-gw*
+rm -rf /tmp/tether-test-recordings-"$(id -u)" /tmp/tether-test-recordings-"$(id -u)"-gw*
 exit 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,55 @@ def test_an_unknown_worker_loop_stops_the_worker_at_start_saying_what_is_allowed
     done = subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "TETHER_WORKER_LOOP must be one of uvloop, asyncio, not 'gevent'" in done.stderr
+
+
+def test_embedded_sqlite_writers_wait_for_each_other_instead_of_failing(tmp_path, django_db_blocker, monkeypatch):
+    """`make run`'s SQLite, written by the web process, its worker and the management commands at once:
+    a transaction that read before it wrote failed at once with "database is locked" while another
+    writer waited to commit (seen: opening a terminal from `manage.py shell` beside a running
+    `tether_serve`). Every transaction takes the write lock when it begins, so writers queue instead."""
+    import threading
+
+    from django.db import connections, transaction
+    from django.db.utils import ConnectionHandler
+
+    config = env.database_from_url(f"sqlite:///{tmp_path / 'tether.sqlite3'}")
+    config["OPTIONS"]["timeout"] = 5
+    configured = ConnectionHandler({"default": config}).settings["default"]
+    for alias in ("first", "second"):  # two connections of their own, to a file of their own
+        monkeypatch.setitem(connections.settings, alias, dict(configured))
+    failures: list[BaseException] = []
+    reading = threading.Event()
+
+    def other_writer():
+        try:
+            reading.wait(5)
+            with transaction.atomic(using="second"), connections["second"].cursor() as cursor:
+                cursor.execute("INSERT INTO rows VALUES (2)")
+        except BaseException as error:
+            failures.append(error)
+        finally:
+            connections["second"].close()
+
+    with django_db_blocker.unblock():
+        first = connections["first"]
+        try:
+            with first.cursor() as cursor:
+                cursor.execute("CREATE TABLE rows (n INTEGER)")
+            thread = threading.Thread(target=other_writer)
+            thread.start()
+            try:
+                with transaction.atomic(using="first"), first.cursor() as cursor:
+                    cursor.execute("SELECT count(*) FROM rows")
+                    reading.set()
+                    time.sleep(0.5)  # the other writer has begun and waits to commit
+                    cursor.execute("INSERT INTO rows VALUES (1)")
+            finally:
+                thread.join(10)
+            with first.cursor() as cursor:
+                cursor.execute("SELECT n FROM rows ORDER BY n")
+                assert [n for (n,) in cursor.fetchall()] == [1, 2]
+        finally:
+            first.close()
+            del connections["first"]
+    assert failures == []

@@ -63,12 +63,10 @@ TEST_IMAGE = "tether/busybox:test"  # built locally by scripts/ensure-services.s
 
 def own_directory(variable: str, default: str) -> str:
     """A directory of this test process's own, kept in ``variable`` for the servers it starts: under
-    pytest-xdist each worker gets its own (``…-gw0``), so one worker's clean-up never touches another's."""
-    value = os.environ.get(variable) or default
+    pytest-xdist each worker gets its own (``…-gw0``), so one worker's clean-up never touches another's.
+    Never one the environment names: the run ends by removing it (a real install's would go)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker and not value.endswith(f"-{worker}"):
-        value = f"{value}-{worker}"
-    os.environ[variable] = value
+    os.environ[variable] = value = f"{default}-{worker}" if worker else default
     return value
 
 
