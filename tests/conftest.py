@@ -11,7 +11,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from asgiref.sync import SyncToAsync
+from django.db import connection, connections
 
 from executions.actions import Actor, add_machine
 from terminals import actions as terminal_actions
@@ -61,6 +62,8 @@ def _require_postgres(django_db_setup, django_db_blocker):
     # after use), and the last servers' are given a moment to end (PostgreSQL ends a backend a little after
     # its process exits); a connection left makes the drop fail with a warning and leaves the database.
     with django_db_blocker.unblock():
+        # Async tests reach the database from asgiref's one shared thread, whose connection stays checked out.
+        SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=30)
         connection.close_pool()
         with connection.cursor() as cursor:
             for _ in range(100):
