@@ -62,6 +62,7 @@ from terminals.actions.recordings import (
     expire_recordings,
     finish_recording,
     note_recording_seen,
+    remove_leftover_chunks,
     unfinished_recordings,
     write_chunk,
 )
@@ -145,6 +146,7 @@ __all__ = [
     "record_adoption",
     "register_worker",
     "release_lease",
+    "remove_leftover_chunks",
     "request_process_action",
     "revoke_share_link",
     "save_handle",

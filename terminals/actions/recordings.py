@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -52,21 +52,22 @@ def begin_recording(
 
 
 def write_chunk(
-    recording_pk: int, *, worker: Worker, token: int, execution_pk: int, number: int, taken: asciicast.Taken
+    recording_pk: int, *, worker: Worker, token: int, execution_pk: int, number: int, taken: asciicast.Taken, file: str
 ) -> bool:
-    """Store chunk ``number`` (compare-and-set on the count, so a repeated write stores nothing twice) with
-    where the recording stands after it. False when it was written already or the recording is finished."""
+    """Name chunk ``number``, whose events are already ``file`` in the recordings storage
+    (recording_store.save_chunk), with where the recording stands after it: a compare-and-set on the count,
+    so a repeated write names nothing twice. False when it was written already or the recording is finished;
+    the caller then removes its file, which nothing names."""
     with fenced(execution_pk, worker, token):
         recording = (
             Recording.objects.select_for_update()
             .filter(pk=recording_pk, chunks=number, state=RecordingState.RECORDING)
+            .only("markers")
             .first()
         )
         if recording is None:
             return False
-        # Stored as taken: PostgreSQL compresses a large value itself (TOAST), and gives up at once on one that
-        # does not compress; compressing here cost the worker's host the CPU a busy shell's output needs.
-        _store_chunk(recording_pk, number, taken.lines)
+        RecordingChunk.objects.create(recording_id=recording_pk, number=number, file=file)
         Recording.objects.filter(pk=recording_pk).update(
             chunks=F("chunks") + 1,
             stream=taken.stream,
@@ -79,25 +80,6 @@ def write_chunk(
             markers=recording.markers + taken.markers,
         )
     return True
-
-
-def _store_chunk(recording_pk: int, number: int, lines: bytes) -> None:
-    """On PostgreSQL the chunk goes as a binary parameter: Django binds parameters into the statement's
-    text, escaping bytes as hex (twice their size, by the byte in Python), which was an eighth of a busy
-    worker's time in the loaded echo's profile (docs/benchmarks.md)."""
-    if connection.vendor != "postgresql":
-        RecordingChunk.objects.create(recording_id=recording_pk, number=number, data=lines)
-        return
-    import psycopg
-
-    table = connection.ops.quote_name(RecordingChunk._meta.db_table)
-    # Binds on the server (``%b``: sent as binary), in Django's transaction; its errors raised as Django's,
-    # so that a database outage is known for one (owner/context.py DB_OUTAGE) and the chunk written again.
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (recording_id, number, data, written_at) VALUES (%s, %s, %b, now())",
-            [recording_pk, number, lines],
-        )
 
 
 # --- finishing ----------------------------------------------------------------------------------
@@ -137,9 +119,24 @@ def _closing_lines(recording: Recording) -> bytes:
 
 
 def _chunks(recording: Recording) -> Iterator[bytes]:
-    rows = RecordingChunk.objects.filter(recording=recording).order_by("number").values_list("data", flat=True)
-    for data in rows.iterator(chunk_size=20):
-        yield bytes(data)
+    """The recording's chunks in order: each one's file (or, written by an earlier version, its row's data). A
+    file the storage no longer has (removed by hand, or lost with a disk) is a marker saying so, where it was:
+    the rest of the recording still makes its file. Any other error reading one is raised, to try again."""
+    rows = (
+        RecordingChunk.objects.filter(recording=recording)
+        .order_by("number")
+        .values_list("number", "file", "data", "written_at")
+    )
+    for number, file, data, written_at in rows.iterator(chunk_size=100):
+        if not file:
+            yield bytes(data)
+        elif (stored := recording_store.read_chunk(file)) is not None:
+            yield stored
+        else:
+            log.warning("recording %s: chunk %d (%s) is not in the recordings storage", recording.pk, number, file)
+            yield asciicast.event_line(
+                written_at.timestamp(), "m", f"part of this recording is missing here (chunk {number} was not found)"
+            )
 
 
 def finish_recording(recording_pk: int) -> Recording | None:
@@ -170,7 +167,19 @@ def finish_recording(recording_pk: int) -> Recording | None:
             finished_at=Now(),
         )
         RecordingChunk.objects.filter(recording=recording).delete()
+        # Only once the rows are gone for good: a file removed under a rolled-back finish would be lost.
+        transaction.on_commit(lambda pk=recording.pk: recording_store.remove_chunks(pk), robust=True)
     return recording
+
+
+def remove_leftover_chunks() -> int:
+    """Remove the chunk files of recordings no longer being made: what a finisher that died after its commit
+    left, and chunks whose writer died between writing the file and naming it. Returns how many."""
+    directories = recording_store.chunk_dirs()
+    recording = set(
+        Recording.objects.filter(pk__in=directories, state=RecordingState.RECORDING).values_list("pk", flat=True)
+    )
+    return sum(recording_store.remove_chunks(pk) for pk in directories if pk not in recording)
 
 
 def unfinished_recordings() -> list[int]:

@@ -77,12 +77,14 @@ class Recording(models.Model):
 
 class RecordingChunk(models.Model):
     """Events of a recording not yet in its file: its output as read, and its other events as lines of
-    ``[unix_seconds, code, data]`` (the records are in terminals/asciicast.py; PostgreSQL compresses them at
-    rest)."""
+    ``[unix_seconds, code, data]`` (the records are in terminals/asciicast.py). The events are a file in the
+    recordings storage (``file``, terminals/recording_store.py); chunks written before that were kept in
+    ``data``, and still make their recording's file."""
 
     recording = models.ForeignKey(Recording, on_delete=models.CASCADE, related_name="chunk_rows")
     number = models.PositiveIntegerField()
-    data = models.BinaryField()
+    file = models.CharField(max_length=255, blank=True, default="")
+    data = models.BinaryField(blank=True, default=b"")
     written_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

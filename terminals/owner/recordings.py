@@ -1,8 +1,9 @@
 """Recording the shells a worker holds (docs/recordings.md): output, resizes, command markers and (by setting)
-input go to each shell's event log in memory as they happen, and from there to the database in chunks, every
-few seconds or sooner when a lot came, fenced by the lease. Taking an event never waits for the database, so a
-recording never slows a shell; a worker that dies loses at most its last unwritten moments, which the next
-owner's recording says (a gap marker), and it carries on in the same recording.
+input go to each shell's event log in memory as they happen, and from there in chunks, every few seconds or
+sooner when a lot came, to files in the recordings storage, each named by a database row fenced by the lease.
+Taking an event never waits for the storage or the database, so a recording never slows a shell; a worker that
+dies loses at most its last unwritten moments, which the next owner's recording says (a gap marker), and it
+carries on in the same recording.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 from django.db import connection
 
 from executions.models import Kind
-from terminals import actions
+from terminals import actions, recording_store
 from terminals.asciicast import EventLog
 from terminals.live import LiveProcess
 from terminals.owner.context import DB_OUTAGE, WorkerContext, every, until_recorded
@@ -27,6 +29,11 @@ log = logging.getLogger(__name__)
 FLUSH_BYTES = 256 * 1024  # this much taken and not yet written: write it now, not at the next turn
 SWEEP_SECONDS = 15  # how often a worker finishes recordings whose owner died with their shell
 FINISHING_AT_ONCE = 2  # recordings made into files at once, each in a thread of its own
+
+
+def in_thread(function):
+    """``function`` run in a thread of the loop's pool: never the worker's one database thread."""
+    return sync_to_async(function, thread_sensitive=False)
 
 
 @dataclass
@@ -147,25 +154,43 @@ class Recorder:
             taken = take.log.take()
             if not taken.lines:
                 return
+            file = ""
             try:
-                await db(actions.write_chunk)(
+                # The events go to the recordings storage in a thread of their own (never the one heartbeats
+                # and fenced writes wait on), then one small fenced row names them.
+                file = await in_thread(recording_store.save_chunk)(take.pk, take.chunks, taken.lines)
+                named = await db(actions.write_chunk)(
                     take.pk,
                     worker=self.context.worker,
                     token=live.token,
                     execution_pk=live.execution_pk,
                     number=take.chunks,
                     taken=taken,
+                    file=file,
                 )
             except actions.LeaseLost:
                 take.stopped = True  # the supervisor lets go; the new owner goes on recording
+                await self._forget(file)
                 return
-            except Exception as error:  # the database is away: the lines go out with the next write
+            except Exception as error:  # the database or the storage is away: the lines go with the next write
+                # The file stays: whether the row naming it was committed is not known. Finishing the
+                # recording removes every chunk file of it, named or not.
                 take.log.give_back(taken)
                 if final and isinstance(error, DB_OUTAGE):
                     raise
                 log.info("execution %s: recording not written yet (%r)", live.execution_pk, error)
                 return
+            if not named:  # this number was named already, or the recording is finished: nothing names the file
+                await self._forget(file)
             take.chunks += 1
+
+    @staticmethod
+    async def _forget(file: str) -> None:
+        if file:
+            try:
+                await in_thread(recording_store.remove_chunk)(file)
+            except Exception:  # the leftover sweep removes it once the recording is a file
+                log.warning("could not remove the unnamed recording chunk %s", file, exc_info=True)
 
     async def flush_last(self, live: LiveProcess) -> None:
         """The shell's output has ended: write the rest, waiting out a database outage."""

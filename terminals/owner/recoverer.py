@@ -59,6 +59,8 @@ class Recoverer:
                     log.info("retention: expired the final screens of %d closed session(s)", len(expired))
                 if removed := await db(actions.expire_recordings)(actor=actor):
                     log.info("retention: removed %d recording(s) past their retention", len(removed))
+                if leftover := await db(actions.remove_leftover_chunks)():
+                    log.info("removed %d chunk file(s) of recordings no longer being made", leftover)
 
         await every(settings.TETHER_RECOVERY_SECONDS, step, "recovery pass")
 

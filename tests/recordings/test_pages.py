@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from executions.errors import UsageError
 from executions.models import Backend
-from terminals import actions
+from terminals import actions, recording_store
 from terminals.asciicast import EventLog, output_of
 from terminals.models import Recording, RecordingChunk, SessionEvent, ShareLink
 from tests.factories import make_machine
@@ -37,7 +37,8 @@ def recorded(alice):
         session=session, execution=session.execution, generation=1, started_at=timezone.now(), started_epoch=1_000.0,
         cols=80, rows=24, markers=taken.markers, chunks=1, output_end=taken.end,
     )  # fmt: skip
-    RecordingChunk.objects.create(recording=recording, number=0, data=taken.lines)
+    chunk = recording_store.save_chunk(recording.pk, 0, taken.lines)  # as the owner writes it, then names it
+    RecordingChunk.objects.create(recording=recording, number=0, file=chunk)
     finish(session, 7)
     assert actions.finish_recording(recording.pk) is not None
     assert actions.finish_recording(recording.pk) is None  # finished once
@@ -188,39 +189,3 @@ def test_a_recording_is_shared_once_its_shell_has_ended(alice):
         actions.create_share_link(alice, session, recording=recording)
     panel = logged_in(alice).get(f"/terminals/{session.id}/shares/")
     assert b"the recording of generation" not in panel.content  # not offered either
-
-
-def test_a_chunk_the_database_refuses_is_refused_as_a_database_error_the_worker_knows(recorded):
-    """Chunks are written with psycopg's own cursor (binary, terminals/actions/recordings.py); its errors must
-    still be Django's, or the worker would take a database outage on the last write for a chunk written and
-    finish the file without it (owner/context.py DB_OUTAGE lists Django's errors)."""
-    from django.db import IntegrityError, transaction
-
-    from terminals.actions.recordings import _store_chunk
-
-    _store_chunk(recorded.pk, 5, b"once\n")
-    assert RecordingChunk.objects.get(recording=recorded, number=5).data == b"once\n"
-    with pytest.raises(IntegrityError), transaction.atomic():
-        _store_chunk(recorded.pk, 5, b"twice\n")  # one chunk per number
-
-
-def test_a_stored_chunk_is_compressed_with_lz4_not_pglz(recorded):
-    """pglz took about 20 ms of PostgreSQL's CPU per MB of a busy shell's event lines, more than the whole path
-    its output streams through; lz4 about 6 (docs/benchmarks.md, migration 0014)."""
-    from django.db import connection
-
-    from terminals.actions.recordings import _store_chunk
-
-    if connection.vendor != "postgresql":
-        pytest.fail("this suite runs on PostgreSQL (DATABASE_URL)")
-    lines = b"".join(
-        b'[1.5, "o", "%d total 48\\r\\ndrwxr-xr-x  2 alice staff 4096 Dec  3 .\\r\\n"]\n' % i for i in range(400)
-    )
-    _store_chunk(recorded.pk, 6, lines)  # large and compressible: PostgreSQL compresses it
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_column_compression(data) FROM terminals_recordingchunk WHERE recording_id = %s AND number = 6",
-            [recorded.pk],
-        )
-        assert cursor.fetchone()[0] == "lz4"
-    assert RecordingChunk.objects.get(recording=recorded, number=6).data == lines

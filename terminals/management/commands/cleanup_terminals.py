@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand
 
 from executions.actions import Actor
-from terminals.actions import expire_closed_sessions, expire_recordings
+from terminals.actions import expire_closed_sessions, expire_recordings, remove_leftover_chunks
 
 
 class Command(BaseCommand):
@@ -9,7 +9,8 @@ class Command(BaseCommand):
         "Remove the final screens of terminal sessions closed longer ago than TETHER_RETENTION_HOURS (24 h), and "
         "the files of recordings finished longer ago than TETHER_RECORDING_RETENTION_DAYS (30). Session identity, "
         "exit, close reason, output cursor, a recording's times and markers, execution records and events are "
-        "kept. Workers also run this periodically."
+        "kept; chunk files of recordings no longer being made (left by a worker that died) are removed. Workers "
+        "also run this periodically."
     )
 
     def add_arguments(self, parser):
@@ -32,3 +33,6 @@ class Command(BaseCommand):
             finished = f"{recording.finished_at:%Y-%m-%d %H:%M}"
             self.stdout.write(f"{verb} recording {recording.pk} of {recording.session_id} (finished {finished})")
         self.stdout.write(f"{len(recordings)} recording(s) {'would be removed' if dry_run else 'removed'}")
+        if not dry_run:
+            leftover = remove_leftover_chunks()
+            self.stdout.write(f"{leftover} chunk file(s) of recordings no longer being made removed")

@@ -1,0 +1,161 @@
+"""A recording being made: its chunks are files in the recordings storage, each named by a row its owner writes
+fenced by the lease. A chunk is named once, a file nothing names is removed, a chunk the storage lost is a marker
+in the finished file (the rest is kept), and chunks written into the database by an earlier version still make
+their file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from executions import actions as exec_actions
+from executions.models import Backend, Evidence, State
+from terminals import actions, recording_store
+from terminals.asciicast import EventLog, output_of
+from terminals.models import Recording, RecordingChunk
+from tests.bridge.harness import RECORDINGS_DIR
+from tests.factories import TEST_ACTOR, make_machine
+
+pytestmark = pytest.mark.django_db
+
+
+def chunk_files(recording: Recording) -> list[str]:
+    directory = Path(RECORDINGS_DIR) / recording_store.CHUNKS / str(recording.pk)
+    return sorted(path.name for path in directory.iterdir()) if directory.exists() else []
+
+
+def ended(recording: Recording) -> None:
+    """The shell exited (code 0), as its owner settles it."""
+    execution = exec_actions.transition(
+        recording.execution, State.RUNNING, evidence=Evidence.OBSERVED, actor=TEST_ACTOR
+    )
+    exec_actions.transition(execution, State.COMPLETED, evidence=Evidence.EXITED, exit_code=0, actor=TEST_ACTOR)
+
+
+def taken(text: bytes, at: float, started: float = 1_000.0):
+    log = EventLog(started=started, limit=1 << 20)
+    log.output(0, 0, text, at)
+    return log.take()
+
+
+@pytest.fixture
+def owned(alice):
+    """Alice's shell on a docker workspace, claimed by a worker, with its recording begun: (recording, worker,
+    lease token)."""
+    machine = make_machine("chunk-box", backend=Backend.DOCKER)
+    session, _ = actions.open_terminal(machine, alice)
+    owner = actions.register_worker(
+        worker_id="w-chunks", host=settings.TETHER_HOST, pid=1, started_at=1, boot_id="b", channel_name="c-chunks"
+    )
+    execution, lease = actions.claim_next_execution(owner, {"docker"})
+    assert execution.pk == session.execution_id
+    recording = actions.begin_recording(
+        execution_pk=execution.pk, worker=owner, token=lease.token, cols=80, rows=24, started=1_000.0, stream=0
+    )
+    return recording, owner, lease.token
+
+
+def write(owned, number: int, events, file: str) -> bool:
+    recording, owner, token = owned
+    return actions.write_chunk(
+        recording.pk, worker=owner, token=token, execution_pk=recording.execution_id, number=number, taken=events,
+        file=file,
+    )  # fmt: skip
+
+
+def test_a_chunk_is_a_file_named_once_and_the_finished_recording_leaves_no_chunk_behind(
+    owned, django_capture_on_commit_callbacks
+):
+    recording = owned[0]
+    first = taken(b"first\r\n", 1_001.0)
+    name = recording_store.save_chunk(recording.pk, 0, first.lines)
+    assert write(owned, 0, first, name)
+    again = recording_store.save_chunk(recording.pk, 0, first.lines)  # a repeated write of the same number
+    assert not write(owned, 0, first, again)
+    assert list(RecordingChunk.objects.filter(recording=recording).values_list("number", "file", "data")) == [
+        (0, name, b"")
+    ]  # the events are not in the database
+    second = taken(b"second\r\n", 1_002.0)
+    assert write(owned, 1, second, recording_store.save_chunk(recording.pk, 1, second.lines))
+    recording_store.save_chunk(recording.pk, 2, b"never named")  # its writer died before naming it
+    assert len(chunk_files(recording)) == 4
+
+    ended(recording)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert actions.finish_recording(recording.pk) is not None
+    recording.refresh_from_db()
+    lines = list(recording_store.read(recording.file))
+    assert output_of(lines) == b"first\r\nsecond\r\n"  # once each, in order
+    assert not RecordingChunk.objects.filter(recording=recording).exists()
+    assert chunk_files(recording) == []  # named or not, every chunk file went with the rows
+
+
+def test_a_chunk_is_not_named_by_a_worker_that_lost_its_lease(owned):
+    recording, owner, token = owned
+    events = taken(b"late\r\n", 1_001.0)
+    with pytest.raises(actions.LeaseLost):
+        actions.write_chunk(
+            recording.pk, worker=owner, token=token + 1, execution_pk=recording.execution_id, number=0, taken=events,
+            file=recording_store.save_chunk(recording.pk, 0, events.lines),
+        )  # fmt: skip
+    assert not RecordingChunk.objects.filter(recording=recording).exists()
+    assert Recording.objects.get(pk=recording.pk).chunks == 0
+
+
+def test_a_chunk_the_storage_lost_is_a_marker_where_it_was_and_the_rest_is_kept(owned):
+    recording = owned[0]
+    for number, text in enumerate([b"one\r\n", b"two\r\n", b"three\r\n"]):
+        events = taken(text, 1_001.0 + number)
+        assert write(owned, number, events, recording_store.save_chunk(recording.pk, number, events.lines))
+    lost = RecordingChunk.objects.get(recording=recording, number=1).file
+    (Path(RECORDINGS_DIR) / lost).unlink()
+
+    ended(recording)
+    assert actions.finish_recording(recording.pk) is not None
+    recording.refresh_from_db()
+    lines = list(recording_store.read(recording.file))
+    assert output_of(lines) == b"one\r\nthree\r\n"
+    events = [json.loads(line) for line in lines[1:]]
+    markers = [text for _, code, text in events if code == "m"]
+    assert markers[0] == "part of this recording is missing here (chunk 1 was not found)"
+    assert [code for _, code, _ in events][:3] == ["o", "m", "o"]  # where the lost chunk was
+
+
+def test_chunks_an_earlier_version_wrote_into_the_database_still_make_the_file(owned):
+    recording = owned[0]
+    old = taken(b"kept in the row\r\n", 1_001.0)
+    RecordingChunk.objects.create(recording=recording, number=0, data=old.lines)
+    Recording.objects.filter(pk=recording.pk).update(chunks=1, output_end=old.end)
+    new_events = EventLog(started=1_000.0, limit=1 << 20, end=old.end)
+    new_events.output(0, old.end, b"and in a file\r\n", 1_002.0)
+    new = new_events.take()
+    assert write(owned, 1, new, recording_store.save_chunk(recording.pk, 1, new.lines))
+
+    ended(recording)
+    assert actions.finish_recording(recording.pk) is not None
+    recording.refresh_from_db()
+    assert output_of(recording_store.read(recording.file)) == b"kept in the row\r\nand in a file\r\n"
+
+
+def test_chunk_files_of_recordings_no_longer_being_made_are_removed_by_the_cleanup(owned, alice):
+    actions.remove_leftover_chunks()  # what earlier tests left in this process's storage
+    recording = owned[0]
+    events = taken(b"live\r\n", 1_001.0)
+    assert write(owned, 0, events, recording_store.save_chunk(recording.pk, 0, events.lines))
+    # A recording saved by a finisher that died after its commit, before it removed the chunks.
+    other_session, _ = actions.open_terminal(make_machine("chunk-box-2", backend=Backend.DOCKER), alice)
+    saved = Recording.objects.create(
+        session=other_session, execution=other_session.execution, generation=1, started_at=timezone.now(),
+        started_epoch=0.0, cols=80, rows=24, state="saved", file="x.cast.gz", finished_at=timezone.now(),
+    )  # fmt: skip
+    recording_store.save_chunk(saved.pk, 0, b"left behind")
+    recording_store.save_chunk(saved.pk, 1, b"left behind too")
+
+    assert actions.remove_leftover_chunks() == 2
+    assert chunk_files(saved) == []
+    assert len(chunk_files(recording)) == 1  # still being made: kept
+    assert actions.remove_leftover_chunks() == 0
