@@ -175,12 +175,33 @@ async def tmux_control_rate(path: str) -> tuple[float, float]:
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
 
 
+ROUNDS = 3  # each figure and its peer alternate this many times, the best of each kept: this machine's rate
+# for one read moves by a fifth from one run to the next (docs/benchmarks.md)
+
+
+async def best_of(ours, peer) -> tuple:
+    """Alternate ``ours()`` and ``peer()`` ROUNDS times; the best result of each (the highest rate, which both
+    put first or name ``rate``)."""
+    mine, theirs = [], []
+    for _ in range(ROUNDS):
+        theirs.append(await peer())
+        mine.append(await ours())
+
+    def rate(result) -> float:
+        return result.rate if isinstance(result, Streamed) else result[0]
+
+    return max(mine, key=rate), max(theirs, key=rate)
+
+
 async def bench_throughput(ctx: Context, container: str | None) -> None:
     size = (50 if ctx.quick else 200) * MIB
     data = ctx.workdir / f"bench-{size // MIB}MB.b64"
     make_data(data, size)
     raw_rate, raw_hash = raw_throughput(data)
-    peer_rate, peer_hash, peer_cpu = await terminado_throughput(data)
+    local, (peer_rate, peer_hash, peer_cpu) = await best_of(
+        lambda: full_throughput(ctx, "local", str(data)), lambda: terminado_throughput(data)
+    )
+    rounds = f"best of {ROUNDS} each, alternating"
     ctx.report.add(
         Figure(
             f"throughput, terminado ({size // MIB} MB base64)",
@@ -188,10 +209,9 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
             "MB/s",
             raw_rate,
             "raw PTY read",
-            note=_matches(peer_hash, raw_hash),
+            note=f"{_matches(peer_hash, raw_hash)}; {rounds}",
         )
     )
-    local = await full_throughput(ctx, "local", str(data))
     ctx.report.add(
         Figure(
             f"throughput, local ({size // MIB} MB base64)",
@@ -202,7 +222,7 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
             "≥ 1.5x terminado",
             local.rate >= 1.5 * peer_rate,
             note=f"{local.rate / raw_rate:.0%} of a raw PTY read; {_matches(local.digest, raw_hash)}; "
-            + f"cores busy {local.cores:.2f} of {os.cpu_count()}",
+            + f"cores busy {local.cores:.2f} of {os.cpu_count()}; {rounds}",
         )
     )
     # Where a megabyte's time goes: the CPU each process spends on it, against terminado's one process.
@@ -210,7 +230,7 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
         Figure(
             "CPU per MB of output, local: daphne + worker + Redis + PostgreSQL ("
             + ", ".join(f"{name} {ms:.0f}" for name, ms in local.cpu_ms_per_mb.items())
-            + " ms)",
+            + " ms; the best runs')",
             sum(local.cpu_ms_per_mb.values()),
             "ms",
             peer_cpu,
@@ -233,10 +253,12 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
         from terminals.backends.docker import DockerBackend
 
         subprocess.run(["docker", "cp", str(data), f"{container}:/tmp/bench.b64"], check=True)
-        docker = await full_throughput(ctx, "docker", "/tmp/bench.b64", container)
         # dockerd relays the exec's TTY through containerd's shim and a hijacked HTTP stream: its own rate,
         # read in this process with no worker, Redis or WebSocket, is what Tether's docker path can reach.
-        own, own_cores = await backend_run(DockerBackend(container=container, engine=""), "/tmp/bench.b64")
+        docker, (own, own_cores) = await best_of(
+            lambda: full_throughput(ctx, "docker", "/tmp/bench.b64", container),
+            lambda: backend_run(DockerBackend(container=container, engine=""), "/tmp/bench.b64"),
+        )
         ctx.report.add(
             Figure(
                 f"throughput, docker ({size // MIB} MB base64)",
@@ -247,14 +269,16 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
                 "≥ 95% of docker's relay",
                 docker.rate >= 0.95 * own,
                 note=f"{docker.rate / raw_rate:.0%} of a raw PTY read; {_matches(docker.digest, raw_hash)}; "
-                + _where_it_went(docker, own_cores),
+                + f"{_where_it_went(docker, own_cores)}; {rounds}",
             )
         )
     tmux_size = min(size, 20 * MIB)
     tmux_data = ctx.workdir / f"bench-{tmux_size // MIB}MB.b64"
     make_data(tmux_data, tmux_size)
-    control, control_cores = await tmux_control_rate(str(tmux_data))
-    tmux = await full_throughput(ctx, "tmux", str(tmux_data), unique("tether-bench"))
+    tmux, (control, control_cores) = await best_of(
+        lambda: full_throughput(ctx, "tmux", str(tmux_data), unique("tether-bench")),
+        lambda: tmux_control_rate(str(tmux_data)),
+    )
     ctx.report.add(
         Figure(
             f"throughput, tmux ({tmux_size // MIB} MB base64)",
@@ -264,6 +288,6 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
             "tmux control mode in-process",
             "≥ 90% of tmux",
             tmux.rate >= 0.9 * control,
-            note=_where_it_went(tmux, control_cores),
+            note=f"{_where_it_went(tmux, control_cores)}; {rounds}",
         )
     )

@@ -58,27 +58,26 @@ def write_chunk(
     (recording_store.save_chunk), with where the recording stands after it: a compare-and-set on the count,
     so a repeated write names nothing twice. False when it was written already or the recording is finished;
     the caller then removes its file, which nothing names."""
+    current = Recording.objects.filter(pk=recording_pk, chunks=number, state=RecordingState.RECORDING)
+    changes = {
+        "chunks": F("chunks") + 1,
+        "stream": taken.stream,
+        "grid_cols": taken.grid[0],
+        "grid_rows": taken.grid[1],
+        "output_end": taken.end,
+        "output_bytes": taken.output_bytes,
+        "size": taken.size,
+        "truncated_at": taken.truncated_at,
+    }
     with fenced(execution_pk, worker, token):
-        recording = (
-            Recording.objects.select_for_update()
-            .filter(pk=recording_pk, chunks=number, state=RecordingState.RECORDING)
-            .only("markers")
-            .first()
-        )
-        if recording is None:
+        if taken.markers:  # the list grows: read it (locked) to write it longer
+            recording = current.select_for_update().only("markers").first()
+            if recording is None:
+                return False
+            changes["markers"] = recording.markers + taken.markers
+        if not current.update(**changes):  # the compare-and-set
             return False
         RecordingChunk.objects.create(recording_id=recording_pk, number=number, file=file)
-        Recording.objects.filter(pk=recording_pk).update(
-            chunks=F("chunks") + 1,
-            stream=taken.stream,
-            grid_cols=taken.grid[0],
-            grid_rows=taken.grid[1],
-            output_end=taken.end,
-            output_bytes=taken.output_bytes,
-            size=taken.size,
-            truncated_at=taken.truncated_at,
-            markers=recording.markers + taken.markers,
-        )
     return True
 
 
