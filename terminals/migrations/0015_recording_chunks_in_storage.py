@@ -2,7 +2,9 @@
 
 Kept in PostgreSQL, a busy shell's output was written twice over (the TOAST rows and the WAL: 1.1 MB of WAL
 per MB) and cost PostgreSQL 7-9 ms of CPU per MB, a third of the whole path's (docs/benchmarks.md). Rows written
-before this keep their events in ``data`` and still make their recording's file.
+before this keep their events in ``data`` and still make their recording's file. A file's row leaves ``data``
+NULL: an older release still running during an upgrade fails on it (and tries again later) rather than make a
+recording without it.
 """
 
 from django.db import migrations, models
@@ -22,6 +24,6 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name="recordingchunk",
             name="data",
-            field=models.BinaryField(blank=True, default=b""),
+            field=models.BinaryField(blank=True, null=True),
         ),
     ]

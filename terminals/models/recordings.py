@@ -79,12 +79,13 @@ class RecordingChunk(models.Model):
     """Events of a recording not yet in its file: its output as read, and its other events as lines of
     ``[unix_seconds, code, data]`` (the records are in terminals/asciicast.py). The events are a file in the
     recordings storage (``file``, terminals/recording_store.py); chunks written before that were kept in
-    ``data``, and still make their recording's file."""
+    ``data``, and still make their recording's file. A file's row has no ``data`` (NULL, not empty): a release
+    that knows only ``data`` fails on it rather than make a recording without it."""
 
     recording = models.ForeignKey(Recording, on_delete=models.CASCADE, related_name="chunk_rows")
     number = models.PositiveIntegerField()
     file = models.CharField(max_length=255, blank=True, default="")
-    data = models.BinaryField(blank=True, default=b"")
+    data = models.BinaryField(null=True, blank=True)
     written_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
