@@ -98,6 +98,18 @@ class ControlReader:
         """Whether a complete line is waiting, so ``next()`` would not touch the pipe."""
         return b"\n" in self._buffer
 
+    def pull(self) -> bool:
+        """Take what the pipe holds now, without waiting; whether a complete line is then waiting."""
+        if not self._eof and not self._lock.locked():
+            try:
+                data = os.read(self.fd, PIPE_READ)
+            except BlockingIOError:
+                data = None
+            if data is not None:
+                self._eof = not data
+                self._buffer += data
+        return self.buffered()
+
     def close(self) -> None:
         """Never touch the fd again (its number may be reused once closed)."""
         self._eof = True

@@ -276,6 +276,24 @@ async def test_the_last_output_before_a_fast_exit_is_never_lost(backend):
     assert (await process.wait()).code == 0
 
 
+async def test_heavy_output_is_passed_on_in_large_pieces_and_arrives_whole(backend):
+    """tmux hands a pane's output to its control client about 4 KiB at a time; each piece passed on costs every
+    stage after the backend (the worker, Redis, daphne, the page) the same, so heavy output is gathered for a
+    moment first (a keystroke's echo never waits: it is too small to be gathered)."""
+    script = "stty -opost; head -c 6000000 /dev/zero | tr '\\0' x; printf the-end"
+    process = await backend.spawn(SpawnSpec(argv=("sh", "-c", script)), make_tags())
+    sizes = []
+    while chunk := await asyncio.wait_for(process.read(), 30):
+        sizes.append(len(chunk))
+        if chunk.endswith(b"the-end"):
+            break
+    assert sum(sizes) == 6_000_000 + len(b"the-end")
+    mean = sum(sizes) / len(sizes)
+    print(f"{len(sizes)} reads, {mean / 1024:.1f} KiB each on average")
+    assert mean >= 12 * 1024  # tmux's own pieces: about 4 KiB
+    await process.terminate(0.5)
+
+
 async def test_the_program_sees_its_own_environment_not_tmux_or_worker_secrets(backend, monkeypatch):
     monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/tether")
     script = "echo db=[$DATABASE_URL] term=$TERM tmux=[$TMUX$TMUX_PANE$TERM_PROGRAM] marker=$TETHER_PROCESS_MARKER"
