@@ -146,12 +146,6 @@ class EventLog:
         self.pending, self.pending_bytes, self.new_markers = [], 0, []
         return taken
 
-    def give_back(self, taken: Taken) -> None:
-        """Records that could not be written yet go out with the next write."""
-        self.pending.insert(0, taken.lines)
-        self.pending_bytes += len(taken.lines)
-        self.new_markers[:0] = taken.markers
-
 
 @dataclass(frozen=True)
 class Taken:

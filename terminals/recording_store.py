@@ -53,8 +53,8 @@ def remove(name: str) -> None:
 # While a shell prints, its owner writes the recording's events in chunks (terminals/actions/recordings.py):
 # each chunk a file of its own under ``chunks/<recording>/`` in this storage, and a small row in the database
 # naming it (written after the file, fenced by the owner's lease). The files are removed once the recording is
-# made into its one file; a chunk whose row was never written (its writer lost the lease, or died between the
-# two) is removed then too, or by the sweep (``leftover_chunk_dirs``).
+# made into its one file, by the cleanup (terminals.actions.remove_leftover_chunks), with any chunk whose row
+# was never written (its writer died between the two).
 
 CHUNKS = "chunks"
 
@@ -70,12 +70,15 @@ def save_chunk(recording_pk: int, number: int, data: bytes) -> str:
     except NotImplementedError:  # an object store: its own put
         return store.save(name, ContentFile(data, name=name))
     directory = os.path.dirname(path)
-    if getattr(store, "directory_permissions_mode", None) is not None:
+    made = not os.path.isdir(directory)
+    if made and getattr(store, "directory_permissions_mode", None) is not None:
         safe_makedirs(directory, store.directory_permissions_mode, exist_ok=True)
-    else:
+    elif made:
         os.makedirs(directory, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, getattr(store, "file_permissions_mode", None) or 0o640)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # as Django's storage: the umask, then
     try:
+        if getattr(store, "file_permissions_mode", None) is not None:  # ... its mode, when it names one
+            os.fchmod(fd, store.file_permissions_mode)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
@@ -86,7 +89,18 @@ def save_chunk(recording_pk: int, number: int, data: bytes) -> str:
             os.unlink(path)
         raise
     os.close(fd)
+    # The file's name on the disk too (its directory's entry; the directory's own, when it is new).
+    for synced in (directory, os.path.dirname(directory)) if made else (directory,):
+        _fsync_directory(synced)
     return name
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_chunk(name: str) -> bytes | None:
@@ -103,14 +117,24 @@ def remove_chunk(name: str) -> None:
         storage().delete(name)
 
 
-def remove_chunks(recording_pk: int) -> int:
+def has_chunks(recording_pk: int) -> bool:
+    """Whether this storage holds any chunk file of the recording."""
+    try:
+        return bool(storage().listdir(f"{CHUNKS}/{recording_pk}")[1])
+    except FileNotFoundError:
+        return False
+
+
+def remove_chunks(recording_pk: int, *, dry_run: bool = False) -> int:
     """Remove every chunk file of a recording (those its rows name and any a writer left without a row);
-    returns how many."""
+    returns how many (would go, with ``dry_run``)."""
     store, directory = storage(), f"{CHUNKS}/{recording_pk}"
     try:
         _, files = store.listdir(directory)
     except FileNotFoundError:
         return 0
+    if dry_run:
+        return len(files)
     for file in files:
         remove_chunk(f"{directory}/{file}")
     with contextlib.suppress(NotImplementedError, OSError):

@@ -52,12 +52,21 @@ def begin_recording(
 
 
 def write_chunk(
-    recording_pk: int, *, worker: Worker, token: int, execution_pk: int, number: int, taken: asciicast.Taken, file: str
+    recording_pk: int,
+    *,
+    worker: Worker,
+    token: int,
+    execution_pk: int,
+    number: int,
+    taken: asciicast.Taken,
+    file: str,
+    data: bytes | None = None,
 ) -> bool:
     """Name chunk ``number``, whose events are already ``file`` in the recordings storage
-    (recording_store.save_chunk), with where the recording stands after it: a compare-and-set on the count,
-    so a repeated write names nothing twice. False when it was written already or the recording is finished;
-    the caller then removes its file, which nothing names."""
+    (recording_store.save_chunk), or are ``data`` (kept in the row when the storage could not take them), with
+    where the recording stands after it: a compare-and-set on the count, so a chunk is named once. True when it
+    is named, by this call or by an earlier one whose answer was lost (the same file under the same number);
+    False when the number went to another chunk or the recording is finished: nothing names ``file`` then."""
     current = Recording.objects.filter(pk=recording_pk, chunks=number, state=RecordingState.RECORDING)
     changes = {
         "chunks": F("chunks") + 1,
@@ -70,14 +79,17 @@ def write_chunk(
         "truncated_at": taken.truncated_at,
     }
     with fenced(execution_pk, worker, token):
+        # Numbers from the one this owner began at are written by it alone (the lease): a row already there
+        # with this file is this owner's own write, committed before the database's answer was lost.
+        named = RecordingChunk.objects.filter(recording_id=recording_pk, number=number, file=file)
         if taken.markers:  # the list grows: read it (locked) to write it longer
             recording = current.select_for_update().only("markers").first()
             if recording is None:
-                return False
+                return named.exists()
             changes["markers"] = recording.markers + taken.markers
         if not current.update(**changes):  # the compare-and-set
-            return False
-        RecordingChunk.objects.create(recording_id=recording_pk, number=number, file=file)
+            return named.exists()
+        RecordingChunk.objects.create(recording_id=recording_pk, number=number, file=file, data=data)
     return True
 
 
@@ -117,31 +129,42 @@ def _closing_lines(recording: Recording) -> bytes:
     return asciicast.event_line(at, "m", f"the shell's end: {execution.outcome_label}")
 
 
+class ChunksNotHere(Exception):
+    """A recording's chunk files are not in this process's recordings storage (not shared with the host
+    that wrote them), or the recording was made into its file while being read."""
+
+
 def _chunks(recording: Recording) -> Iterator[bytes]:
-    """The recording's chunks in order: each one's file (or, written by an earlier version, its row's data). A
-    file the storage no longer has (removed by hand, or lost with a disk) is a marker saying so, where it was:
-    the rest of the recording still makes its file. Any other error reading one is raised, to try again."""
-    rows = (
-        RecordingChunk.objects.filter(recording=recording)
-        .order_by("number")
-        .values_list("number", "file", "data", "written_at")
-    )
-    for number, file, data, written_at in rows.iterator(chunk_size=100):
+    """The recording's chunks in order: each one's file (or its row's data: written by an earlier version, or
+    when the storage could not take it). A file the storage lost while its others are there (removed by hand,
+    lost with a disk) is a marker saying so, where it was: the rest still makes the file. When none of its
+    files is here, or the recording was finished meanwhile, ChunksNotHere is raised (try again, elsewhere);
+    so is any other error reading one."""
+    rows = RecordingChunk.objects.filter(recording=recording).order_by("number").values_list("number", "file", "data")
+    for number, file, data in rows.iterator(chunk_size=20):
         if not file:
             yield bytes(data)
         elif (stored := recording_store.read_chunk(file)) is not None:
             yield stored
+        elif not recording_store.has_chunks(recording.pk):
+            raise ChunksNotHere(
+                f"recording {recording.pk}: its chunk files are not in this recordings storage (every host must"
+                " share it: TETHER_RECORDINGS_DIR or TETHER_RECORDINGS_STORAGE)"
+            )
+        elif not Recording.objects.filter(pk=recording.pk, state=RecordingState.RECORDING).exists():
+            raise ChunksNotHere(f"recording {recording.pk} was made into its file while it was read")
         else:
             log.warning("recording %s: chunk %d (%s) is not in the recordings storage", recording.pk, number, file)
-            yield asciicast.event_line(
-                written_at.timestamp(), "m", f"part of this recording is missing here (chunk {number} was not found)"
-            )
+            # At the time of the event before it (write_v3 keeps times in order): where the chunk was.
+            lost = f"part of this recording is missing here (chunk {number} was not found)"
+            yield asciicast.event_line(0.0, "m", lost)
 
 
 def finish_recording(recording_pk: int) -> Recording | None:
     """The recording of a shell that has ended becomes one file: its chunks, then how the shell ended, under
-    a header; the chunks go. One transaction with the row locked, so two finishers save it once (a save cut
-    short leaves the chunks, and the next sweep saves it again). None when it was finished already."""
+    a header; the chunks' rows go (their files at the next cleanup). One transaction with the row locked, so
+    two finishers save it once (a save cut short leaves the chunks, and the next sweep saves it again). None
+    when it was finished already."""
     with transaction.atomic():
         recording = (
             Recording.objects.select_for_update(skip_locked=True, of=("self",))
@@ -165,20 +188,24 @@ def finish_recording(recording_pk: int) -> Recording | None:
             duration=recording.duration,
             finished_at=Now(),
         )
+        # The chunk files stay until the cleanup (remove_leftover_chunks): a page playing the recording live
+        # may still be reading them, and a file removed under a rolled-back finish would be lost.
         RecordingChunk.objects.filter(recording=recording).delete()
-        # Only once the rows are gone for good: a file removed under a rolled-back finish would be lost.
-        transaction.on_commit(lambda pk=recording.pk: recording_store.remove_chunks(pk), robust=True)
     return recording
 
 
-def remove_leftover_chunks() -> int:
-    """Remove the chunk files of recordings no longer being made: what a finisher that died after its commit
-    left, and chunks whose writer died between writing the file and naming it. Returns how many."""
+def recordings_in_progress(pks: list[int]) -> set[int]:
+    """Which of these recordings are still being made."""
+    return set(Recording.objects.filter(pk__in=pks, state=RecordingState.RECORDING).values_list("pk", flat=True))
+
+
+def remove_leftover_chunks(*, dry_run: bool = False) -> int:
+    """Remove the chunk files of recordings no longer being made (made into their file, or deleted): every
+    file of theirs, named or not (a writer that died between writing a file and naming it leaves one). Returns
+    how many files (that would go, with ``dry_run``)."""
     directories = recording_store.chunk_dirs()
-    recording = set(
-        Recording.objects.filter(pk__in=directories, state=RecordingState.RECORDING).values_list("pk", flat=True)
-    )
-    return sum(recording_store.remove_chunks(pk) for pk in directories if pk not in recording)
+    done = recordings_in_progress(directories)
+    return sum(recording_store.remove_chunks(pk, dry_run=dry_run) for pk in directories if pk not in done)
 
 
 def unfinished_recordings() -> list[int]:

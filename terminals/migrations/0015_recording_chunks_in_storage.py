@@ -19,7 +19,9 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="recordingchunk",
             name="file",
-            field=models.CharField(blank=True, default="", max_length=255),
+            # The database's own default: an older release, still running during an upgrade, writes chunks
+            # without this column (in ``data``), and those rows still make their file.
+            field=models.CharField(blank=True, db_default="", default="", max_length=255),
         ),
         migrations.AlterField(
             model_name="recordingchunk",

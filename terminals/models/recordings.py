@@ -84,7 +84,7 @@ class RecordingChunk(models.Model):
 
     recording = models.ForeignKey(Recording, on_delete=models.CASCADE, related_name="chunk_rows")
     number = models.PositiveIntegerField()
-    file = models.CharField(max_length=255, blank=True, default="")
+    file = models.CharField(max_length=255, blank=True, default="", db_default="")  # an older release omits it
     data = models.BinaryField(null=True, blank=True)
     written_at = models.DateTimeField(auto_now_add=True)
 

@@ -20,7 +20,8 @@ from django.db import connection
 
 from executions.models import Kind
 from terminals import actions, recording_store
-from terminals.asciicast import EventLog
+from terminals.actions.recordings import ChunksNotHere
+from terminals.asciicast import EventLog, Taken
 from terminals.live import LiveProcess
 from terminals.owner.context import DB_OUTAGE, WorkerContext, every, until_recorded
 
@@ -47,6 +48,7 @@ class Take:
     input_recorded: bool
     writing: asyncio.Lock = field(default_factory=asyncio.Lock)
     flush_due: bool = False  # a write is on its way for what came past FLUSH_BYTES
+    unconfirmed: tuple[Taken, str] | None = None  # a chunk (and its file) whose write's answer was lost
     stopped: bool = False  # the lease was lost: someone else records it now
 
 
@@ -152,45 +154,65 @@ class Recorder:
             return
         async with take.writing:
             take.flush_due = False
-            taken = take.log.take()
-            if not taken.lines:
-                return
-            file = ""
-            try:
-                # The events go to the recordings storage in a thread of their own (never the one heartbeats
-                # and fenced writes wait on), then one small fenced row names them.
-                file = await in_thread(recording_store.save_chunk)(take.pk, take.chunks, taken.lines)
-                named = await db(actions.write_chunk)(
-                    take.pk,
-                    worker=self.context.worker,
-                    token=live.token,
-                    execution_pk=live.execution_pk,
-                    number=take.chunks,
-                    taken=taken,
-                    file=file,
-                )
-            except actions.LeaseLost:
-                take.stopped = True  # the supervisor lets go; the new owner goes on recording
-                await self._forget(file)
-                return
-            except Exception as error:  # the database or the storage is away: the lines go with the next write
-                # The file stays: whether the row naming it was committed is not known. Finishing the
-                # recording removes every chunk file of it, named or not.
-                take.log.give_back(taken)
-                if final and isinstance(error, DB_OUTAGE):
-                    raise
-                log.info("execution %s: recording not written yet (%r)", live.execution_pk, error)
-                return
-            if not named:  # this number was named already, or the recording is finished: nothing names the file
-                await self._forget(file)
-            take.chunks += 1
+            while True:
+                retrying = take.unconfirmed is not None
+                if retrying:  # the last write's answer was lost: the same chunk again, first
+                    taken, file = take.unconfirmed
+                else:
+                    taken = take.log.take()
+                    if not taken.lines:
+                        return
+                    file = await self._store(live, take, taken)
+                try:
+                    named = await db(actions.write_chunk)(
+                        take.pk,
+                        worker=self.context.worker,
+                        token=live.token,
+                        execution_pk=live.execution_pk,
+                        number=take.chunks,
+                        taken=taken,
+                        file=file,
+                        data=None if file else taken.lines,
+                    )
+                except actions.LeaseLost:
+                    take.stopped = True  # the supervisor lets go; the new owner goes on recording
+                    await self._forget(file)
+                    return
+                except Exception as error:  # the database is away: this chunk is written again, first
+                    # Whether its row was committed is not known; written again under the same number and
+                    # file, it is named once either way (write_chunk), and the events after it wait.
+                    take.unconfirmed = (taken, file)
+                    if final and isinstance(error, DB_OUTAGE):
+                        raise
+                    log.warning("execution %s: recording not written yet (%r)", live.execution_pk, error)
+                    return
+                take.unconfirmed = None
+                if not named:  # the recording is finished (or the number went to another chunk)
+                    await self._forget(file)
+                take.chunks += 1
+                if not retrying:
+                    return
+
+    async def _store(self, live: LiveProcess, take: Take, taken) -> str:
+        """The chunk's events as a file in the recordings storage, in a thread of its own (never the one
+        heartbeats and fenced writes wait on); "" when the storage cannot take them: they then go in the row,
+        and the recording loses nothing while the storage is away."""
+        try:
+            return await in_thread(recording_store.save_chunk)(take.pk, take.chunks, taken.lines)
+        except Exception as error:
+            log.warning(
+                "execution %s: the recordings storage did not take a chunk (%r); it is kept in the database",
+                live.execution_pk,
+                error,
+            )
+            return ""
 
     @staticmethod
     async def _forget(file: str) -> None:
         if file:
             try:
                 await in_thread(recording_store.remove_chunk)(file)
-            except Exception:  # the leftover sweep removes it once the recording is a file
+            except Exception:  # the cleanup removes it once the recording is a file
                 log.warning("could not remove the unnamed recording chunk %s", file, exc_info=True)
 
     async def flush_last(self, live: LiveProcess) -> None:
@@ -203,7 +225,7 @@ class Recorder:
         async def step() -> None:
             nonlocal swept
             for live in list(self.context.live.values()):
-                if live.recording is not None and live.recording.log.pending:
+                if live.recording is not None and (live.recording.log.pending or live.recording.unconfirmed):
                     await self.flush(live)
             if time.monotonic() - swept >= SWEEP_SECONDS:
                 swept = time.monotonic()
@@ -224,6 +246,9 @@ class Recorder:
         try:
             async with self.finishing:
                 finished = await db(actions.finish_recording, thread_sensitive=not apart)(recording_pk)
+        except ChunksNotHere as error:  # left for a finisher whose storage has them
+            log.warning("%s; left for another worker", error)
+            return
         except Exception:  # left for the sweep
             log.exception("recording %s: could not save it yet", recording_pk)
             return

@@ -14,6 +14,7 @@ import time
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
+from django.db import connection
 
 from terminals import actions, metrics, recovery
 from terminals.backends.base import Status
@@ -59,7 +60,10 @@ class Recoverer:
                     log.info("retention: expired the final screens of %d closed session(s)", len(expired))
                 if removed := await db(actions.expire_recordings)(actor=actor):
                     log.info("retention: removed %d recording(s) past their retention", len(removed))
-                if leftover := await db(actions.remove_leftover_chunks)():
+                # Storage calls (a listing, deletes) in a thread of their own, never the one heartbeats wait on;
+                # SQLite (the embedded mode) takes one writer at a time: there, the worker's database thread.
+                apart = connection.vendor != "sqlite"
+                if leftover := await db(actions.remove_leftover_chunks, thread_sensitive=not apart)():
                     log.info("removed %d chunk file(s) of recordings no longer being made", leftover)
 
         await every(settings.TETHER_RECOVERY_SECONDS, step, "recovery pass")

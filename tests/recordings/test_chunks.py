@@ -15,6 +15,7 @@ from django.utils import timezone
 from executions import actions as exec_actions
 from executions.models import Backend, Evidence, State
 from terminals import actions, recording_store
+from terminals.actions.recordings import ChunksNotHere
 from terminals.asciicast import EventLog, output_of
 from terminals.models import Recording, RecordingChunk
 from tests.bridge.harness import RECORDINGS_DIR
@@ -44,6 +45,10 @@ def taken(text: bytes, at: float, started: float = 1_000.0):
 
 @pytest.fixture
 def owned(alice):
+    return begun(alice)
+
+
+def begun(alice):
     """Alice's shell on a docker workspace, claimed by a worker, with its recording begun: (recording, worker,
     lease token)."""
     machine = make_machine("chunk-box", backend=Backend.DOCKER)
@@ -59,17 +64,16 @@ def owned(alice):
     return recording, owner, lease.token
 
 
-def write(owned, number: int, events, file: str) -> bool:
+def write(owned, number: int, events, file: str, data: bytes | None = None) -> bool:
     recording, owner, token = owned
     return actions.write_chunk(
         recording.pk, worker=owner, token=token, execution_pk=recording.execution_id, number=number, taken=events,
-        file=file,
+        file=file, data=data,
     )  # fmt: skip
 
 
-def test_a_chunk_is_a_file_named_once_and_the_finished_recording_leaves_no_chunk_behind(
-    owned, django_capture_on_commit_callbacks
-):
+def test_a_chunk_is_a_file_named_once_and_the_finished_recording_leaves_no_chunk_behind(owned):
+    actions.remove_leftover_chunks()  # what earlier tests left in this process's storage
     recording = owned[0]
     first = taken(b"first\r\n", 1_001.0)
     name = recording_store.save_chunk(recording.pk, 0, first.lines)
@@ -79,19 +83,23 @@ def test_a_chunk_is_a_file_named_once_and_the_finished_recording_leaves_no_chunk
     assert list(RecordingChunk.objects.filter(recording=recording).values_list("number", "file", "data")) == [
         (0, name, None)
     ]  # the events are not in the database (NULL: an older release fails on it, never drops it)
+    assert write(owned, 0, first, name)  # the same write again (its answer was lost): named, once
+    assert RecordingChunk.objects.filter(recording=recording).count() == 1
     second = taken(b"second\r\n", 1_002.0)
     assert write(owned, 1, second, recording_store.save_chunk(recording.pk, 1, second.lines))
     recording_store.save_chunk(recording.pk, 2, b"never named")  # its writer died before naming it
     assert len(chunk_files(recording)) == 4
 
     ended(recording)
-    with django_capture_on_commit_callbacks(execute=True):
-        assert actions.finish_recording(recording.pk) is not None
+    assert actions.finish_recording(recording.pk) is not None
     recording.refresh_from_db()
     lines = list(recording_store.read(recording.file))
     assert output_of(lines) == b"first\r\nsecond\r\n"  # once each, in order
     assert not RecordingChunk.objects.filter(recording=recording).exists()
-    assert chunk_files(recording) == []  # named or not, every chunk file went with the rows
+    # The files stay for a page still playing it live, until the cleanup: named or not, they all go then.
+    assert len(chunk_files(recording)) == 4
+    assert actions.remove_leftover_chunks() == 4
+    assert chunk_files(recording) == []
 
 
 def test_a_chunk_is_not_named_by_a_worker_that_lost_its_lease(owned):
@@ -159,3 +167,89 @@ def test_chunk_files_of_recordings_no_longer_being_made_are_removed_by_the_clean
     assert chunk_files(saved) == []
     assert len(chunk_files(recording)) == 1  # still being made: kept
     assert actions.remove_leftover_chunks() == 0
+
+
+def test_a_chunk_the_storage_could_not_take_is_kept_in_its_row_and_still_makes_the_file(owned):
+    recording = owned[0]
+    first = taken(b"to the storage\r\n", 1_001.0)
+    assert write(owned, 0, first, recording_store.save_chunk(recording.pk, 0, first.lines))
+    log = EventLog(started=1_000.0, limit=1 << 20, end=first.end)
+    log.output(0, first.end, b"to the database\r\n", 1_002.0)
+    second = log.take()
+    assert write(owned, 1, second, "", data=second.lines)  # what the Recorder does when the storage fails
+
+    ended(recording)
+    assert actions.finish_recording(recording.pk) is not None
+    recording.refresh_from_db()
+    assert output_of(recording_store.read(recording.file)) == b"to the storage\r\nto the database\r\n"
+
+
+def test_a_recording_whose_chunks_are_on_another_hosts_disk_is_not_finished_here(owned):
+    """Recordings storage that is not shared: this host's finisher finds none of the chunk files. Made into a file
+    here it would be markers and nothing else, for good; it is left for a finisher that has them."""
+    recording = owned[0]
+    events = taken(b"on host A\r\n", 1_001.0)
+    assert write(owned, 0, events, recording_store.save_chunk(recording.pk, 0, events.lines))
+    moved = Path(RECORDINGS_DIR) / recording_store.CHUNKS / f"{recording.pk}"
+    elsewhere = moved.with_name(f"{recording.pk}-on-host-a")
+    moved.rename(elsewhere)  # as this host sees the storage: no chunk of it
+
+    ended(recording)
+    with pytest.raises(ChunksNotHere, match="every host must share it"):
+        actions.finish_recording(recording.pk)
+    assert Recording.objects.get(pk=recording.pk).state == "recording"
+    assert RecordingChunk.objects.filter(recording=recording).count() == 1
+
+    elsewhere.rename(moved)  # the host that has them
+    assert actions.finish_recording(recording.pk) is not None
+    recording.refresh_from_db()
+    assert output_of(recording_store.read(recording.file)) == b"on host A\r\n"
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_owner_keeps_a_chunk_in_the_database_while_the_storage_refuses_it(alice):
+    """The recordings storage fails for real (its chunk directory's place is taken by a file): the owner's
+    write still names the chunk, with its events in the row, and the recording loses nothing."""
+    from types import SimpleNamespace
+
+    from asgiref.sync import sync_to_async
+
+    from terminals.owner.recordings import Recorder, Take
+
+    recording, owner, token = await sync_to_async(begun)(alice)
+    Path(RECORDINGS_DIR, recording_store.CHUNKS).mkdir(parents=True, exist_ok=True)
+    blocker = Path(RECORDINGS_DIR, recording_store.CHUNKS, str(recording.pk))
+    blocker.write_text("not a directory")
+    log = EventLog(started=1_000.0, limit=1 << 20)
+    log.output(0, 0, b"printed while the storage was away\r\n", 1_001.0)
+    take = Take(recording.pk, log, 0, False)
+    live = SimpleNamespace(recording=take, token=token, execution_pk=recording.execution_id)
+    await Recorder(SimpleNamespace(worker=owner)).flush(live)
+
+    assert live.recording.chunks == 1 and live.recording.unconfirmed is None
+    row = await RecordingChunk.objects.aget(recording=recording, number=0)
+    assert row.file == "" and b"printed while the storage was away\r\n" in bytes(row.data)
+    blocker.unlink()
+    await sync_to_async(ended)(recording)
+    assert await sync_to_async(actions.finish_recording)(recording.pk) is not None
+    await recording.arefresh_from_db()
+    assert output_of(recording_store.read(recording.file)) == b"printed while the storage was away\r\n"
+
+
+def test_a_chunk_an_older_release_writes_during_an_upgrade_is_stored_and_kept(owned):
+    """A rolling upgrade migrates first while older workers still run (docs/operations.md): their INSERT names
+    no ``file`` column, and must neither fail (their chunks would be dropped) nor lose its events."""
+    from django.db import connection
+
+    recording = owned[0]
+    old = taken(b"from the older worker\r\n", 1_001.0)
+    with connection.cursor() as cursor:  # the older release's own statement (5a88427, _store_chunk)
+        cursor.execute(
+            "INSERT INTO terminals_recordingchunk (recording_id, number, data, written_at) VALUES (%s, 0, %s, now())",
+            [recording.pk, old.lines],
+        )
+    Recording.objects.filter(pk=recording.pk).update(chunks=1, output_end=old.end)
+    ended(recording)
+    assert actions.finish_recording(recording.pk) is not None
+    recording.refresh_from_db()
+    assert output_of(recording_store.read(recording.file)) == b"from the older worker\r\n"

@@ -33,6 +33,6 @@ class Command(BaseCommand):
             finished = f"{recording.finished_at:%Y-%m-%d %H:%M}"
             self.stdout.write(f"{verb} recording {recording.pk} of {recording.session_id} (finished {finished})")
         self.stdout.write(f"{len(recordings)} recording(s) {'would be removed' if dry_run else 'removed'}")
-        if not dry_run:
-            leftover = remove_leftover_chunks()
-            self.stdout.write(f"{leftover} chunk file(s) of recordings no longer being made removed")
+        leftover = remove_leftover_chunks(dry_run=dry_run)
+        outcome = "would be removed" if dry_run else "removed"
+        self.stdout.write(f"{leftover} chunk file(s) of recordings no longer being made {outcome}")
