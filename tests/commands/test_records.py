@@ -118,12 +118,13 @@ async def test_worker_killed_mid_command(terminal, operator, holder, tmp_path):
     try:
         await sync_to_async(stack.start_daphne)()
         first = await sync_to_async(stack.start_worker)("local,tmux")
-        sessions = []
+        sessions, viewers = [], {}
         for backend in ("local", "tmux") if holder == "1" else ("local",):
             viewer, session, _ = await open_viewer(stack, terminal, operator, backend)
             await viewer.type(f"{line}\r")
             await _started(viewer)  # on the record before the kill
             sessions.append(session)
+            viewers[session.id] = (backend, viewer)
         first.kill()
         await sync_to_async(first.wait)()
         await sync_to_async(stack.start_worker)("local,tmux")
@@ -132,7 +133,14 @@ async def test_worker_killed_mid_command(terminal, operator, holder, tmp_path):
                 await sync_to_async(wait_for)(lambda s=session: _lease_token(s) > 1, what="the adoption")
         flag.touch()
         for session in sessions:
-            records = await sync_to_async(_records_settle)(session.id, 1)
+            try:
+                records = await sync_to_async(_records_settle)(session.id, 1)
+            except AssertionError as error:  # which shell, what it printed and what its record says
+                backend, viewer = viewers[session.id]
+                found = await sync_to_async(_records)(session.id)
+                tail = bytes(viewer.output[-600:])
+                said = f"{error} ({backend}: records {found}; the page's last output {tail!r})"
+                raise AssertionError(said) from error
             if holder == "1":
                 assert records == [(line, "exited", 3)], (session, records)
             else:
