@@ -120,26 +120,6 @@ async def test_detach_leaves_the_program_running_for_a_later_owner(backend):
         await again.terminate(grace=0.5)
 
 
-async def test_an_owner_that_died_with_the_panes_output_stopped_leaves_it_flowing_for_the_next(backend):
-    """An owner that does not come back to read within STALL_AFTER stops the pane's terminal (its flow control);
-    killed before its next read resumed it, it leaves the program's output held in the terminal. The next
-    owner starts it again when it attaches: the output reaches it."""
-    import termios
-
-    process = await backend.spawn(SpawnSpec(argv=("/bin/sh",)), make_tags())
-    await process.write(b"echo before\n")
-    await read_until(process, b"before")
-    process._flow(termios.TCOOFF)  # as the stall timer does between two reads
-    assert process._stopped
-    await process.write(b"echo after-$((6*7))\n")  # the shell's echo of it now waits on the stopped terminal
-    process._client.process.kill()  # the owner is gone without reading again: its control client with it
-    again = await backend.attach(process.handle)
-    try:
-        await asyncio.wait_for(read_until(again, b"after-42"), 10)
-    finally:
-        await again.terminate(grace=0.5)
-
-
 async def test_terminate_while_a_read_is_pending_ends_both(backend):
     process = await backend.spawn(SpawnSpec(argv=("/bin/sh",)), make_tags())
     await process.write(b"echo ready\n")
