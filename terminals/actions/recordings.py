@@ -194,18 +194,15 @@ def finish_recording(recording_pk: int) -> Recording | None:
     return recording
 
 
-def recordings_in_progress(pks: list[int]) -> set[int]:
-    """Which of these recordings are still being made."""
-    return set(Recording.objects.filter(pk__in=pks, state=RecordingState.RECORDING).values_list("pk", flat=True))
-
-
 def remove_leftover_chunks(*, dry_run: bool = False) -> int:
     """Remove the chunk files of recordings no longer being made (made into their file, or deleted): every
     file of theirs, named or not (a writer that died between writing a file and naming it leaves one). Returns
     how many files (that would go, with ``dry_run``)."""
     directories = recording_store.chunk_dirs()
-    done = recordings_in_progress(directories)
-    return sum(recording_store.remove_chunks(pk, dry_run=dry_run) for pk in directories if pk not in done)
+    being_made = set(
+        Recording.objects.filter(pk__in=directories, state=RecordingState.RECORDING).values_list("pk", flat=True)
+    )
+    return sum(recording_store.remove_chunks(pk, dry_run=dry_run) for pk in directories if pk not in being_made)
 
 
 def unfinished_recordings() -> list[int]:

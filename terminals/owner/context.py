@@ -7,9 +7,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from channels.db import database_sync_to_async
 from channels.layers import BaseChannelLayer
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, connection
 
 from terminals import metrics
 from terminals.backends.procfs import ProcessIdentity
@@ -36,6 +37,13 @@ class WorkerContext:
     # Trees ended at once: they share their passes over /proc (procfs.shared_table).
     ending: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
     draining: bool = False  # taking no new work
+
+
+def db_apart(function):
+    """``function`` (database work with storage I/O in it: slow) run in a thread of its own, never the one the
+    worker's heartbeats and fenced writes wait on; on SQLite (the embedded mode), which takes one writer at a
+    time, in that one thread all the same."""
+    return database_sync_to_async(function, thread_sensitive=connection.vendor == "sqlite")
 
 
 async def until_recorded(write):

@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async as db
 from django.conf import settings
-from django.db import connection
 
 from executions.models import Kind
 from terminals import actions, recording_store
 from terminals.actions.recordings import ChunksNotHere
 from terminals.asciicast import EventLog, Taken
 from terminals.live import LiveProcess
-from terminals.owner.context import DB_OUTAGE, WorkerContext, every, until_recorded
+from terminals.owner.context import DB_OUTAGE, WorkerContext, db_apart, every, until_recorded
 
 log = logging.getLogger(__name__)
 
@@ -241,11 +240,9 @@ class Recorder:
     async def finish(self, recording_pk: int) -> None:
         """The shell has ended and is recorded: its recording becomes one file (see finish_recording). Made in
         a thread of its own, never the one the worker's heartbeats and fenced writes wait on."""
-        # SQLite (the embedded mode) takes one writer at a time: there, the worker's own database thread.
-        apart = connection.vendor != "sqlite"
         try:
             async with self.finishing:
-                finished = await db(actions.finish_recording, thread_sensitive=not apart)(recording_pk)
+                finished = await db_apart(actions.finish_recording)(recording_pk)
         except ChunksNotHere as error:  # left for a finisher whose storage has them
             log.warning("%s; left for another worker", error)
             return

@@ -14,12 +14,11 @@ import time
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
-from django.db import connection
 
 from terminals import actions, metrics, recovery
 from terminals.backends.base import Status
 from terminals.backends.procfs import ProcessIdentity, boot_id
-from terminals.owner.context import WorkerContext, every
+from terminals.owner.context import WorkerContext, db_apart, every
 from terminals.owner.host import SessionHost
 from terminals.owner.launch import load_execution, session_for
 from terminals.owner.leases import LeaseKeeper
@@ -60,10 +59,7 @@ class Recoverer:
                     log.info("retention: expired the final screens of %d closed session(s)", len(expired))
                 if removed := await db(actions.expire_recordings)(actor=actor):
                     log.info("retention: removed %d recording(s) past their retention", len(removed))
-                # Storage calls (a listing, deletes) in a thread of their own, never the one heartbeats wait on;
-                # SQLite (the embedded mode) takes one writer at a time: there, the worker's database thread.
-                apart = connection.vendor != "sqlite"
-                if leftover := await db(actions.remove_leftover_chunks, thread_sensitive=not apart)():
+                if leftover := await db_apart(actions.remove_leftover_chunks)():  # a listing and deletes
                     log.info("removed %d chunk file(s) of recordings no longer being made", leftover)
 
         await every(settings.TETHER_RECOVERY_SECONDS, step, "recovery pass")
