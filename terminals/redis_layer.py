@@ -7,9 +7,13 @@ pool checkout per publish, a wait for Redis's reply before the next, and on the 
 RESP and read with hiredis costs about 60 µs. Every keystroke and every piece of output crosses two hops.
 
 The semantics are the same as channels-redis's pub/sub layer (the one the suite proved the protocol on):
-at most once, nothing kept for a channel nobody listens to. Publishes are pipelined (Redis's replies are
-read and counted, not waited for); a publish on a connection known lost (or left unanswered for
-ANSWER_SECONDS) raises, and the next one connects again; what is still buffered when the layer closes
+at most once, nothing kept for a channel nobody listens to. Publishes are pipelined, and Redis is asked
+not to answer them (``CLIENT REPLY OFF``): reading an answer woke the publisher once more per keystroke,
+10% of a keystroke's CPU on the three processes (docs/benchmarks.md). One publish a second (PROBE_SECONDS)
+while publishing is still answered, so a refused publish is still logged and a dead connection still
+found: a publish on a connection known lost (or whose answer is owed for ANSWER_SECONDS) raises, and the
+next one connects again. A Redis (or an ACL) that refuses ``CLIENT REPLY`` answers every publish, as
+before; the answers are counted the same way. What is still buffered when the layer closes
 gets CLOSE_SECONDS to reach Redis. The subscribing connection re-subscribes everything after Redis comes back. A new
 channel is returned only once Redis has confirmed the subscription, so the first message sent to it
 after ``new_channel`` is never lost to a race.
@@ -40,6 +44,9 @@ CONFIRM_SECONDS = 5.0  # how long a subscribe waits for Redis to confirm it
 CONNECT_SECONDS = 5.0
 ANSWER_SECONDS = 10.0  # publishes unanswered this long: the connection is taken for dead
 CLOSE_SECONDS = 5.0  # what is still buffered gets this long to reach Redis when the layer closes
+PROBE_SECONDS = 1.0  # while publishing with Redis's answers off, one publish this often is answered
+REPLIES_OFF = b"*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$3\r\nOFF\r\n"
+REPLIES_ON = b"*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$2\r\nON\r\n"
 
 
 def _command(*parts: bytes | str) -> bytes:
@@ -71,18 +78,42 @@ async def _closed(writer: asyncio.StreamWriter) -> None:
         await asyncio.wait_for(writer.wait_closed(), CLOSE_SECONDS)
 
 
+async def _replies_off(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Ask Redis not to answer this connection's commands; True if it agreed. ``OFF`` is never answered
+    when it works, so ``ON`` follows it: a lone ``+OK`` (ON's) means OFF took, and replies are then turned
+    off again; an error first means OFF was refused (an ACL without ``CLIENT``, a proxy), and every
+    command stays answered."""
+    writer.write(REPLIES_OFF + REPLIES_ON)
+    parser, replies = hiredis.Reader(), []
+    async with asyncio.timeout(CONNECT_SECONDS):
+        while not replies or (isinstance(replies[0], hiredis.ReplyError) and len(replies) < 2):
+            if not (data := await reader.read(4096)):
+                raise ConnectionError("Redis closed the connection")
+            parser.feed(data)
+            while (reply := parser.gets()) is not False:
+                replies.append(reply)
+    if isinstance(replies[0], hiredis.ReplyError):
+        log.info("Redis refused CLIENT REPLY OFF (%s): every publish stays answered", replies[0])
+        return False
+    writer.write(REPLIES_OFF)
+    return True
+
+
 class _Publisher:
-    """One connection that publishes without waiting for each reply. Replies are counted: publishes left
-    unanswered for ANSWER_SECONDS mean a dead connection (a Redis host gone without a reset), which is
-    then dropped so the next publish raises instead of piling up behind it."""
+    """One connection that publishes without waiting for an answer. Redis answers one publish a second
+    (or every one, where it refused ``CLIENT REPLY OFF``), and the answers are counted: one owed for
+    ANSWER_SECONDS means a dead connection (a Redis host gone without a reset), which is then dropped so
+    the next publish raises instead of piling up behind it."""
 
     def __init__(self, url: str):
         self.url = url
         self.writer: asyncio.StreamWriter | None = None
         self.replies: asyncio.Task | None = None
         self.connecting = asyncio.Lock()
-        self.sent = self.answered = 0
-        self.waiting_since = 0.0  # when the oldest unanswered publish was sent (or the last answer came)
+        self.sent = self.answered = 0  # answers asked for, and received
+        self.quiet = False  # Redis answers only the publishes sent between REPLIES_ON and REPLIES_OFF
+        self.probed = 0.0  # when an answer was last asked for
+        self.waiting_since = 0.0  # when the oldest owed answer was asked for (or the last answer came)
 
     async def publish(self, channel: str, data: bytes) -> None:
         writer = self.writer
@@ -94,8 +125,16 @@ class _Publisher:
         elif now - self.waiting_since > ANSWER_SECONDS:
             writer.transport.abort()
             raise ConnectionError(f"Redis has not answered a publish in {ANSWER_SECONDS:.0f} s")
-        writer.write(_command(b"PUBLISH", channel, data))
-        self.sent += 1
+        command = _command(b"PUBLISH", channel, data)
+        if not self.quiet:
+            writer.write(command)
+            self.sent += 1
+        elif now - self.probed >= PROBE_SECONDS:  # answered: ON's +OK and the publish's count
+            writer.write(REPLIES_ON + command + REPLIES_OFF)
+            self.sent += 2
+            self.probed = now
+        else:
+            writer.write(command)
         if writer.transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
             await writer.drain()
 
@@ -105,13 +144,18 @@ class _Publisher:
                 return self.writer
             await self.close()
             reader, writer = await _connect(self.url)
-            self.writer, self.sent, self.answered = writer, 0, 0
+            try:
+                quiet = await _replies_off(reader, writer)
+            except (TimeoutError, OSError, hiredis.ProtocolError) as error:
+                writer.transport.abort()
+                raise ConnectionError(f"Redis did not answer CLIENT REPLY: {error!r}") from error
+            self.writer, self.sent, self.answered, self.quiet, self.probed = writer, 0, 0, quiet, 0.0
             self.replies = asyncio.ensure_future(self._read_replies(reader, writer))
             return writer
 
     async def _read_replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Count the replies Redis answers each PUBLISH with; an error reply (a missing permission) is
-        logged as one: the publish it answers has already returned."""
+        """Count Redis's answers (to every publish, or to the probes where it agreed to answer only those);
+        an error (a missing permission) is logged as one: the publish it answers has already returned."""
         parser = hiredis.Reader()
         try:
             while data := await reader.read(65536):

@@ -251,14 +251,16 @@ def test_what_a_closing_loop_has_buffered_still_reaches_redis(monkeypatch):
         client.close()
 
 
-async def test_a_redis_that_stops_answering_makes_publishes_raise_then_they_connect_again(monkeypatch):
+@pytest.mark.parametrize("answers", ["one a second", "every publish (CLIENT REPLY refused)"])
+async def test_a_redis_that_stops_answering_makes_publishes_raise_then_they_connect_again(monkeypatch, answers):
     """A Redis that stops answering (stopped, or its host gone without a reset) is found out: publishes
     raise once they have gone unanswered a while, instead of piling up unseen; after it answers again
-    they go through."""
+    they go through. The same whether Redis answers one publish a second or, refusing CLIENT REPLY, each."""
     monkeypatch.setattr(redis_layer, "ANSWER_SECONDS", 1.0)
     server = RedisServer()
     server.start()
-    sender, receiver = make_layer(server.url), make_layer(server.url)
+    url = server.url if answers == "one a second" else _restricted_user(server, "-client")
+    sender, receiver = make_layer(url), make_layer(url)
     try:
         channel = await receiver.new_channel()
         await sender.send(channel, {"type": "before"})
@@ -407,3 +409,82 @@ async def test_tls_carries_messages_with_the_ca_the_url_names_and_refuses_a_cert
     finally:
         server.kill()
         server.wait()
+
+
+def _net_out(server: RedisServer) -> int:
+    client = redis.Redis.from_url(server.url)
+    try:
+        return client.info("stats")["total_net_output_bytes"]
+    finally:
+        client.close()
+
+
+def _restricted_user(server: RedisServer, *rules: str) -> str:
+    """An ACL user on ``server`` with ``rules`` on top of every command, key and channel; its URL."""
+    client = redis.Redis.from_url(server.url)
+    try:
+        client.execute_command("ACL", "SETUSER", "tether", "on", ">pw", "~*", "&*", "+@all", *rules)
+    finally:
+        client.close()
+    return f"redis://tether:pw@127.0.0.1:{server.port}/0"
+
+
+async def test_redis_answers_one_publish_a_second_not_every_one():
+    """Reading Redis's answer to each publish woke the publisher once more per keystroke: Redis is asked
+    to answer one a second. A thousand publishes to a channel nobody holds come back as a few answers,
+    where each would have been one (``:0``); where Redis refuses ``CLIENT REPLY`` (an ACL without
+    ``CLIENT``), every publish is answered as before and still goes through."""
+    server = RedisServer()
+    server.start()
+    try:
+        for url, quiet in ((server.url, True), (_restricted_user(server, "-client"), False)):
+            layer = make_layer(url)
+            try:
+                await layer.send(f"{PREFIX}nobody", {"type": "first"})  # connected, and the first answered
+                await asyncio.sleep(0.2)
+                info = -_net_out(server) + (before := _net_out(server))  # what an INFO answer itself costs
+                for n in range(1000):
+                    await layer.send(f"{PREFIX}nobody", {"type": "hello", "n": n})
+                await asyncio.sleep(0.3)
+                answered = _net_out(server) - before - info
+                publisher = layer._layer().publisher
+                assert publisher.quiet is quiet
+                assert publisher.sent == publisher.answered  # every answer asked for came
+                if quiet:
+                    assert answered < 100, answered  # a probe's, not 4,000 bytes
+                else:
+                    assert answered >= 4000, answered
+                receiver = make_layer(url)
+                channel = await receiver.new_channel()
+                await layer.send(channel, {"type": "through"})
+                assert await asyncio.wait_for(receiver.receive(channel), 5) == {"type": "through"}
+                await receiver.flush()
+            finally:
+                await layer.flush()
+    finally:
+        server.stop()
+
+
+async def test_a_refused_publish_is_still_logged_within_a_second(caplog):
+    """Answers off, a publish the ACL refuses is not answered at once; the next answered one (a second
+    later at most) is, and says so at ERROR."""
+    server = RedisServer()
+    server.start()
+    try:
+        layer = make_layer(_restricted_user(server, "resetchannels", f"&{PREFIX}allowed*"))
+        try:
+            await layer.send(f"{PREFIX}allowed", {"type": "first"})
+            await layer.send(f"{PREFIX}forbidden", {"type": "unanswered"})
+            await asyncio.sleep(0.3)
+            assert "Redis refused a publish" not in caplog.text
+            await asyncio.sleep(redis_layer.PROBE_SECONDS)
+            await layer.send(f"{PREFIX}forbidden", {"type": "answered"})
+            for _ in range(50):
+                if "Redis refused a publish" in caplog.text:
+                    break
+                await asyncio.sleep(0.05)
+            assert "Redis refused a publish" in caplog.text and "NOPERM" in caplog.text
+        finally:
+            await layer.flush()
+    finally:
+        server.stop()
