@@ -3,7 +3,8 @@
 ``TETHER_FAULT_POINTS=launch.claimed,launch.spawning`` (tests only) makes a worker SIGKILL itself when it
 reaches one of those points, as a power cut or the OOM killer would, with nothing cleaned up;
 ``launch.spawning:stop`` freezes it there instead, as a debugger or a stalled VM would, and
-``launch.spawning:slow`` makes that one launch wait ``SLOW_SECONDS``, as a slow remote engine would. Unset
+``launch.spawning:slow`` makes that one launch wait ``SLOW_SECONDS``, as a slow remote engine would
+(``adopt.taken:slow``: an adoption, as a busy database would). Unset
 (the default) they cost a lookup or two.
 """
 
@@ -25,13 +26,15 @@ POINTS = frozenset(
         "launch.claimed",  # claimed (dispatched), before anything was asked of the backend
         "launch.spawning",  # the intent is saved; the backend has not been asked to start anything
         "launch.starting",  # docker: the exec is created and its handle kept, not started
+        "adopt.taken",  # an adopter has taken a dead owner's lease over; it has not read the shell on yet
     }
 )
 
 
 async def reached(point: str) -> None:
     """``point`` kills the worker; ``point:stop`` freezes it (SIGSTOP) until someone sends SIGCONT;
-    ``point:slow`` holds the launch that reached it for SLOW_SECONDS while the rest of the worker goes on."""
+    ``point:slow`` holds the launch (or adoption) that reached it for SLOW_SECONDS while the rest of the
+    worker goes on."""
     if point in settings.TETHER_FAULT_POINTS:
         log.warning("fault point %s reached: this worker kills itself (SIGKILL)", point)
         os.kill(os.getpid(), signal.SIGKILL)

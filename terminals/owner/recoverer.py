@@ -15,7 +15,7 @@ import time
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 
-from terminals import actions, metrics, recovery
+from terminals import actions, faults, metrics, recovery
 from terminals.backends.base import Status
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.owner.context import WorkerContext, db_apart, every
@@ -177,18 +177,35 @@ class Recoverer:
         return await recovery.settle(finding, self.context.worker)
 
     async def adopt(self, finding: recovery.Finding) -> str:
-        """Take over a live tmux session under a new token: same shell, viewers reattach to it."""
+        """Take over a live held or tmux shell under a new token: same shell, viewers reattach to it.
+
+        A tmux control client is sent only what the shell prints once it is attached, so it attaches
+        before the lease is taken: from the moment the lease names this worker, every byte reaches it (a
+        command ending just then has its end read, not lost to the gap). A holder keeps what nobody read,
+        and answers one client, so it is attached only once the lease is this worker's."""
         lease = finding.lease
-        token = await db(actions.take_over_lease)(lease, self.context.worker)
-        if token is None:
-            return "skipped: another worker moved first"
-        self.leases.give(lease.execution_id, token)
         execution = await db(load_execution)(lease.execution_id)
         backend = backend_for(execution.machine)
+        process = failed = None
+        if backend.streams_only_once_attached:
+            try:
+                process = await backend.attach(finding.handle)
+            except Exception as error:  # recorded as unknown below, once the lease is this worker's
+                failed = error
+        token = await db(actions.take_over_lease)(lease, self.context.worker)
+        if token is None:
+            if process is not None:
+                await process.detach()
+            return "skipped: another worker moved first"
+        self.leases.give(lease.execution_id, token)
+        await faults.reached("adopt.taken")
         try:
+            if failed is not None:
+                raise failed
             if finding.handle != lease.handle:  # found from its owner's intent: keep where it is now
                 await db(actions.save_handle)(lease.execution_id, self.context.worker, token, finding.handle)
-            process = await backend.attach(finding.handle)
+            if process is None:
+                process = await backend.attach(finding.handle)
             if backend.can_retag:
                 me = self.context.me
                 await backend.tag(

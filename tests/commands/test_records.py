@@ -105,11 +105,13 @@ async def test_typed_commands_are_recorded_with_the_shells_own_status(stack, ter
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("holder", ["1", "0"])
-async def test_worker_killed_mid_command(terminal, operator, holder, tmp_path):
+@pytest.mark.parametrize("holder,adoption", [("1", "quick"), ("1", "slow"), ("0", "quick")])
+async def test_worker_killed_mid_command(terminal, operator, holder, adoption, tmp_path):
     """kill -9 of the worker while a command runs; it ends (exit 3) once the next worker has taken the
     session. Held (a session holder, or tmux, keeps the shell): the adopter reads the stream on and records
-    the command's own end. Plain (the shell dies with its worker): the command is unknown, never "exited"."""
+    the command's own end, also when it ends while the adopter, its lease taken, is still on its way to the
+    shell (``slow``: 4 s there; a tmux control client attached only then never saw the end, and the
+    command stayed "running"). Plain (the shell dies with its worker): unknown, never "exited"."""
     stack = Stack()
     stack.extra_env["TETHER_HOLDER"] = holder
     stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
@@ -127,11 +129,13 @@ async def test_worker_killed_mid_command(terminal, operator, holder, tmp_path):
             viewers[session.id] = (backend, viewer)
         first.kill()
         await sync_to_async(first.wait)()
+        if adoption == "slow":
+            stack.extra_env["TETHER_FAULT_POINTS"] = "adopt.taken:slow"
         await sync_to_async(stack.start_worker)("local,tmux")
         if holder == "1":
             for session in sessions:
                 await sync_to_async(wait_for)(lambda s=session: _lease_token(s) > 1, what="the adoption")
-        flag.touch()
+        flag.touch()  # slow: in tmux's 4 s (adopted last: a pass takes leases in id order), local's past
         for session in sessions:
             try:
                 records = await sync_to_async(_records_settle)(session.id, 1)
