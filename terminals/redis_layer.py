@@ -10,9 +10,11 @@ The semantics are the same as channels-redis's pub/sub layer (the one the suite 
 at most once, nothing kept for a channel nobody listens to. Publishes are pipelined, and Redis is asked
 not to answer them (``CLIENT REPLY OFF``): reading an answer woke the publisher once more per keystroke,
 10% of a keystroke's CPU on the three processes (docs/benchmarks.md). One publish a second (PROBE_SECONDS)
-while publishing is still answered, so a refused publish is still logged and a dead connection still
-found: a publish on a connection known lost (or whose answer is owed for ANSWER_SECONDS) raises, and the
-next one connects again. A Redis (or an ACL) that refuses ``CLIENT REPLY`` answers every publish, as
+while publishing is still answered, so a dead connection is still found: a publish on a connection known
+lost (or whose answer is owed for ANSWER_SECONDS) raises, and the next one connects again. Redis sends no
+error to a connection it does not answer either: a refused publish (a missing ACL permission) is logged
+when it is an answered one, so a refusal that lasts shows within a second of publishing, a lone one may
+not. A Redis (or an ACL) that refuses ``CLIENT REPLY`` answers every publish, as
 before; the answers are counted the same way. What is still buffered when the layer closes
 gets CLOSE_SECONDS to reach Redis. The subscribing connection re-subscribes everything after Redis comes back. A new
 channel is returned only once Redis has confirmed the subscription, so the first message sent to it
@@ -42,11 +44,12 @@ log = logging.getLogger(__name__)
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024  # past this much unsent, a publish waits for the socket to drain
 CONFIRM_SECONDS = 5.0  # how long a subscribe waits for Redis to confirm it
 CONNECT_SECONDS = 5.0
-ANSWER_SECONDS = 10.0  # publishes unanswered this long: the connection is taken for dead
+ANSWER_SECONDS = 10.0  # an answer owed this long: the connection is taken for dead
 CLOSE_SECONDS = 5.0  # what is still buffered gets this long to reach Redis when the layer closes
 PROBE_SECONDS = 1.0  # while publishing with Redis's answers off, one publish this often is answered
 REPLIES_OFF = b"*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$3\r\nOFF\r\n"
 REPLIES_ON = b"*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$2\r\nON\r\n"
+PING = b"*1\r\n$4\r\nPING\r\n"
 
 
 def _command(*parts: bytes | str) -> bytes:
@@ -80,20 +83,29 @@ async def _closed(writer: asyncio.StreamWriter) -> None:
 
 async def _replies_off(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
     """Ask Redis not to answer this connection's commands; True if it agreed. ``OFF`` is never answered
-    when it works, so ``ON`` follows it: a lone ``+OK`` (ON's) means OFF took, and replies are then turned
-    off again; an error first means OFF was refused (an ACL without ``CLIENT``, a proxy), and every
-    command stays answered."""
-    writer.write(REPLIES_OFF + REPLIES_ON)
+    when it works, so ``ON`` and a ``PING`` follow it: ON's ``+OK`` then PING's answer (``+PONG``, or an
+    error where an ACL refuses PING) mean OFF took, and replies are turned off again. An error first (an
+    ACL without ``CLIENT``, a proxy) or a second ``+OK`` (something that answered OFF) means it did not
+    take as Redis's does: every command stays answered."""
+    writer.write(REPLIES_OFF + REPLIES_ON + PING)
     parser, replies = hiredis.Reader(), []
+
+    def settled() -> bool:
+        if len(replies) >= 1 and isinstance(replies[0], hiredis.ReplyError):
+            return len(replies) >= 3
+        if len(replies) >= 2 and replies[1] == b"OK":
+            return len(replies) >= 3
+        return len(replies) >= 2
+
     async with asyncio.timeout(CONNECT_SECONDS):
-        while not replies or (isinstance(replies[0], hiredis.ReplyError) and len(replies) < 2):
+        while not settled():
             if not (data := await reader.read(4096)):
                 raise ConnectionError("Redis closed the connection")
             parser.feed(data)
             while (reply := parser.gets()) is not False:
                 replies.append(reply)
-    if isinstance(replies[0], hiredis.ReplyError):
-        log.info("Redis refused CLIENT REPLY OFF (%s): every publish stays answered", replies[0])
+    if isinstance(replies[0], hiredis.ReplyError) or replies[1] == b"OK":
+        log.info("Redis did not take CLIENT REPLY OFF (%s): every publish stays answered", replies[0])
         return False
     writer.write(REPLIES_OFF)
     return True
@@ -146,9 +158,11 @@ class _Publisher:
             reader, writer = await _connect(self.url)
             try:
                 quiet = await _replies_off(reader, writer)
-            except (TimeoutError, OSError, hiredis.ProtocolError) as error:
+            except BaseException as error:  # a cancelled connect leaves no socket behind either
                 writer.transport.abort()
-                raise ConnectionError(f"Redis did not answer CLIENT REPLY: {error!r}") from error
+                if isinstance(error, (TimeoutError, OSError, hiredis.ProtocolError)):
+                    raise ConnectionError(f"Redis did not answer CLIENT REPLY: {error!r}") from error
+                raise
             self.writer, self.sent, self.answered, self.quiet, self.probed = writer, 0, 0, quiet, 0.0
             self.replies = asyncio.ensure_future(self._read_replies(reader, writer))
             return writer

@@ -170,9 +170,6 @@ class Backend(abc.ABC):
     can_retag = False  # ``tag`` rewrites a live process's owner tags (an adopter's pid, a heartbeat)
     can_snapshot = False  # ``snapshot(handle)`` tells a session's screen as it is now
     can_find_by_label = False  # ``find_by_label`` finds a process by its session label, with no handle
-    # An attached process is sent only what the program prints from then on (tmux's control client; a
-    # holder keeps what nobody read): an adopter attaches before it takes the lease over.
-    streams_only_once_attached = False
 
     @abc.abstractmethod
     async def spawn(

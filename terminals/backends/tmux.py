@@ -70,7 +70,6 @@ class TmuxBackend(Backend):
     can_retag = True
     can_snapshot = True
     can_find_by_label = True
-    streams_only_once_attached = True
 
     def __init__(self, socket: str = "tether"):
         self.socket = socket

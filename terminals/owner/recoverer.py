@@ -8,6 +8,7 @@ acted on the moment its leases expire rather than at the next pass.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -179,40 +180,36 @@ class Recoverer:
     async def adopt(self, finding: recovery.Finding) -> str:
         """Take over a live held or tmux shell under a new token: same shell, viewers reattach to it.
 
-        A tmux control client is sent only what the shell prints once it is attached, so it attaches
-        before the lease is taken: from the moment the lease names this worker, every byte reaches it (a
-        command ending just then has its end read, not lost to the gap). A holder keeps what nobody read,
-        and answers one client, so it is attached only once the lease is this worker's."""
+        The lease is taken first and the shell attached after, so a worker that loses the race never
+        touches it (a holder answers one client; a tmux client resumes a stopped pane). A holder keeps what
+        nobody read; tmux streams only what is printed once a client is attached, so a command that ended
+        before then has no end mark to read: it stays open until the shell's next command ends it
+        ``unknown`` (terminals/actions/commands.py), never "exited"."""
         lease = finding.lease
-        execution = await db(load_execution)(lease.execution_id)
-        backend = backend_for(execution.machine)
-        process = failed = None
-        if backend.streams_only_once_attached:
-            try:
-                process = await backend.attach(finding.handle)
-            except Exception as error:  # recorded as unknown below, once the lease is this worker's
-                failed = error
         token = await db(actions.take_over_lease)(lease, self.context.worker)
         if token is None:
-            if process is not None:
-                await process.detach()
             return "skipped: another worker moved first"
         self.leases.give(lease.execution_id, token)
         await faults.reached("adopt.taken")
+        execution = await db(load_execution)(lease.execution_id)
+        backend = backend_for(execution.machine)
+        process = None
         try:
-            if failed is not None:
-                raise failed
             if finding.handle != lease.handle:  # found from its owner's intent: keep where it is now
                 await db(actions.save_handle)(lease.execution_id, self.context.worker, token, finding.handle)
-            if process is None:
-                process = await backend.attach(finding.handle)
+            process = await backend.attach(finding.handle)
             if backend.can_retag:
                 me = self.context.me
                 await backend.tag(
                     finding.handle, owner_pid=me.pid, owner_started_at=me.start_time, heartbeat=int(time.time())
                 )
             screen = (await process.snapshot()).render() if process.can_snapshot else b""
-        except Exception as error:
+        except BaseException as error:
+            if process is not None:  # let go of what was attached (a tmux client closed in its turn)
+                with contextlib.suppress(Exception):
+                    await process.detach()
+            if not isinstance(error, Exception):
+                raise
             finding.detail = f"{finding.detail}; adopting failed ({error!r})"
             finding.action = recovery.Action.UNKNOWN
             await self.host.record_unknown(execution, token, f"recovery: {finding.detail}")

@@ -5,6 +5,7 @@ unknown where the shell died with its worker."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 
@@ -107,11 +108,12 @@ async def test_typed_commands_are_recorded_with_the_shells_own_status(stack, ter
 @pytest.mark.faults
 @pytest.mark.parametrize("holder,adoption", [("1", "quick"), ("1", "slow"), ("0", "quick")])
 async def test_worker_killed_mid_command(terminal, operator, holder, adoption, tmp_path):
-    """kill -9 of the worker while a command runs; it ends (exit 3) once the next worker has taken the
+    """kill -9 of the worker while a command runs; it ends (exit 3) once the next worker has adopted the
     session. Held (a session holder, or tmux, keeps the shell): the adopter reads the stream on and records
-    the command's own end, also when it ends while the adopter, its lease taken, is still on its way to the
-    shell (``slow``: 4 s there; a tmux control client attached only then never saw the end, and the
-    command stayed "running"). Plain (the shell dies with its worker): unknown, never "exited"."""
+    the command's own end. ``slow``: the command ends while the adopter, its lease taken, is 4 s from
+    attaching; a holder keeps that output (exit 3 still read), but tmux streams only what is printed once a
+    client is attached, so the end mark is never read: the command is not called "exited", and the next
+    command typed there ends it ``unknown``. Plain (the shell dies with its worker): unknown, never "exited"."""
     stack = Stack()
     stack.extra_env["TETHER_HOLDER"] = holder
     stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
@@ -122,25 +124,40 @@ async def test_worker_killed_mid_command(terminal, operator, holder, adoption, t
         first = await sync_to_async(stack.start_worker)("local,tmux")
         sessions, viewers = [], {}
         for backend in ("local", "tmux") if holder == "1" else ("local",):
-            viewer, session, _ = await open_viewer(stack, terminal, operator, backend)
+            viewer, session, cookie = await open_viewer(stack, terminal, operator, backend)
             await viewer.type(f"{line}\r")
             await _started(viewer)  # on the record before the kill
             sessions.append(session)
-            viewers[session.id] = (backend, viewer)
+            viewers[session.id] = (backend, viewer, cookie)
         first.kill()
         await sync_to_async(first.wait)()
         if adoption == "slow":
             stack.extra_env["TETHER_FAULT_POINTS"] = "adopt.taken:slow"
         await sync_to_async(stack.start_worker)("local,tmux")
         if holder == "1":
+            # quick: adopted and attached; slow: its lease taken (tmux, taken last in id order, unattached)
+            adopted = _lease_token if adoption == "slow" else _adopted
             for session in sessions:
-                await sync_to_async(wait_for)(lambda s=session: _lease_token(s) > 1, what="the adoption")
-        flag.touch()  # slow: in tmux's 4 s (adopted last: a pass takes leases in id order), local's past
+                await sync_to_async(wait_for)(lambda s=session, seen=adopted: seen(s), what="the adoption")
+        flag.touch()
         for session in sessions:
+            backend, viewer, cookie = viewers[session.id]
+            if adoption == "slow" and backend == "tmux":
+                await sync_to_async(wait_for)(lambda s=session: _adopted(s), what="the adoption")
+                await asyncio.sleep(0.5)  # the end, long printed, is not read: still open
+                assert await sync_to_async(_records)(session.id) == [(line, "running", None)]
+                again = await Viewer.open(stack.ports[0], session.id, cookie)
+                await again.attach()
+                await again.type("true\r")
+                records = await sync_to_async(_records_settle)(session.id, 2)
+                assert records == [(line, "unknown", None), ("true", "exited", 0)], records
+                record = await sync_to_async(CommandRecord.objects.filter(session_id=session.id).first)()
+                assert "later command started" in record.evidence, record.evidence
+                await again.close()
+                continue
             try:
                 records = await sync_to_async(_records_settle)(session.id, 1)
             except AssertionError as error:  # which shell, what it printed and what its record says
-                backend, viewer = viewers[session.id]
                 found = await sync_to_async(_records)(session.id)
                 tail = bytes(viewer.output[-600:])
                 said = f"{error} ({backend}: records {found}; the page's last output {tail!r})"
@@ -155,11 +172,19 @@ async def test_worker_killed_mid_command(terminal, operator, holder, adoption, t
         await sync_to_async(stack.stop)()
 
 
-def _lease_token(session) -> int:
+def _adopted(session) -> bool:
+    """Its new owner has attached and said so (the ``adopted`` event comes after the attach)."""
+    from executions.models import Evidence, ExecutionEvent
+
+    return ExecutionEvent.objects.filter(execution_id=session.execution_id, evidence=Evidence.ADOPTED).exists()
+
+
+def _lease_token(session) -> bool:
+    """A new owner has taken its lease over (token 2)."""
     from terminals.models import ProcessLease
 
     lease = ProcessLease.objects.filter(execution_id=session.execution_id, released_at__isnull=True).first()
-    return lease.token if lease else 0
+    return bool(lease) and lease.token > 1
 
 
 async def test_busybox_sh_in_a_container_is_tracked_from_its_prompts(stack, terminal, operator):
