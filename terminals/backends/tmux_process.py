@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 STALL_AFTER = 0.1  # seconds without a read after which the pane's terminal is stopped
 PAUSE_AFTER = 300  # seconds; without it tmux drops a control client that is 5 minutes behind
 SEND_KEYS_BATCH = 1024
-GATHER_FROM = 2048  # a read with this much output (not a keystroke's echo) waits GATHER_SECONDS for more
+GATHER_FROM = 2048  # a read with this much output (not a keystroke's echo) waits GATHER_SECONDS for more,
 GATHER_SECONDS = 0.001
+GATHER_TIMES = 4  # up to this many times, while each wait brings more (and up to READ_CHUNK)
 
 
 class TmuxProcess(Process):
@@ -106,17 +107,17 @@ class TmuxProcess(Process):
         if self._client is None:
             return b""
         try:
-            waited = gathered = False
+            waited, gathered = False, 0
             reader = self._client.reader
             # Parse what is already here up to a full chunk, but touch the pipe only when there is nothing.
             while not self._ended and len(self._ready) < READ_CHUNK:
                 if not reader.buffered():
                     if self._ready:
-                        if gathered or len(self._ready) < GATHER_FROM:
+                        if gathered >= GATHER_TIMES or len(self._ready) < GATHER_FROM:
                             break
                         # Heavy output: tmux passes it on about 4 KiB at a time, and every piece costs each
                         # stage after this one the same. A moment's wait lets more pieces come along.
-                        gathered = True
+                        gathered += 1
                         await asyncio.sleep(GATHER_SECONDS)
                         if not reader.pull():
                             break
