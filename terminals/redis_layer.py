@@ -14,9 +14,9 @@ while publishing is still answered, so a dead connection is still found: a publi
 lost (or whose answer is owed for ANSWER_SECONDS) raises, and the next one connects again. Redis sends no
 error to a connection it does not answer either: a refused publish (a missing ACL permission) is logged
 when it is an answered one, so a refusal that lasts shows within a second of publishing, a lone one may
-not. A Redis (or an ACL) that refuses ``CLIENT REPLY`` answers every publish, as
-before; the answers are counted the same way. What is still buffered when the layer closes
-gets CLOSE_SECONDS to reach Redis. The subscribing connection re-subscribes everything after Redis comes back. A new
+not. A Redis, an ACL or a proxy that does not take ``CLIENT REPLY OFF`` answers every publish, as
+before, and the answers are counted the same way. What is still buffered when the layer closes gets
+CLOSE_SECONDS to reach Redis. The subscribing connection re-subscribes everything after Redis comes back. A new
 channel is returned only once Redis has confirmed the subscription, so the first message sent to it
 after ``new_channel`` is never lost to a race.
 

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 STALL_AFTER = 0.1  # seconds without a read after which the pane's terminal is stopped
 PAUSE_AFTER = 300  # seconds; without it tmux drops a control client that is 5 minutes behind
 SEND_KEYS_BATCH = 1024
-GATHER_FROM = 2048  # a read with this much output (not a keystroke's echo) waits GATHER_SECONDS for more,
+GATHER_FROM = 2048  # a read with this much output (not a keystroke's echo) waits GATHER_SECONDS for more
 GATHER_SECONDS = 0.001
 GATHER_TIMES = 4  # up to this many times, while each wait brings more (and up to READ_CHUNK)
 
