@@ -90,21 +90,17 @@ async def _replies_off(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
     writer.write(REPLIES_OFF + REPLIES_ON + PING)
     parser, replies = hiredis.Reader(), []
 
-    def settled() -> bool:
-        if len(replies) >= 1 and isinstance(replies[0], hiredis.ReplyError):
-            return len(replies) >= 3
-        if len(replies) >= 2 and replies[1] == b"OK":
-            return len(replies) >= 3
-        return len(replies) >= 2
+    def took() -> bool:  # of the first two answers: ON's +OK, then PING's (never +OK)
+        return not isinstance(replies[0], hiredis.ReplyError) and replies[1] != b"OK"
 
     async with asyncio.timeout(CONNECT_SECONDS):
-        while not settled():
+        while len(replies) < 2 or (len(replies) < 3 and not took()):  # OFF answered: three answers
             if not (data := await reader.read(4096)):
                 raise ConnectionError("Redis closed the connection")
             parser.feed(data)
             while (reply := parser.gets()) is not False:
                 replies.append(reply)
-    if isinstance(replies[0], hiredis.ReplyError) or replies[1] == b"OK":
+    if not took():
         log.info("Redis did not take CLIENT REPLY OFF (%s): every publish stays answered", replies[0])
         return False
     writer.write(REPLIES_OFF)

@@ -136,7 +136,7 @@ async def test_worker_killed_mid_command(terminal, operator, holder, adoption, t
         await sync_to_async(stack.start_worker)("local,tmux")
         if holder == "1":
             # quick: adopted and attached; slow: its lease taken (tmux, taken last in id order, unattached)
-            adopted = _lease_token if adoption == "slow" else _adopted
+            adopted = _lease_taken if adoption == "slow" else _adopted
             for session in sessions:
                 await sync_to_async(wait_for)(lambda s=session, seen=adopted: seen(s), what="the adoption")
         flag.touch()
@@ -179,7 +179,7 @@ def _adopted(session) -> bool:
     return ExecutionEvent.objects.filter(execution_id=session.execution_id, evidence=Evidence.ADOPTED).exists()
 
 
-def _lease_token(session) -> bool:
+def _lease_taken(session) -> bool:
     """A new owner has taken its lease over (token 2)."""
     from terminals.models import ProcessLease
 
