@@ -3,6 +3,14 @@
 # test sockets, and session holders of test shells. Only things the tests themselves create are touched
 # (label tether.test=1, sockets tether-test-*, holders under /tmp/tether-test-held-*).
 set -uo pipefail
+# Every test process holds a shared lock on this file while it runs (tests/conftest.py): while one does,
+# nothing here is a leftover (a `make bench` beside a running `make test` once killed its held shells), so
+# nothing is touched. The exclusive lock is kept while cleaning, so a run that starts now waits for it.
+exec 9>>"/tmp/tether-test-run-$(id -u).lock"
+if ! flock -n -x 9; then
+    echo "[clean] a test run is going on here: its containers, tmux servers and holders are left alone"
+    exit 0
+fi
 if docker version >/dev/null 2>&1; then
     leftovers=$(docker ps -aq --filter label=tether.test=1)
     [ -n "$leftovers" ] && docker rm -f $leftovers >/dev/null

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -24,8 +25,20 @@ from tests.bridge.harness import RECORDINGS_DIR, TEST_IMAGE, Stack, own_director
 HELD_DIR = own_directory("TETHER_HOLDER_DIR", f"/tmp/tether-test-held-{os.getuid()}")
 
 
+RUN_LOCK = f"/tmp/tether-test-run-{os.getuid()}.lock"
+
+
 @pytest.fixture(autouse=True, scope="session")
-def _no_holder_outlives_the_run():
+def _a_run_is_going_on():
+    """A shared lock for as long as this test process runs: scripts/clean-test-leftovers.sh (which `make bench`
+    and `make test` run) cleans nothing while any test process holds it."""
+    with open(RUN_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_holder_outlives_the_run(_a_run_is_going_on):
     """A held test shell whose exit was read but never released (a test is not a worker) lingers with its
     holder: at the end of the run, every holder under the tests' directory goes, and the directory too."""
     yield

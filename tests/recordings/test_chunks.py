@@ -18,14 +18,26 @@ from terminals import actions, recording_store
 from terminals.actions.recordings import ChunksNotHere
 from terminals.asciicast import EventLog, output_of
 from terminals.models import Recording, RecordingChunk
-from tests.bridge.harness import RECORDINGS_DIR
 from tests.factories import TEST_ACTOR, make_machine
 
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _own_recordings_storage(settings, tmp_path):
+    """A storage of this test's own: an earlier test in the same process may have left chunk files under a
+    recording number this test's recording has too (they counted here once: 5 files where 4 were made)."""
+    recordings = {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path)}}
+    settings.STORAGES = {**settings.STORAGES, "recordings": recordings}
+
+
+def stored() -> Path:
+    """Where this test's recordings storage keeps its files."""
+    return Path(settings.STORAGES["recordings"]["OPTIONS"]["location"])
+
+
 def chunk_files(recording: Recording) -> list[str]:
-    directory = Path(RECORDINGS_DIR) / recording_store.CHUNKS / str(recording.pk)
+    directory = stored() / recording_store.CHUNKS / str(recording.pk)
     return sorted(path.name for path in directory.iterdir()) if directory.exists() else []
 
 
@@ -73,7 +85,6 @@ def write(owned, number: int, events, file: str, data: bytes | None = None) -> b
 
 
 def test_a_chunk_is_a_file_named_once_and_the_finished_recording_leaves_no_chunk_behind(owned):
-    actions.remove_leftover_chunks()  # what earlier tests left in this process's storage
     recording = owned[0]
     first = taken(b"first\r\n", 1_001.0)
     name = recording_store.save_chunk(recording.pk, 0, first.lines)
@@ -120,7 +131,7 @@ def test_a_chunk_the_storage_lost_is_a_marker_where_it_was_and_the_rest_is_kept(
         events = taken(text, 1_001.0 + number)
         assert write(owned, number, events, recording_store.save_chunk(recording.pk, number, events.lines))
     lost = RecordingChunk.objects.get(recording=recording, number=1).file
-    (Path(RECORDINGS_DIR) / lost).unlink()
+    (stored() / lost).unlink()
 
     ended(recording)
     assert actions.finish_recording(recording.pk) is not None
@@ -150,7 +161,6 @@ def test_chunks_an_earlier_version_wrote_into_the_database_still_make_the_file(o
 
 
 def test_chunk_files_of_recordings_no_longer_being_made_are_removed_by_the_cleanup(owned, alice):
-    actions.remove_leftover_chunks()  # what earlier tests left in this process's storage
     recording = owned[0]
     events = taken(b"live\r\n", 1_001.0)
     assert write(owned, 0, events, recording_store.save_chunk(recording.pk, 0, events.lines))
@@ -190,7 +200,7 @@ def test_a_recording_whose_chunks_are_on_another_hosts_disk_is_not_finished_here
     recording = owned[0]
     events = taken(b"on host A\r\n", 1_001.0)
     assert write(owned, 0, events, recording_store.save_chunk(recording.pk, 0, events.lines))
-    moved = Path(RECORDINGS_DIR) / recording_store.CHUNKS / f"{recording.pk}"
+    moved = stored() / recording_store.CHUNKS / f"{recording.pk}"
     elsewhere = moved.with_name(f"{recording.pk}-on-host-a")
     moved.rename(elsewhere)  # as this host sees the storage: no chunk of it
 
@@ -217,8 +227,8 @@ async def test_the_owner_keeps_a_chunk_in_the_database_while_the_storage_refuses
     from terminals.owner.recordings import Recorder, Take
 
     recording, owner, token = await sync_to_async(begun)(alice)
-    Path(RECORDINGS_DIR, recording_store.CHUNKS).mkdir(parents=True, exist_ok=True)
-    blocker = Path(RECORDINGS_DIR, recording_store.CHUNKS, str(recording.pk))
+    Path(stored(), recording_store.CHUNKS).mkdir(parents=True, exist_ok=True)
+    blocker = Path(stored(), recording_store.CHUNKS, str(recording.pk))
     blocker.write_text("not a directory")
     log = EventLog(started=1_000.0, limit=1 << 20)
     log.output(0, 0, b"printed while the storage was away\r\n", 1_001.0)
