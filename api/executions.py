@@ -26,7 +26,7 @@ from executions.spec import ExecutionSpec, SpecError
 from terminals.actions import request_process_action
 from terminals.actions.permissions import may_use_machine
 from terminals.owner_client import owner_of_execution
-from terminals.protocol import Peek
+from terminals.protocol import MAX_INTEGER, Peek
 from terminals.resolution import resolve
 
 log = logging.getLogger(__name__)
@@ -249,14 +249,22 @@ class OutputOut(Schema):
     )
 
 
+def past_the_end(since: int, end: int, **where) -> ApiProblem:
+    """An offset no output has reached: said, with where the output ends, never answered as an end of its own."""
+    text = f"since={since} is past the end of the output ({end}); read from an offset you were given"
+    return ApiProblem("offset_out_of_range", text, end=end, **where)
+
+
 def output_from_record(execution: Execution, since: int, size: int) -> dict:
     output = bytes(execution.output or b"")
     first = execution.output_truncated
     end = first + len(output)
+    if since > end:
+        raise past_the_end(since, end)
     start = max(since, first)
-    data = output[start - first : start - first + size] if start < end else b""
-    after = start + len(data) if start < end else max(since, end)
-    return shaped(data, start if start < end else after, after, first, max(first - since, 0), max(end, after),
+    data = output[start - first : start - first + size]
+    after = start + len(data) if start < end else since
+    return shaped(data, start if start < end else after, after, first, max(first - since, 0), end,
                   final=after >= end, source="record", state=execution.state)  # fmt: skip
 
 
@@ -298,11 +306,14 @@ async def read_output(load, since: int, size: int, wait: float, viewer: str) -> 
             log.warning("could not ask the owner of execution %s: %r", execution.pk, error)
             answer = None
         if answer is not None and answer.get("type") == "api.output":
+            if since > answer["end"]:
+                where = {"generation": answer["generation"], "epoch": answer["epoch"]}
+                raise past_the_end(since, answer["end"], **where, offsets_survive_owner=answer["survives"])
             result = output_from_owner(answer, since, execution.state)
             if result["data"] or result["lost"] or time.monotonic() >= deadline:
                 return result
         elif time.monotonic() >= deadline:
-            if execution.state == State.PENDING or (execution.state == State.DISPATCHED and owner is None):
+            if execution.state in (State.PENDING, State.DISPATCHED):  # not started yet: nothing printed
                 return shaped(b"", since, since, 0, 0, since, final=False, source="live", state=execution.state)
             raise ApiProblem(
                 "owner_unavailable",
@@ -317,7 +328,7 @@ async def read_output(load, since: int, size: int, wait: float, viewer: str) -> 
 async def execution_output(
     request,
     pk: int,
-    since: int = Query(0, ge=0),
+    since: int = Query(0, ge=0, le=MAX_INTEGER),
     size: int = Query(READ_BYTES, ge=1, le=READ_BYTES),
     wait: float = Query(0.0, ge=0),
 ):

@@ -26,6 +26,7 @@ CODES: dict[str, tuple[int, str]] = {
     "input_unconfirmed": (409, "That input's delivery is unconfirmed; it is not written again"),
     "not_writer": (409, "Another window writes into this shell"),
     "too_large": (413, "The request is too large"),
+    "offset_out_of_range": (416, "That offset is past the end of the output"),
     "validation_error": (422, "A field is not valid"),
     "rate_limited": (429, "Too many calls with this token"),
     "owner_unavailable": (503, "No worker holds the process right now"),

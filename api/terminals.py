@@ -14,7 +14,16 @@ from django.db import IntegrityError, transaction
 from ninja import Field, Query, Router, Schema, Status
 
 from api.auth import need
-from api.executions import READ_BYTES, ExecutionOut, OutputOut, actor_of, execution_out, read_output, shaped
+from api.executions import (
+    READ_BYTES,
+    ExecutionOut,
+    OutputOut,
+    actor_of,
+    execution_out,
+    past_the_end,
+    read_output,
+    shaped,
+)
 from api.models import ApiInput, InputState, Scope
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem
@@ -23,7 +32,7 @@ from terminals import actions
 from terminals.actions.permissions import may_use_machine
 from terminals.models import ProcessState, TerminalSession
 from terminals.owner_client import owner_of_execution
-from terminals.protocol import MAX_COLS, MAX_FRAME_BYTES, MAX_ROWS, ApiResize, ErrorCode, Request
+from terminals.protocol import MAX_COLS, MAX_FRAME_BYTES, MAX_INTEGER, MAX_ROWS, ApiResize, ErrorCode, Request
 from terminals.protocol import ApiInput as InputMessage
 
 router = Router(tags=["terminals"])
@@ -111,7 +120,7 @@ def terminal_state(request, session_id: uuid.UUID):
 async def terminal_output(
     request,
     session_id: uuid.UUID,
-    since: int = Query(0, ge=0),
+    since: int = Query(0, ge=0, le=MAX_INTEGER),
     generation: int | None = Query(None, ge=1, description="The generation your `since` counts in"),
     epoch: int | None = Query(None, ge=0, description="The epoch your `since` counts in (from the last read)"),
     size: int = Query(READ_BYTES, ge=1, le=READ_BYTES),
@@ -123,21 +132,44 @@ async def terminal_output(
     token = await db(need)(request, Scope.TERMINALS)
     session = await db(_session)(request, session_id)
     if session.process_state == ProcessState.CLOSED:
-        return shaped(b"", since, since, 0, 0, since, final=True, source="record", state=session.execution.state,
-                      generation=session.generation)  # fmt: skip
+        return closed_output(session, since, size)
     wait = min(wait, settings.TETHER_API_MAX_WAIT_SECONDS)
 
     def load():
         return _session(request, session_id).execution
 
-    answer = await read_output(load, since, size, wait, f"api:{token.pk}")
-    if answer["source"] == "live" and answer["epoch"]:
-        moved = generation is not None and generation != answer["generation"]
-        moved = moved or (epoch is not None and epoch != answer["epoch"] and not answer["offsets_survive_owner"])
-        if moved and since:
-            answer = await read_output(load, 0, size, 0.0, f"api:{token.pk}")
-            answer["restarted"] = True
+    try:
+        answer = await read_output(load, since, size, wait, f"api:{token.pk}")
+    except ApiProblem as problem:  # past the end: of this stream, or of one that started again since
+        if problem.code != "offset_out_of_range" or not _moved(problem.extra, generation, epoch):
+            raise
+        answer = problem.extra
+    if answer.get("epoch") and since and _moved(answer, generation, epoch):  # no epoch: no worker holds it yet
+        answer = await read_output(load, 0, size, 0.0, f"api:{token.pk}")
+        answer["restarted"] = True
     return answer
+
+
+def _moved(answer: dict, generation: int | None, epoch: int | None) -> bool:
+    """Whether offsets counted in ``generation`` and ``epoch`` (the asker's) no longer count in the stream
+    ``answer`` read (a live one: a held shell's offsets are the same for every owner)."""
+    if generation is not None and generation != answer.get("generation"):
+        return True
+    return epoch is not None and epoch != answer.get("epoch") and not answer.get("offsets_survive_owner", True)
+
+
+def closed_output(session: TerminalSession, since: int, size: int) -> dict:
+    """A closed shell's output: the final tail it left (its snapshot, ending at its last offset), the bytes
+    before it counted as gone (until retention removes the tail too)."""
+    end = session.output_offset
+    if since > end:
+        raise past_the_end(since, end, generation=session.generation)
+    tail = bytes(session.snapshot or b"")
+    first = end - len(tail)
+    start = max(since, first)
+    data = tail[start - first : start - first + size]
+    return shaped(data, start, start + len(data), first, max(first - since, 0), end, final=start + len(data) >= end,
+                  source="record", state=session.execution.state, generation=session.generation)  # fmt: skip
 
 
 class InputIn(Schema):

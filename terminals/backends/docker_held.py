@@ -30,7 +30,7 @@ from docker.errors import APIError, NotFound
 from terminals.backends.base import BackendError, Exit, Inspection, Launch, SpawnError, SpawnSpec, Status, Tags
 from terminals.backends.docker_exec import ENGINE_ERRORS, end_tree, exec_state
 from terminals.backends.docker_process import DockerProcess
-from terminals.backends.holder import HeldProcess, Session, parse_record, parse_started
+from terminals.backends.holder import HeldProcess, Session, parse_record, parse_started, ring_bytes
 from terminals.backends.procfs import MARKER_VARIABLE
 
 ROOT = "/tmp/.tether"  # Tether's own directory in the container
@@ -157,14 +157,15 @@ async def spawn_held(
     holder = await install(api, engine_id, container, binary)
     place = f"{ROOT}/s-{tags.marker}"
     secret = secrets.token_hex(24)
-    argv = [holder, "serve", place, "--cols", str(spec.cols), "--rows", str(spec.rows)]
+    ring = ring_bytes()
+    argv = [holder, "serve", place, "--cols", str(spec.cols), "--rows", str(spec.rows), "--ring", str(ring)]
     for name in PROGRAM_ONLY:
         if name in env:
             argv += ["--setenv", f"{name}={env[name]}"]
     held_env = {name: value for name, value in env.items() if name not in PROGRAM_ONLY}
     handle = {"backend": "docker", "engine": engine, "container": container, "marker": tags.marker}
     handle |= {"session": tags.session, "owner_pid": tags.owner_pid, "owner_started_at": tags.owner_started_at}
-    handle["holder"] = {"binary": holder, "dir": place, "secret": secret}
+    handle["holder"] = {"binary": holder, "dir": place, "secret": secret, "ring": ring}
     try:
         created = await asyncio.to_thread(
             api.exec_create, container, [*argv, "--", *spec.argv], stdin=True, tty=False, environment=held_env,

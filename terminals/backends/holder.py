@@ -49,6 +49,24 @@ def frame(kind: int, payload: bytes = b"") -> bytes:
     return HEADER.pack(kind, len(payload)) + payload
 
 
+HOLDER_DEFAULT_RING = 1024 * 1024  # the ring of a holder started without --ring (holder/tether-holder.c)
+HOLDER_MAX_RING = 256 * 1024 * 1024  # the most --ring takes
+
+
+def ring_bytes() -> int:
+    """The ring a new holder gets: TETHER_HOLDER_RING_BYTES, raised to fit the worker's own buffer and two
+    acknowledgements more. The worker acknowledges only what its buffer no longer needs; a ring no larger
+    than the buffer was never acknowledged, filled, and froze the shell (and its Kill) at 1 MiB."""
+    wanted = max(settings.TETHER_HOLDER_RING_BYTES, settings.TETHER_BUFFER_BYTES + 2 * ACK_EVERY)
+    return min(wanted, HOLDER_MAX_RING)
+
+
+def kept_behind(ring: int) -> int:
+    """How much the worker leaves unacknowledged in a holder whose ring is ``ring`` (started by any release,
+    with any settings): its buffer, as long as that leaves the holder room to read on."""
+    return max(0, min(settings.TETHER_BUFFER_BYTES, ring - 2 * ACK_EVERY))
+
+
 def holder_binary() -> Path | None:
     """The built holder, or None where it was not built (held sessions then fall back to plain ones)."""
     path = Path(settings.TETHER_HOLDER_BINARY)
@@ -215,7 +233,8 @@ class HeldProcess(Process):
         self.pid = attached.pid
         self._received = attached.resume
         self._acked = attached.resume
-        self._keep = settings.TETHER_BUFFER_BYTES  # what the holder keeps behind us: our buffer, rebuilt
+        # What the holder keeps behind us (our buffer, rebuilt by a later owner), with room left to read on.
+        self._keep = kept_behind(handle["holder"].get("ring", HOLDER_DEFAULT_RING))
         self._exit: Exit | None = None
         self._ended = asyncio.Event()
         self._reading = asyncio.Lock()

@@ -17,7 +17,7 @@ from pathlib import Path
 from django.conf import settings
 
 from terminals.backends.base import BackendError, Exit, Inspection, SpawnError, SpawnSpec, Status, Tags
-from terminals.backends.holder import HeldProcess, Session, SocketLink, parse_record, parse_started
+from terminals.backends.holder import HeldProcess, Session, SocketLink, parse_record, parse_started, ring_bytes
 from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, boot_id, terminate_descendants, terminate_tree
 from terminals.children import PIPE, Child
 
@@ -36,7 +36,8 @@ async def spawn_held(binary: Path, spec: SpawnSpec, tags: Tags, env: dict[str, s
     secret = secrets.token_hex(24)
     program_env = [f"{name}={env[name]}" for name in PROGRAM_ONLY if name in env]
     argv = [str(binary), "serve", str(place), "--cols", str(spec.cols), "--rows", str(spec.rows)]
-    argv += ["--ring", str(settings.TETHER_HOLDER_RING_BYTES), "--cwd", cwd]
+    ring = ring_bytes()
+    argv += ["--ring", str(ring), "--cwd", cwd]
     for assignment in program_env:
         argv += ["--setenv", assignment]
     starter = Child.start(
@@ -68,6 +69,7 @@ async def spawn_held(binary: Path, spec: SpawnSpec, tags: Tags, env: dict[str, s
                 pid=started.holder_pid, start_time=started.holder_start, boot_id=boot_id()
             ).to_json(),
             "subreaper": started.subreaper,
+            "ring": ring,
         },
     }
     return await attach_held(handle)

@@ -1,0 +1,83 @@
+"""The API at its edges, against daphne and a real owner worker: a shell read the moment it is opened, offsets
+no output has reached, a working directory the engine refuses."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+
+from api.tokens import create_token
+
+pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
+
+
+def client(stack, raw: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{stack.ports[0]}/api/v1", headers={"Authorization": f"Bearer {raw}"}, timeout=60
+    )
+
+
+async def token(user, *scopes) -> str:
+    return (await sync_to_async(create_token)(user, name="edges", scopes=list(scopes)))[1]
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+async def test_a_shell_read_the_moment_it_is_opened_answers_with_its_output_never_a_500(
+    stack, place, operator, backend
+):
+    machine = await sync_to_async(place)(backend)
+    async with client(stack, await token(operator, "terminals")) as api:
+        opened = await api.post("/terminals", json={"machine": machine.name})
+        assert opened.status_code == 201, opened.text
+        session = opened.json()["terminal"]["id"]
+        # Before any worker holds it (KeyError 'epoch': an HTML 500 on the first one to three reads).
+        reads = [await api.get(f"/terminals/{session}/output", params={"since": 0}) for _ in range(5)]
+        assert [read.status_code for read in reads] == [200] * 5, [read.text[:200] for read in reads]
+        assert {read.headers["content-type"] for read in reads} == {"application/json; charset=utf-8"}
+        assert all(read.json()["lost"] == 0 and read.json()["offset"] == 0 for read in reads)
+
+
+async def test_an_offset_past_the_end_is_refused_with_where_the_output_ends(stack, place, operator):
+    machine = await sync_to_async(place)("local")
+    async with client(stack, await token(operator, "read", "run", "terminals")) as api:
+        spec = {"scope": "edges", "id": "past-end", "machine": machine.name, "argv": ["printf", "abc"]}
+        pk = (await api.post("/executions", json=spec)).json()["execution"]["id"]
+        assert (await api.get(f"/executions/{pk}/await", params={"timeout": 30})).json()["final"]
+        whole = (await api.get(f"/executions/{pk}/output")).json()
+        assert (whole["text"], whole["end"], whole["next"], whole["final"]) == ("abc", 3, 3, True)
+        at_end = (await api.get(f"/executions/{pk}/output", params={"since": 3})).json()
+        assert (at_end["offset"], at_end["next"], at_end["end"], at_end["data"]) == (3, 3, 3, "")
+
+        past = await api.get(f"/executions/{pk}/output", params={"since": 3 + 5000})
+        assert past.status_code == 416 and past.headers["content-type"] == "application/problem+json"
+        assert (past.json()["code"], past.json()["end"]) == ("offset_out_of_range", 3)  # was 200 with end 5003
+        huge = await api.get(f"/executions/{pk}/output", params={"since": 2**63})
+        assert huge.status_code == 422, huge.text  # was 200 with end 9223372036854775808
+
+        # A live shell: past its end is refused too, with its end; at its end, nothing yet.
+        shell = await sync_to_async(place)("local", "live-box")
+        session = (await api.post("/terminals", json={"machine": shell.name})).json()["terminal"]["id"]
+        for _ in range(100):
+            read = (await api.get(f"/terminals/{session}/output", params={"since": 0})).json()
+            if read["end"] and read["epoch"]:
+                break
+            await asyncio.sleep(0.1)
+        end = read["end"]
+        past = await api.get(f"/terminals/{session}/output", params={"since": end + 5000, "epoch": read["epoch"]})
+        assert past.status_code == 416, past.text
+        assert past.json()["code"] == "offset_out_of_range" and past.json()["end"] >= end
+
+        # Closed: its final tail, with the offsets it had, and past its end refused.
+        assert (await api.post(f"/terminals/{session}/close", json={})).status_code == 202
+        for _ in range(100):
+            if (await api.get(f"/terminals/{session}")).json()["process_state"] == "closed":
+                break
+            await asyncio.sleep(0.1)
+        final = (await api.get(f"/terminals/{session}/output", params={"since": 0})).json()
+        assert final["final"] and final["source"] == "record" and final["end"] >= end
+        assert final["next"] == final["end"] and final["lost"] == 0 and final["data"]
+        past = await api.get(f"/terminals/{session}/output", params={"since": final["end"] + 1})
+        assert (past.status_code, past.json()["end"]) == (416, final["end"])
