@@ -6,7 +6,9 @@
  *                             [--setenv NAME=VALUE]... -- ARGV...
  *       The session's secret is the first line on stdin (never argv or the environment). Starts the holder
  *       in the background, prints "holder PID START program PID\n" once it listens, and exits 0 (1 with
- *       "error TEXT\n" when nothing was started).
+ *       "error TEXT\n" when nothing was started). With --reap (a container whose PID 1 may reap nothing)
+ *       it stays instead, a child subreaper with no output of its own, until it has reaped the holder and
+ *       everything orphaned below it.
  *       --setenv is for the program only (Tether's process marker: the holder must not carry it).
  *   tether-holder attach DIR     relays stdin/stdout to DIR/sock, bytes unchanged (for a `docker exec`
  *                                without a terminal, whose stdin docker never scans for detach keys).
@@ -654,8 +656,37 @@ static unsigned long long start_time_of(pid_t pid) {
     return p ? strtoull(p, NULL, 10) : 0;
 }
 
+/* The one-letter state of /proc/PID/stat ('R', 'S', 'Z', ...), or 0 when there is no such process. */
+static char state_of(pid_t pid) {
+    char path[64], stat[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, stat, sizeof stat - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    stat[n] = 0;
+    char *p = strrchr(stat, ')');
+    return p && p[1] == ' ' ? p[2] : 0;
+}
+
+/* The starter with --reap: the holder and whatever is orphaned below it become its children (it is a
+   subreaper), and it reaps them until none is left. A container's PID 1 that reaps nothing (`sleep`) would
+   otherwise keep each of them as a zombie: one for every session, more for killed trees. */
+static int reap_all(void) {
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull >= 0) { dup2(devnull, 0); dup2(devnull, 1); dup2(devnull, 2); }
+    for (;;) {
+        pid_t pid = waitpid(-1, NULL, 0);
+        if (pid < 0 && errno == ECHILD) return 0;
+    }
+}
+
 static int serve(int argc, char **argv) {
     const char *cwd = NULL;
+    int reap = 0;
     char *setenvs[16];
     int setenv_count = 0;
     unsigned cols = 80, rows = 24;
@@ -663,6 +694,7 @@ static int serve(int argc, char **argv) {
     dir = argv[i++];
     for (; i < argc; i++) {
         if (!strcmp(argv[i], "--")) { i++; break; }
+        if (!strcmp(argv[i], "--reap")) { reap = 1; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "error %s needs a value\n", argv[i]); return 2; }
         if (!strcmp(argv[i], "--ring")) ring_size = strtoul(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--cols")) cols = (unsigned)strtoul(argv[++i], NULL, 10);
@@ -708,6 +740,8 @@ static int serve(int argc, char **argv) {
 
     int ready[2];
     if (pipe2(ready, O_CLOEXEC) != 0) { printf("error pipe: %s\n", strerror(errno)); return 1; }
+    /* With --reap, the holder (orphaned when the first child goes) becomes ours to reap. */
+    if (reap && prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) { printf("error cannot be a subreaper: %s\n", strerror(errno)); return 1; }
     fflush(stdout);
     pid_t first = fork();
     if (first < 0) { printf("error fork: %s\n", strerror(errno)); return 1; }
@@ -721,7 +755,10 @@ static int serve(int argc, char **argv) {
         waitpid(first, NULL, 0);
         if (at == 0) { printf("error the holder ended before it was ready\n"); return 1; }
         fputs(text, stdout);
-        return strncmp(text, "holder ", 7) == 0 ? 0 : 1;
+        int started = strncmp(text, "holder ", 7) == 0;
+        fflush(stdout);
+        if (started && reap) return reap_all();
+        return started ? 0 : 1;
     }
     /* the first child: a new session, then the holder is its child, so no terminal can hang it up */
     close(ready[0]);
@@ -860,11 +897,13 @@ static int holder_state(char *text, size_t size) {
     text[m > 0 ? m : 0] = 0;
     int pid = 0;
     unsigned long long started = 0;
-    return sscanf(text, "holder %d %llu", &pid, &started) == 2 && pid > 0 && start_time_of(pid) == started;
+    if (sscanf(text, "holder %d %llu", &pid, &started) != 2 || pid <= 0 || start_time_of(pid) != started) return 0;
+    char state = state_of(pid);
+    return state != 'Z' && state != 'X';  /* killed, and not reaped (a PID 1 that reaps nothing): not alive */
 }
 
 /* "exit" with the record once the program has ended; "running holder ..." while its holder is alive (the
-   pid's start time still matches); "gone" when the holder is not; "none" when nothing was started here. */
+   pid's start time still matches, and it is no zombie); "gone" when the holder is not; "none" when nothing was started here. */
 static int status(int argc, char **argv) {
     if (argc < 1) return 2;
     dir = argv[0];

@@ -126,24 +126,28 @@ async def _run(api: docker.APIClient, container: str, argv: list[str], stdin: by
     return await _start(api, created["Id"], stdin)
 
 
-async def _start(api: docker.APIClient, exec_id: str, stdin: bytes = b"") -> str:
-    """Start a created exec, write ``stdin``, and read its stdout to the end, as text."""
+async def _start(api: docker.APIClient, exec_id: str, stdin: bytes = b"", *, one_line: bool = False) -> str:
+    """Start a created exec, write ``stdin``, and read its stdout to the end, as text; with ``one_line``, up to
+    its first line (the exec goes on: closing the connection does not end it)."""
 
     def run() -> str:
         if not stdin:
             return api.exec_start(exec_id).decode(errors="replace")
         conn = api.exec_start(exec_id, socket=True)
         sock = getattr(conn, "_sock", conn)
+        raw = bytearray()
         try:
             sock.settimeout(30)
             sock.sendall(stdin)
-            chunks = []
             while chunk := sock.recv(65536):
-                chunks.append(chunk)
+                raw += chunk
+                if one_line and b"\n" in _split(raw)[0]:
+                    break
         finally:
             with contextlib.suppress(OSError):
                 sock.close()
-        return _split(b"".join(chunks))[0].decode(errors="replace")
+        out = _split(raw)[0].decode(errors="replace")
+        return out.split("\n", 1)[0] + "\n" if one_line and "\n" in out else out
 
     return await asyncio.to_thread(run)
 
@@ -158,7 +162,9 @@ async def spawn_held(
     place = f"{ROOT}/s-{tags.marker}"
     secret = secrets.token_hex(24)
     ring = ring_bytes()
-    argv = [holder, "serve", place, "--cols", str(spec.cols), "--rows", str(spec.rows), "--ring", str(ring)]
+    # --reap: serve stays, the parent that reaps the holder and whatever is orphaned below it (a container's
+    # PID 1 often reaps nothing, and each of them would stay a zombie).
+    argv = [holder, "serve", place, "--cols", str(spec.cols), "--rows", str(spec.rows), "--ring", str(ring), "--reap"]
     for name in PROGRAM_ONLY:
         if name in env:
             argv += ["--setenv", f"{name}={env[name]}"]
@@ -175,7 +181,7 @@ async def spawn_held(
         if before_start is not None:
             # Kept before anything can run: recovery finds the holder (or the unstarted exec) from it.
             await before_start(dict(handle))
-        text = await _start(api, created["Id"], f"{secret}\n".encode())
+        text = await _start(api, created["Id"], f"{secret}\n".encode(), one_line=True)
     except APIError as error:
         raise SpawnError(f"docker could not start the session holder in {container!r}: {error.explanation}") from None
     except ENGINE_ERRORS as error:
@@ -222,10 +228,16 @@ async def attach_held(api: docker.APIClient, handle: dict, since: int = 0) -> He
         with contextlib.suppress(BackendError, *ENGINE_ERRORS):
             await _run(api, container, [holder["binary"], "forget", holder["dir"]])
 
-    process = HeldProcess(
-        handle, session, attached, reconnect=connect, read_record=read_record, end_tree=end, forget=forget
-    )
-    return process
+    async def alive() -> bool:
+        try:
+            return (await status(api, handle)).startswith("running")
+        except (BackendError, *ENGINE_ERRORS):
+            return True  # not known to be gone
+
+    return HeldProcess(
+        handle, session, attached, reconnect=connect, read_record=read_record, end_tree=end, forget=forget,
+        holder_alive=alive,
+    )  # fmt: skip
 
 
 class RelayLink:

@@ -221,8 +221,11 @@ class HeldProcess(Process):
         read_record: Callable[[], Awaitable[Exit | None]],
         end_tree: Callable[[float], Awaitable[None]],
         forget: Callable[[], Awaitable[None]],
+        holder_alive: Callable[[], Awaitable[bool]],
     ):
         self.handle = handle
+        self._holder_alive = holder_alive
+        self._link_lost = ""  # why the link to the holder is gone for good (attaching again failed)
         self._session = session
         self._reconnect = reconnect
         self._read_record = read_record
@@ -296,6 +299,7 @@ class HeldProcess(Process):
             await self._session.link.close()
             self._session = session
             return None
+        self._link_lost = why
         raise BackendError(f"the holder's link is gone: {why}")
 
     def _output(self, payload: bytes) -> bytes:
@@ -325,12 +329,27 @@ class HeldProcess(Process):
         while not self._ended.is_set():
             if (exit := await self._read_record()) is not None:
                 return exit
+            if self._link_lost and not await self._holder_alive():
+                await self._after_holder_died()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ended.wait(), RECORD_POLL_SECONDS)
         exit = self._exit or await self._read_record()
         if exit is None:
             raise BackendError("the holder's link ended before the program did, and it left no record")
         return exit
+
+    async def _after_holder_died(self) -> None:
+        """The holder died (killed from outside) without a record: nobody can observe the program any more, so
+        what still carries the session's marker (a background job the hang-up did not end) is ended, and the
+        end is not known (raises)."""
+        if (await self._read_record()) is not None:
+            return  # it recorded the end just before it went: read on the next turn
+        gone = "the session holder is gone and left no exit record"
+        try:
+            await self._end_tree(1.0)
+        except BackendError as error:
+            raise BackendError(f"{gone}; ending what it left failed: {error}") from None
+        raise BackendError(f"{gone}; what carried the session's marker was ended")
 
     async def terminate(self, grace: float = 2.0) -> Exit | None:
         """The holder ends the program's session (HUP, TERM, then KILL after ``grace``); then whatever left

@@ -97,9 +97,13 @@ async def attach_held(handle: dict, since: int = 0) -> HeldProcess:
     async def forget() -> None:
         await asyncio.to_thread(shutil.rmtree, holder["dir"], True)
 
+    async def alive() -> bool:
+        return holder_alive(handle)
+
     return HeldProcess(
-        handle, session, attached, reconnect=connect, read_record=read_record, end_tree=end_tree, forget=forget
-    )
+        handle, session, attached, reconnect=connect, read_record=read_record, end_tree=end_tree, forget=forget,
+        holder_alive=alive,
+    )  # fmt: skip
 
 
 def read_exit_record(handle: dict) -> Exit | None:

@@ -159,8 +159,10 @@ class SessionHost:
         log.info("execution %s %s: %s", execution.pk, execution.state, execution.outcome_label)
         if live.viewer or live.observers:
             asked = await db(actions.closed_by)(execution.pk) if live.handled_request else {}
-            reason = live.ended_for or Reason.EXITED
-            told = Exited.of(execution, reason=reason, generation=live.generation, epoch=live.token, asked=asked)
+            # The outcome's reason, not the one we ended it for: an end not observed is controller_lost (4014).
+            told = Exited.of(
+                execution, reason=outcome.close_reason, generation=live.generation, epoch=live.token, asked=asked
+            )
             await self.outbox.to_all(live, told)
         if live.session_id and reset and execution.state == State.COMPLETED:
             # The reset's next generation is pending (settle_execution started it): claim it, tell the viewer.
