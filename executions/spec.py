@@ -45,6 +45,9 @@ class ExecutionSpec:
         values = {**defaults, **{k: v for k, v in options.items() if v is not None}}
         spec = cls(argv=tuple(argv), **values)
         spec.validate()
+        if spec.cwd and not spec.cwd.startswith("/"):
+            # Relative to nothing on the machine (a docker engine refuses it only once the worker starts it).
+            raise SpecError(f"cwd: must be an absolute path, got {spec.cwd!r}")
         return spec
 
     @classmethod

@@ -188,6 +188,12 @@ async def spawn_held(
         raise BackendError(f"the engine failed while starting the session holder: {error}") from None
     if text.startswith("error "):
         raise SpawnError(text.removeprefix("error ").strip())
+    if not text.startswith("holder "):
+        # The engine's own refusal (a working directory not in the container, ...) comes as the exec's output.
+        # Docker keeps the pid of every exec that started: none is proof that nothing ran.
+        info = await exec_state(api, created["Id"])
+        if info and not info.get("Pid") and not info.get("Running"):
+            raise SpawnError(f"docker refused to start the shell: {text.strip() or 'no answer'}")
     started = parse_started(text)
     handle["holder"] |= {"pid": started.holder_pid, "program": started.pid}
     return await attach_held(api, handle)

@@ -81,3 +81,27 @@ async def test_an_offset_past_the_end_is_refused_with_where_the_output_ends(stac
         assert final["next"] == final["end"] and final["lost"] == 0 and final["data"]
         past = await api.get(f"/terminals/{session}/output", params={"since": final["end"] + 1})
         assert (past.status_code, past.json()["end"]) == (416, final["end"])
+
+
+async def test_a_working_directory_the_machine_cannot_have_is_refused_or_ends_never_started(stack, place, operator):
+    machine = await sync_to_async(place)("docker")
+    async with client(stack, await token(operator, "read", "run")) as api:
+        spec = {"scope": "edges", "id": "relative", "machine": machine.name, "argv": ["pwd"], "cwd": "relative/dir"}
+        refused = await api.post("/executions", json=spec)
+        # Was 201, then unknown/controller_lost once the engine refused it: the machine blocked until resolved.
+        assert refused.status_code == 422 and refused.json()["code"] == "validation_error", refused.text
+        assert "absolute" in refused.json()["detail"]
+
+        # Absolute, but not in the container: the engine refuses it before anything starts.
+        spec |= {"id": "missing", "cwd": "/no/such/dir"}
+        pk = (await api.post("/executions", json=spec)).json()["execution"]["id"]
+        done = (await api.get(f"/executions/{pk}/await", params={"timeout": 30})).json()
+        assert done["final"] and done["execution"]["state"] == "completed", done
+        assert done["execution"]["evidence"] in ("spawn_failed", "never_started"), done
+
+        # The slot is free: the next command runs.
+        spec |= {"id": "after", "cwd": "/tmp"}
+        pk = (await api.post("/executions", json=spec)).json()["execution"]["id"]
+        done = (await api.get(f"/executions/{pk}/await", params={"timeout": 30})).json()
+        assert (done["execution"]["state"], done["execution"]["exit_code"]) == ("completed", 0), done
+        assert (await api.get(f"/executions/{pk}/output")).json()["text"] == "/tmp\r\n"  # a terminal's line end
