@@ -23,6 +23,7 @@ from collections.abc import Callable
 from channels.db import database_sync_to_async as db
 from channels.layers import get_channel_layer
 
+from executions.models import Backend, Machine
 from terminals.models import TerminalSession
 from terminals.owner_client import OwnerClient, owner_of_session
 
@@ -37,6 +38,10 @@ class ViewerLost(Exception):
     """No worker answered for the session in time."""
 
 
+def _backend_of(machine_pk: int) -> str:
+    return Machine.objects.values_list("backend", flat=True).get(pk=machine_pk)
+
+
 class LayerViewer:
     """A viewer of one session over the channel layer, through the same OwnerClient as the WebSocket consumer."""
 
@@ -45,6 +50,8 @@ class LayerViewer:
         self.layer = get_channel_layer()
         self.output = bytearray()
         self.seq = 0
+        self.attached: dict = {}  # the last attach's answer
+        self.backend = ""
 
     async def attach(self, timeout: float = 45.0) -> dict:
         """Attach to whichever worker holds the session, following it when it moves (an adoption)."""
@@ -61,6 +68,8 @@ class LayerViewer:
                 except TimeoutError:
                     continue  # nobody there any more (its worker stopped or died): look again
                 if answer["type"] == "terminal.attached":
+                    self.attached = answer
+                    self.backend = await db(_backend_of)(self.session.machine_id)
                     return answer
             await asyncio.sleep(0.2)
         raise ViewerLost(f"no worker took session {self.session.pk} within {timeout:.0f}s")
@@ -222,12 +231,20 @@ async def console(viewer: LayerViewer, say: Callable[[str], None], *, queries_an
             loop.remove_reader(fd)
 
 
+def _what_stays(viewer: LayerViewer) -> str:
+    """What becomes of the shell once this demo's worker stops, as its attach said."""
+    if ends := viewer.attached.get("ends_with_worker"):
+        return f"the shell ends with it ({ends})"
+    keeper = "its tmux server" if viewer.backend == Backend.TMUX else "its session holder"
+    return f"the shell stays, held by {keeper}, for the next worker to adopt"
+
+
 async def _command(viewer: LayerViewer, line: str, tell: Callable[[str], None]) -> bool:
     """Carry out one ``:`` command; True when the console should end."""
     command, *args = line.split()
     if command == ":close":
         await viewer.detach()
-        tell("\n[detached; this demo's worker stops: a tmux shell stays for the next worker to adopt]")
+        tell(f"\n[detached; this demo's worker stops: {_what_stays(viewer)}]")
         return True
     if command == ":resize" and len(args) == 2 and all(arg.isdigit() for arg in args):
         await viewer.resize(int(args[0]), int(args[1]))

@@ -90,12 +90,12 @@ def test_demo_on_docker_without_the_holder_interrupt_then_unknown_is_resolved(tm
     assert "no longer exists" in out
 
 
-def shell_session(data_dir: Path, *lines: str) -> str:
+def shell_session(data_dir: Path, *lines: str, backend: str = "tmux", env: dict | None = None) -> str:
     """The shell phase fed ``lines`` as a slow typist would (the first once the shell is up)."""
     shell = subprocess.Popen(
-        [sys.executable, "manage.py", "terminal_demo", "shell", "--backend", "tmux"],
-        cwd=ROOT, env=demo_env(data_dir), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True,
+        [sys.executable, "manage.py", "terminal_demo", "shell", "--backend", backend],
+        cwd=ROOT, env={**demo_env(data_dir), **(env or {})}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
         time.sleep(4)  # Django, the in-process worker and the shell come up
@@ -236,3 +236,15 @@ def test_demo_shell_is_a_line_console_with_resize_interrupt_and_close(tmp_path):
     # The detached shell stays in tmux for a next worker; this test has none: remove it.
     socket = json.loads((tmp_path / "terminal-demo.json").read_text())["machine"]
     subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+
+
+def test_demo_close_says_what_becomes_of_a_docker_shell(tmp_path):
+    """It said "a tmux shell stays for the next worker to adopt" of every shell."""
+    held = shell_session(tmp_path, "echo held-$((2*2))", ":close", backend="docker")
+    assert "held-4" in held and "the shell stays, held by its session holder, for the next worker" in held
+    assert "tmux" not in held.split("held-4", 1)[1]
+    demo("delete", tmp_path)
+    plain = shell_session(tmp_path / "plain", "echo plain-$((2*3))", ":close", backend="docker",
+                          env={"TETHER_HOLDER": "0"})  # fmt: skip
+    assert "plain-6" in plain and "the shell ends with it (" in plain, plain
+    demo("delete", tmp_path / "plain", env={"TETHER_HOLDER": "0"})
