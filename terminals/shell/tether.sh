@@ -34,7 +34,14 @@ if [ -n "$__tether_nonce" ]; then
     __tether_b() {
         printf '\033]133;B;tether=%s\007' "$__tether_nonce"
     }
-    PS1='$(__tether_a $?)'"${PS1-\$ }"'$(__tether_b)'
+    # busybox ash counts every character of the prompt as taking a column unless it is between \[ and \]
+    # (its "fancy prompt"): without them it wrapped a typed line early for any client that does not
+    # answer its cursor query (ESC [6n) with where the prompt really ended. dash knows no \[ and would
+    # print it, and takes the marks as they are.
+    case $(readlink "/proc/$$/exe" 2>/dev/null) in
+    *busybox*) PS1='\[$(__tether_a $?)\]'"${PS1-\$ }"'\[$(__tether_b)\]' ;;
+    *) PS1='$(__tether_a $?)'"${PS1-\$ }"'$(__tether_b)' ;;
+    esac
 else
     unset __tether_nonce
 fi

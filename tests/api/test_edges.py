@@ -4,6 +4,7 @@ no output has reached, a working directory the engine refuses."""
 from __future__ import annotations
 
 import asyncio
+import base64
 
 import httpx
 import pytest
@@ -105,3 +106,27 @@ async def test_a_working_directory_the_machine_cannot_have_is_refused_or_ends_ne
         done = (await api.get(f"/executions/{pk}/await", params={"timeout": 30})).json()
         assert (done["execution"]["state"], done["execution"]["exit_code"]) == ("completed", 0), done
         assert (await api.get(f"/executions/{pk}/output")).json()["text"] == "/tmp\r\n"  # a terminal's line end
+
+
+async def test_a_typed_line_echoes_on_one_row_for_a_client_that_answers_no_cursor_query(stack, place, operator):
+    """busybox sh (docker) counted the prompt's invisible marks as columns, so for a client that does not
+    answer ESC [6n (an API client, a script) the echo of a typed line broke mid-line with \\r\\r\\n."""
+    machine = await sync_to_async(place)("docker")
+    async with client(stack, await token(operator, "terminals")) as api:
+        session = (await api.post("/terminals", json={"machine": machine.name})).json()["terminal"]["id"]
+        since, seen = 0, b""
+        for _ in range(150):  # the first prompt (its marks end with the prompt's B mark)
+            read = (await api.get(f"/terminals/{session}/output", params={"since": since, "wait": 0.2})).json()
+            since, seen = read["next"], seen + base64.b64decode(read["data"])
+            if b"\x1b]133;B" in seen:
+                break
+        line = "echo " + "x" * 60  # with the prompt ("/ # "), well inside 80 columns
+        typed = await api.post(f"/terminals/{session}/input", json={"seq": 1, "data": line})
+        assert typed.status_code == 200, typed.text
+        echoed = b""
+        for _ in range(50):
+            read = (await api.get(f"/terminals/{session}/output", params={"since": since, "wait": 0.2})).json()
+            since, echoed = read["next"], echoed + base64.b64decode(read["data"])
+            if echoed.count(b"x") >= 60:
+                break
+        assert b"x" * 60 in echoed and b"\r\r\n" not in echoed, echoed
