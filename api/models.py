@@ -92,7 +92,8 @@ class ApiCall(models.Model):
 
 
 class InputState(models.TextChoices):
-    SENDING = "sending"  # given to the owner; not yet confirmed written
+    SENDING = "sending"  # given to the owner; not taken by it yet (until then, it can be given up)
+    TAKEN = "taken"  # the owner took it to write it: from here on it may have been written
     WRITTEN = "written"
 
 

@@ -227,16 +227,24 @@ async def terminal_input(request, session_id: uuid.UUID, body: InputIn):
             "(read the output to see whether it arrived)",
         )
     viewer = f"api:{token.pk}:{body.client}"
+    by = token.user.get_username()
     try:
-        answer = await ask(owner, InputMessage, viewer=viewer, data=data, seq=body.seq, by=token.user.get_username())
+        answer = await ask(owner, InputMessage, viewer=viewer, data=data, seq=body.seq, by=by, claim=claim.pk)
     except NotSent as error:  # it never left (Redis away): nothing was written, so the number is free again
         await db(ApiInput.objects.filter(pk=claim.pk).delete)()
         text = f"could not reach the worker ({type(error).__name__}); send the same seq again"
         raise ApiProblem("owner_unavailable", text, retry_after=1) from None
     if answer is None:
+        # No answer: given up here unless the owner took it first (one of the two wins the row). Not taken,
+        # it can never be written (a worker that wakes later finds it given up): the number is free again.
+        given_up, _ = await db(ApiInput.objects.filter(pk=claim.pk, state=InputState.SENDING).delete)()
+        if given_up:
+            text = "no worker answers for the shell right now (it may be changing hands); send the same seq again"
+            raise ApiProblem("owner_unavailable", text, retry_after=1)
         raise ApiProblem(
             "input_unconfirmed",
-            f"the worker did not confirm input {body.seq}; it may have been written, and is not written again",
+            f"the worker took input {body.seq} and did not confirm it; it may have been written, and is not "
+            "written again",
         )
     if answer.get("ok"):
         await db(ApiInput.objects.filter(pk=claim.pk).update)(state=InputState.WRITTEN)

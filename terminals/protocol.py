@@ -279,6 +279,7 @@ class ApiInput(ToOwner):
     data: bytes = b""
     seq: int = 0
     by: str = ""  # the person the token belongs to: another person's open window refuses it
+    claim: int = 0  # the number's record, taken (terminals.signals.api_input_taken) before it is written
 
 
 @dataclass(frozen=True, slots=True)

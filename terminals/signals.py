@@ -8,12 +8,17 @@ import logging
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.contrib.auth.signals import user_logged_out
-from django.dispatch import receiver
+from django.dispatch import Signal, receiver
 
 from executions.signals import execution_submitted
 from terminals.wake import wake_workers
 
 log = logging.getLogger(__name__)
+
+# Sent by the owner worker (on its database thread) before it writes an API client's numbered input, with
+# ``claim`` (the number's record). A receiver answering False means it must not be written: the client was
+# told it was never written, and may send it again.
+api_input_taken = Signal()
 
 
 @receiver(execution_submitted)

@@ -52,6 +52,7 @@ from terminals.protocol import (
     Watchers,
     decode_to_owner,
 )
+from terminals.signals import api_input_taken
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,13 @@ class Outbox:
         """Tell the writer and the observers who watches now."""
         said = tuple(observer.said() for observer in live.observers.values())
         await self.to_all(live, Watchers(said, live.token))
+
+
+def _taken(claim: int) -> bool:
+    """Whether the API input numbered by ``claim`` is ours to write (exactly one taker, or its sender giving
+    it up, wins)."""
+    answers = api_input_taken.send(sender=ViewerService, claim=claim)
+    return bool(answers) and all(answer for _, answer in answers)
 
 
 class ViewerService:
@@ -395,6 +403,11 @@ class ViewerService:
             return
         key = (message.viewer, int(message.seq))
         if key not in live.api_written:
+            if message.claim and not await db(_taken)(message.claim):
+                # Given up by its sender (no answer came in time): it was told nothing was written.
+                text = "this input was given up before it was taken; send it again"
+                await self.outbox.send(message.reply, Done(False, ErrorCode.NOT_HELD, text))
+                return
             live.api_written[key] = True
             while len(live.api_written) > 4096:  # the oldest go: a retry comes within seconds, not hours
                 live.api_written.pop(next(iter(live.api_written)))

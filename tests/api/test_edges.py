@@ -11,6 +11,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from api.tokens import create_token
+from tests.bridge.harness import Stack
 
 pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
 
@@ -130,3 +131,61 @@ async def test_a_typed_line_echoes_on_one_row_for_a_client_that_answers_no_curso
             if echoed.count(b"x") >= 60:
                 break
         assert b"x" * 60 in echoed and b"\r\r\n" not in echoed, echoed
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+async def test_input_sent_while_the_worker_is_dead_is_503_and_the_same_seq_is_written_once_later(
+    place, operator, backend
+):
+    """After a SIGKILL of the worker holding a shell, numbered input got 409 input_unconfirmed, and that seq
+    (and the next) were never written: retries got 409 too. It was provably never written (nobody took it),
+    so it is 503 owner_unavailable, and the same seq is written once a worker holds the shell again."""
+    stack = Stack()
+    stack.extra_env |= {"TETHER_RECOVERY_SECONDS": "1"}
+    try:
+        await sync_to_async(stack.start)(backend)
+        machine = await sync_to_async(place)(backend)
+        async with client(stack, await token(operator, "terminals")) as api:
+            session = (await api.post("/terminals", json={"machine": machine.name})).json()["terminal"]["id"]
+            for _ in range(100):  # once a worker holds the new shell
+                first_keys = await api.post(f"/terminals/{session}/input", json={"seq": 1, "data": "echo up\n"})
+                if first_keys.status_code != 503:
+                    break
+                await asyncio.sleep(0.1)
+            assert first_keys.status_code == 200, first_keys.text
+            await read_until(api, session, b"up\r\n")
+            first = stack.workers[0]
+            first.kill()
+            await sync_to_async(first.wait)()
+            keys = {"seq": 20, "data": "echo seq-$((10+10))\n"}
+            refused = await api.post(f"/terminals/{session}/input", json=keys)
+            assert refused.status_code == 503 and refused.json()["code"] == "owner_unavailable", refused.text
+            await sync_to_async(stack.start_worker)(backend)
+            statuses = [refused.status_code]
+            for _ in range(60):
+                answer = await api.post(f"/terminals/{session}/input", json=keys)
+                statuses.append(answer.status_code)
+                if answer.status_code == 200:
+                    break
+                assert answer.status_code == 503, answer.text  # never 409: it was never written
+                await asyncio.sleep(0.5)
+            assert answer.json() == {"written": True, "repeated": False, "seq": 20}, statuses
+            again = await api.post(f"/terminals/{session}/input", json=keys)
+            assert again.json() == {"written": True, "repeated": True, "seq": 20}
+            output = await read_until(api, session, b"seq-20\r\n")
+            assert output.count(b"seq-20\r\n") == 1
+    finally:
+        await sync_to_async(stack.stop)()
+
+
+async def read_until(api: httpx.AsyncClient, session: str, needle: bytes, timeout: float = 30) -> bytes:
+    """The shell's output from its start until ``needle`` (held shells keep their offsets across owners)."""
+    seen, since = b"", 0
+    deadline = asyncio.get_running_loop().time() + timeout
+    while needle not in seen:
+        assert asyncio.get_running_loop().time() < deadline, seen[-500:]
+        read = await api.get(f"/terminals/{session}/output", params={"since": since, "wait": 1})
+        if read.status_code == 503:
+            continue
+        since, seen = read.json()["next"], seen + base64.b64decode(read.json()["data"])
+    return seen
