@@ -116,6 +116,9 @@ class LiveProcess:
     # (API client, seq) of the API input written lately: a repeated delivery is not written twice.
     api_written: dict[tuple[str, int], bool] = field(default_factory=dict)
     prompt_shown_at: float | None = None  # when a POSIX shell's last prompt ended (its B mark), our clock
+    # API clients reading the output by offset: client -> (the offset it asked from, when, our clock). Like a
+    # viewer that just went away, each holds the output back for the reconnect grace after its last read.
+    readers: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.flow_open.set()
@@ -149,7 +152,7 @@ class LiveProcess:
         quick reconnect resumes with no gap; after that the session runs free and the bounded
         buffer keeps only the tail (a reconnect is then told how much was lost).
         """
-        in_flight = self.in_flight()
+        in_flight = self.buffer.end - held_at if (held_at := self._held_back_at()) is not None else 0
         high, low = settings.TETHER_FLOW_HIGH_BYTES, settings.TETHER_FLOW_LOW_BYTES
         if self.budget is not None:
             if in_flight > 0 and self.viewer is not None and not self.closing:  # in the shared pipes now
@@ -162,15 +165,32 @@ class LiveProcess:
             # Ending on purpose: read on to EOF, whoever is (not) acknowledging, so the supervisor sees the
             # end; a viewer that has gone acknowledges nothing, and a closed window would wait for it.
             self.flow_open.set()
-        elif self.viewer is None and (
-            self.viewer_gone_at is None
-            or time.monotonic() - self.viewer_gone_at >= settings.TETHER_RECONNECT_GRACE_SECONDS
-        ):
+        elif held_at is None:
             self.flow_open.set()
         elif in_flight >= high:
             self.flow_open.clear()
         elif in_flight <= low:
             self.flow_open.set()
+
+    def _held_back_at(self) -> int | None:
+        """The offset output waits at: the least of the writer's acknowledgement (while it views, or for the
+        grace after it left) and the offsets API readers asked from within the grace; None: it runs free."""
+        now, grace = time.monotonic(), settings.TETHER_RECONNECT_GRACE_SECONDS
+        self.readers = {client: read for client, read in self.readers.items() if now - read[1] < grace}
+        held = [offset for offset, _ in self.readers.values()]
+        if self.viewer is not None or (self.viewer_gone_at is not None and now - self.viewer_gone_at < grace):
+            held.append(self.acked)
+        return min(held) if held else None
+
+    def unread_from(self) -> int | None:
+        """The least offset an API reader asked from within the grace (what it has yet to read starts there)."""
+        self._held_back_at()  # forgets the readers past the grace
+        return min((offset for offset, _ in self.readers.values()), default=None)
+
+    def read_by(self, client: str, since: int) -> None:
+        """An API client read from ``since``: it has what came before, and holds back what comes after."""
+        self.readers[client] = (max(self.buffer.start, min(since, self.buffer.end)), time.monotonic())
+        self.update_flow()
 
     def forget_flow(self) -> None:
         """No longer held: its share of the worker's budget goes back to the others."""

@@ -386,6 +386,7 @@ class ViewerService:
         size = min(max(int(message.size), 0), OUTPUT_MESSAGE_BYTES)
         async with live.send_lock:
             first, data, lost = live.buffer.since(max(int(message.since), 0))
+            live.read_by(message.viewer, first)
             peeked = Peeked(
                 offset=first,
                 data=data[:size],
