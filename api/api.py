@@ -138,7 +138,13 @@ def _resolve_refused(request, error: ResolveRefused):
 
 @api.exception_handler(SlotTaken)
 def _slot(request, error: SlotTaken):
-    return _as("slot_taken", error, held_by=error.holder_label, held_state=error.holder_state)
+    from api.executions import visible  # (a router module: it registers on ``api``)
+
+    token = getattr(request, "auth", None)
+    if token is not None and visible(token).filter(pk=error.holder_pk).exists():
+        return _as("slot_taken", error, held_by=error.holder_label, held_state=error.holder_state)
+    # Another user's: said as such, never by its name (scope and id are theirs).
+    return problem_response(ApiProblem("slot_taken", error.unnamed(), held_state=error.holder_state))
 
 
 @api.exception_handler(TransitionRefused)

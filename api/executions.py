@@ -13,8 +13,9 @@ from django.conf import settings
 from django.db.models import Q
 from ninja import Field, Query, Router, Schema, Status
 
-from api.auth import need
-from api.models import Scope
+from access.policy import Do, may, reach_of
+from api.auth import need, usable
+from api.models import ApiToken, Scope
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem
 from executions import actions as exec_actions
@@ -24,7 +25,6 @@ from executions.models import ENDED_STATES, FINAL_STATES, Execution, Machine, Ma
 from executions.presenters import execution_json
 from executions.spec import ExecutionSpec, SpecError
 from terminals.actions import request_process_action
-from terminals.actions.permissions import may_use_machine
 from terminals.owner_client import owner_of_execution
 from terminals.protocol import MAX_INTEGER, Peek
 from terminals.resolution import resolve
@@ -48,18 +48,20 @@ class MachineOut(Schema):
     backend: str
     state: str
     scope: str
+    role: str = Field(description="Your role on it: watch, use or operate (docs/access.md)")
+    labels: dict[str, str]
     busy: bool = Field(description="Its command slot is held (a command or a terminal runs there)")
 
 
-@router.get("/machines", response=list[MachineOut], tags=["machines"], summary="Machines you may use")
+@router.get("/machines", response=list[MachineOut], tags=["machines"], summary="Machines you may reach")
 def machines(request):
-    need(request, Scope.READ)
-    found = Machine.objects.exclude(state=MachineState.DELETED).order_by("name")
+    token = need(request, Scope.READ)
+    reach = reach_of(token)
     return [
-        {"name": m.name, "backend": m.backend, "state": m.state, "scope": m.scope, "busy": bool(m.active_execution_id)}
-        for m in found
-        if may_use_machine(request.auth.user, m)
-    ]
+        {"name": m.name, "backend": m.backend, "state": m.state, "scope": m.scope, "role": reach.role(m),
+         "labels": m.labels or {}, "busy": bool(m.active_execution_id)}
+        for m in reach.machines(Do.SEE)
+    ]  # fmt: skip
 
 
 # --- executions ------------------------------------------------------------------------------------
@@ -94,17 +96,39 @@ def execution_out(execution: Execution) -> dict:
     return {"id": execution.pk, **data}
 
 
-def visible(user):
-    """The executions this user may see: those they asked for and their own shells'; all of them for staff
-    with the permission to view executions."""
+def namespace_of(token) -> str:
+    """Where the (scope, id) a token's user submits live: theirs alone."""
+    return f"user:{token.user_id}"
+
+
+def visible(token):
+    """The executions a token may see: its user's own commands and shells on machines it still reaches; for
+    staff with the permission to view executions, every one on those machines."""
     executions = Execution.objects.select_related("machine", "resolved_by")
-    if user.is_staff and user.has_perm("executions.view_execution"):
+    user = token.user
+    if user.is_staff and user.has_perm("executions.view_execution") and token_allows_all(token):
         return executions
-    return executions.filter(Q(requested_by=user) | Q(terminal_session__user=user))
+    reached = [machine.pk for machine in reach_of(token).machines(Do.SEE)]
+    if not (user.is_staff and user.has_perm("executions.view_execution")):
+        executions = executions.filter(Q(requested_by=user) | Q(terminal_session__user=user))
+    return executions.filter(machine__in=reached)
+
+
+def token_allows_all(token) -> bool:
+    return not (token.machines or token.labels)
+
+
+def still(request) -> None:
+    """Between the turns of a long poll: the token may have been revoked or its user's access taken away
+    meanwhile; then the poll ends at once with that answer (and delivers nothing printed after)."""
+    token = ApiToken.objects.select_related("user").get(pk=request.auth.pk)
+    if (problem := usable(token)) is not None:
+        raise problem
+    request.auth = token
 
 
 def _mine(request, pk: int) -> Execution:
-    execution = visible(request.auth.user).filter(pk=pk).first()
+    execution = visible(request.auth).filter(pk=pk).first()
     if execution is None:
         raise ApiProblem("not_found", f"no execution {pk} of yours")
     return execution
@@ -132,7 +156,6 @@ class SubmitOut(Schema):
 @router.post("/executions", response={200: SubmitOut, 201: SubmitOut}, summary="Submit a command (idempotent)")
 def submit(request, body: SubmitIn):
     token = need(request, Scope.RUN)
-    user = token.user
     try:
         spec = ExecutionSpec.build(
             body.argv,
@@ -146,10 +169,9 @@ def submit(request, body: SubmitIn):
         )
     except SpecError as error:
         raise ApiProblem("validation_error", str(error)) from None
-    existing = exec_actions.find_execution(body.scope, body.id)
+    namespace = namespace_of(token)
+    existing = exec_actions.find_execution(body.scope, body.id, namespace)
     if existing is not None:
-        if not visible(user).filter(pk=existing.pk).exists():
-            raise ApiProblem("identity_conflict", f"{body.scope}/{body.id} names another user's execution")
         if existing.spec_digest != spec.digest or existing.machine.name != body.machine:
             raise ApiProblem(
                 "identity_conflict",
@@ -160,27 +182,26 @@ def submit(request, body: SubmitIn):
                 execution=existing.pk,
             )
     machine = Machine.objects.filter(name=body.machine).exclude(state=MachineState.DELETED).first()
-    if machine is None or not may_use_machine(user, machine):
+    if machine is None or not may(token, Do.USE, machine):
         raise ApiProblem("not_found", f"no machine {body.machine!r} you may use")
     execution, created = exec_actions.submit_execution(
-        scope=body.scope, execution_id=body.id, machine_name=machine.name, spec=spec, actor=actor_of(token)
-    )
-    if not created and not visible(user).filter(pk=execution.pk).exists():  # another user's, submitted meanwhile
-        raise ApiProblem("identity_conflict", f"{body.scope}/{body.id} names another user's execution")
+        scope=body.scope, execution_id=body.id, machine_name=machine.name, spec=spec, actor=actor_of(token),
+        namespace=namespace,
+    )  # fmt: skip
     return Status(201 if created else 200, {"created": created, "execution": execution_out(execution)})
 
 
 @router.get("/executions", response=list[ExecutionOut], summary="Executions in a scope, newest first")
 def list_executions(request, scope: str = Query(..., max_length=200), limit: int = Query(50, ge=1, le=500)):
-    need(request, Scope.READ)
-    return [execution_out(e) for e in visible(request.auth.user).filter(scope=scope)[:limit]]
+    token = need(request, Scope.READ)
+    return [execution_out(e) for e in visible(token).filter(scope=scope)[:limit]]
 
 
 @router.get("/executions/lookup", response=ExecutionOut, summary="An execution by your (scope, id)")
 def lookup(request, scope: str = Query(..., max_length=200), id: str = Query(..., max_length=200)):
-    need(request, Scope.READ)
-    execution = exec_actions.find_execution(scope, id)
-    if execution is None or not visible(request.auth.user).filter(pk=execution.pk).exists():
+    token = need(request, Scope.READ)
+    execution = exec_actions.find_execution(scope, id, namespace_of(token))
+    if execution is None or not visible(token).filter(pk=execution.pk).exists():
         raise ApiProblem("not_found", f"no execution {scope}/{id} of yours")
     return execution_out(execution)
 
@@ -215,6 +236,7 @@ async def await_execution(request, pk: int, timeout: float = Query(30.0, ge=0)):
     await db(need)(request, Scope.READ)
     deadline = time.monotonic() + min(timeout, settings.TETHER_API_MAX_WAIT_SECONDS)
     while True:
+        await db(still)(request)
         execution = await db(_mine)(request, pk)
         if execution.state in FINAL_STATES:
             said = {"awaiting": "nothing", "detail": execution.outcome_label}
@@ -293,7 +315,8 @@ def output_from_owner(answer: dict, since: int, state: str) -> dict:
 async def read_output(load, since: int, size: int, wait: float, viewer: str) -> dict:
     """Output from ``since`` of the execution ``load()`` reads: from the worker holding the process while it
     runs, from the settled record after. ``wait``: how long to wait for output past ``since`` (or for an
-    owner, between owners) before answering with none."""
+    owner, between owners) before answering with none. ``load`` raises when the caller may no longer read it
+    (a revoked token, access taken away): asked at every turn, and once more before output is delivered."""
     deadline = time.monotonic() + wait
     while True:
         execution = await db(load)()
@@ -311,6 +334,7 @@ async def read_output(load, since: int, size: int, wait: float, viewer: str) -> 
                 raise past_the_end(since, answer["end"], **where, offsets_survive_owner=answer["survives"])
             result = output_from_owner(answer, since, execution.state)
             if result["data"] or result["lost"] or time.monotonic() >= deadline:
+                await db(load)()  # access taken away while the worker answered: none of it is delivered
                 return result
         elif time.monotonic() >= deadline:
             if execution.state in (State.PENDING, State.DISPATCHED):  # not started yet: nothing printed
@@ -335,7 +359,12 @@ async def execution_output(
     token = await db(need)(request, Scope.READ)
     await db(_mine)(request, pk)
     wait = min(wait, settings.TETHER_API_MAX_WAIT_SECONDS)
-    return await read_output(lambda: _mine(request, pk), since, size, wait, f"api:{token.pk}")
+    return await read_output(lambda: _still_mine(request, pk), since, size, wait, f"api:{token.pk}")
+
+
+def _still_mine(request, pk: int) -> Execution:
+    still(request)
+    return _mine(request, pk)
 
 
 class CancelIn(Schema):

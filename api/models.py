@@ -26,6 +26,10 @@ class ApiToken(models.Model):
     prefix = models.CharField(max_length=16, unique=True, editable=False, help_text="How the token is found.")
     digest = models.CharField(max_length=64, editable=False)
     scopes = models.JSONField(default=list)
+    # Narrower, never wider: when either is set the token reaches only these machines (by name) and the machines
+    # carrying one of these labels ("key=value"), and only as far as its user's grants reach them at each call.
+    machines = models.JSONField(default=list, blank=True)
+    labels = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField()
     last_used_at = models.DateTimeField(null=True, blank=True)

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from ninja import Field, Query, Router, Schema, Status
 
+from access.policy import Do, may
 from api.auth import need
 from api.executions import (
     READ_BYTES,
@@ -23,13 +24,13 @@ from api.executions import (
     past_the_end,
     read_output,
     shaped,
+    still,
 )
 from api.models import ApiInput, InputState, Scope
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem
 from executions.models import Machine, MachineState
 from terminals import actions
-from terminals.actions.permissions import may_use_machine
 from terminals.models import ProcessState, TerminalSession
 from terminals.owner_client import owner_of_execution
 from terminals.protocol import MAX_COLS, MAX_FRAME_BYTES, MAX_INTEGER, MAX_ROWS, ApiResize, ErrorCode, Request
@@ -70,21 +71,23 @@ def terminal_out(session: TerminalSession) -> dict:
 
 
 def _session(request, session_id: uuid.UUID) -> TerminalSession:
+    """The token's user's own session, while the token may still use its machine; else 404 as for none."""
     session = (
         TerminalSession.objects.select_related("machine", "execution__machine", "execution__resolved_by", "user")
         .filter(pk=session_id, user=request.auth.user)
         .first()
     )
-    if session is None:
+    if session is None or not may(request.auth, Do.USE, session):
         raise ApiProblem("not_found", f"no terminal session {session_id} of yours")
     return session
 
 
 @router.get("", response=list[TerminalOut], summary="Your terminal sessions, newest first")
 def list_terminals(request, limit: int = Query(50, ge=1, le=200)):
-    need(request, Scope.TERMINALS)
+    token = need(request, Scope.TERMINALS)
     sessions = TerminalSession.objects.select_related("machine", "execution__machine", "execution__resolved_by")
-    return [terminal_out(s) for s in sessions.filter(user=request.auth.user).order_by("-created_at")[:limit]]
+    mine = sessions.filter(user=request.auth.user).order_by("-created_at")
+    return [terminal_out(s) for s in mine[: limit * 2] if may(token, Do.USE, s)][:limit]
 
 
 class OpenIn(Schema):
@@ -98,13 +101,13 @@ class OpenOut(Schema):
 
 @router.post("", response={200: OpenOut, 201: OpenOut}, summary="Open a shell, or reattach to the open one")
 def open_terminal(request, body: OpenIn):
-    need(request, Scope.TERMINALS)
+    token = need(request, Scope.TERMINALS)
     user = request.auth.user
     machine = Machine.objects.filter(name=body.machine).exclude(state=MachineState.DELETED).first()
-    if machine is None or not may_use_machine(user, machine):
+    if machine is None or not may(token, Do.USE, machine):
         raise ApiProblem("not_found", f"no machine {body.machine!r} you may use")
     session, created = actions.open_terminal(machine, user)
-    if session.user_id != user.pk:  # another user's open shell (staff may watch it on the page, not here)
+    if session.user_id != user.pk:  # another user's open shell (watching it is the page's, where they see you)
         raise ApiProblem("forbidden", f"{machine.name} has another user's shell open")
     opened = {"created": created, "terminal": terminal_out(_session(request, session.pk))}
     return Status(201 if created else 200, opened)
@@ -136,6 +139,7 @@ async def terminal_output(
     wait = min(wait, settings.TETHER_API_MAX_WAIT_SECONDS)
 
     def load():
+        still(request)
         return _session(request, session_id).execution
 
     try:

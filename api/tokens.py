@@ -12,8 +12,11 @@ from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from access.policy import Do, may
 from api.models import ApiToken, ApiTokenEvent, Scope
 from executions.errors import NotFound, TransitionRefused, UsageError
+from executions.labels import parse_label
+from executions.models import Machine
 from terminals.actions.shares import token_hash
 from terminals.layers import tell_group
 
@@ -26,8 +29,12 @@ def token_group(token_pk: int) -> str:
     return f"tether.apitoken.{token_pk}"
 
 
-def create_token(user, *, name: str, scopes: list[str], days: int | None = None, actor=None) -> tuple[ApiToken, str]:
-    """A new token for ``user``: (the record, the token itself, which is never shown again)."""
+def create_token(
+    user, *, name: str, scopes: list[str], days: int | None = None, actor=None, machines: list[str] | None = None,
+    labels: list[str] | None = None,
+) -> tuple[ApiToken, str]:  # fmt: skip
+    """A new token for ``user``: (the record, the token itself, which is never shown again). ``machines`` and
+    ``labels`` narrow it to those machines (names its user may reach now) and those labels (key=value)."""
     name = (name or "").strip()
     if not name or len(name) > 100:
         raise UsageError("a token needs a name of 1-100 characters, saying what it is for")
@@ -37,6 +44,7 @@ def create_token(user, *, name: str, scopes: list[str], days: int | None = None,
     days = settings.TETHER_API_TOKEN_DAYS if days is None else days
     if not isinstance(days, int) or not 1 <= days <= settings.TETHER_API_TOKEN_MAX_DAYS:
         raise UsageError(f"a token lasts 1 to {settings.TETHER_API_TOKEN_MAX_DAYS} days")
+    machines, labels = _narrowed(user, machines or [], labels or [])
     prefix = secrets.token_hex(6)
     raw = f"tether_{prefix}_{secrets.token_urlsafe(32)}"
     try:
@@ -47,6 +55,8 @@ def create_token(user, *, name: str, scopes: list[str], days: int | None = None,
                 prefix=prefix,
                 digest=token_hash(raw),
                 scopes=chosen,
+                machines=machines,
+                labels=labels,
                 expires_at=timezone.now() + timedelta(days=days),
             )
             by = actor or user
@@ -56,6 +66,18 @@ def create_token(user, *, name: str, scopes: list[str], days: int | None = None,
     except IntegrityError:
         raise UsageError(f"you already have a token named {name!r}; revoke it or choose another name") from None
     return token, raw
+
+
+def _narrowed(user, machines: list[str], labels: list[str]) -> tuple[list[str], list[str]]:
+    """The machine names and labels a token is limited to, checked: a machine its user cannot reach is refused
+    as one that does not exist; a label is any well-formed key=value (one that matches nothing is allowed)."""
+    names = sorted({name.strip() for name in machines if name.strip()})
+    for name in names:
+        machine = Machine.objects.filter(name=name).first()
+        if machine is None or not may(user, Do.SEE, machine):
+            raise UsageError(f"no machine {name!r} you may reach")
+    kept = sorted({"=".join(parse_label(text.strip())) for text in labels if text.strip()})
+    return names, kept
 
 
 def find_token(raw: str) -> ApiToken | None:

@@ -40,6 +40,10 @@ class Credential:
         """ "", or why the token can no longer be used ("revoked", "expired")."""
         return ApiToken.objects.get(pk=self.pk).ended
 
+    def token(self) -> ApiToken:
+        """The token as it is now (access asks of it, not only of its user: it may be narrower)."""
+        return ApiToken.objects.select_related("user").get(pk=self.pk)
+
 
 class TokenAuthMiddleware:
     """Inside the cookie auth: a handshake with a bearer token is that token's user, whatever cookie it has."""

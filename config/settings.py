@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "executions",
+    "access",
     "terminals",
     "api",
 ]

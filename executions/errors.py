@@ -37,12 +37,18 @@ class TransitionRefused(Refused):
 
 
 class SlotTaken(Refused):
-    def __init__(self, machine_name: str, holder_label: str, holder_state: str, doing: str):
+    def __init__(self, machine_name: str, holder_label: str, holder_state: str, doing: str, holder_pk=None):
+        self.machine_name, self.doing = machine_name, doing
         self.holder_label = holder_label
         self.holder_state = holder_state
+        self.holder_pk = holder_pk  # whose it is decides who may be told its name
         super().__init__(
             f"cannot {doing}: machine {machine_name}'s command slot is held by {holder_label} ({holder_state})"
         )
+
+    def unnamed(self) -> str:
+        """The same, for someone who may not see the holder: it is another user's, and in what state."""
+        return f"cannot {self.doing}: machine {self.machine_name}'s command slot is held by another user's command"
 
 
 class NotFound(ExecutionError):

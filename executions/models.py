@@ -148,6 +148,12 @@ class Machine(models.Model):
         "on this host runs, adopts or inspects them. Empty for docker on a network engine: any worker serves it.",
     )
     state = models.CharField(max_length=16, choices=MachineState.choices, default=MachineState.RUNNING)
+    labels = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='What it is for, as key=value pairs ({"team": "payments"}): access granted to a label reaches '
+        "every machine that carries it.",
+    )
     track_commands = models.BooleanField(
         default=True,
         help_text="Start its shells with Tether's shell integration, so each typed command is kept on the record "
@@ -214,6 +220,9 @@ class Machine(models.Model):
 class Execution(models.Model):
     # scope, execution_id, kind, machine, spec and spec_digest are fixed once inserted: on PostgreSQL
     # a trigger (migration 0006) refuses an UPDATE that changes them.
+    # Whose (scope, id) it is: "user:PK" for what a user submitted through the API (two people may use the same
+    # scope and id without meeting), "" for the command line's and for shells (whose ids are their own).
+    namespace = models.CharField(max_length=64, blank=True, default="")
     scope = models.CharField(max_length=200)
     execution_id = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.COMMAND)
@@ -251,7 +260,7 @@ class Execution(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [
-            models.UniqueConstraint(fields=["scope", "execution_id"], name="execution_identity_unique"),
+            models.UniqueConstraint(fields=["namespace", "scope", "execution_id"], name="execution_identity_unique"),
             models.CheckConstraint(condition=Q(state__in=State.values), name="execution_state_valid"),
             models.CheckConstraint(condition=Q(evidence__in=Evidence.values), name="execution_evidence_valid"),
             models.CheckConstraint(

@@ -21,6 +21,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
+from access.policy import Do, may
 from config import logs
 from terminals import actions, metrics
 from terminals.attaching import Attacher
@@ -50,6 +51,7 @@ from terminals.protocol import (
     grid,
     integer,
 )
+from terminals.signals import ACCESS_GROUP
 from terminals.stream import OBSERVER_WINDOW_BYTES, Deliver, FetchFrom, ViewerStream
 from terminals.tasks import Tasks
 
@@ -58,9 +60,10 @@ log = logging.getLogger(__name__)
 ACK_DELAY_SECONDS = 0.01  # an ack freeing little of the flow window waits this long for company
 
 
-def _load_session(session_id: str, user) -> TerminalSession | None:
+def _load_session(session_id: str, who) -> TerminalSession | None:
+    """The session, when ``who`` (a user, or the API token the socket was opened with) may watch or use it."""
     session = TerminalSession.objects.select_related("machine", "execution", "user").filter(pk=session_id).first()
-    if session is None or not actions.may_view_session(user, session):
+    if session is None or not (may(who, Do.USE, session) or may(who, Do.WATCH, session)):
         return None
     return session
 
@@ -89,9 +92,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close()  # refused at the handshake (HTTP 403)
             return
-        self.session = await self.load_session(user)
         # An API client's socket is its token's (api/ws.py): ``credential.group`` and ``credential.ended()``.
         self.credential = self.scope.get("credential")
+        self.session = await self.load_session(user)
         if self.session is None or (self.credential and self.session.user_id != user.pk):
             # Unknown or foreign: the same refusal, so ids cannot be probed. An API token reaches its own
             # user's shells only (watching another's is the page's, where its writer sees who watches).
@@ -116,6 +119,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         # Logging out anywhere closes this socket (terminals.signals); the owner check catches a lost message.
         self.user_group = f"tether.user.{user.pk}"
         await self.channel_layer.group_add(self.user_group, self.channel_name)
+        await self.channel_layer.group_add(ACCESS_GROUP, self.channel_name)  # a label's grants taken away
         if self.credential:  # revoking the token closes this socket (api.tokens.revoke_token)
             await self.channel_layer.group_add(self.credential.group, self.channel_name)
         await self.connected()
@@ -125,7 +129,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         )
 
     async def load_session(self, user) -> TerminalSession | None:
-        return await db(_load_session)(self.scope["url_route"]["kwargs"]["session"], user)
+        who = await db(self.credential.token)() if self.credential else user
+        return await db(_load_session)(self.scope["url_route"]["kwargs"]["session"], who)
 
     async def connected(self) -> None:
         """Accepted and in the user's group: anything more this kind of socket needs before ``hello``."""
@@ -158,6 +163,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if group := getattr(self, "user_group", None):
             self.user_group = None
             await self.channel_layer.group_discard(group, self.channel_name)
+            await self.channel_layer.group_discard(ACCESS_GROUP, self.channel_name)
             if self.credential:
                 await self.channel_layer.group_discard(self.credential.group, self.channel_name)
 
@@ -242,6 +248,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     async def client_attach(self, message: dict) -> None:
         if self.read_only:
             raise ProtocolError("this link is read-only: send observe to watch")
+        if not self.foreign and not await db(self.may_write)():
+            raise ProtocolError("your role on this workspace is watch: you may watch this shell (observe)")
         if self.foreign and not await db(actions.may_take_over)(self.user, self.session):
             owner = self.session.user.get_username()
             raise ProtocolError(f"this is {owner}'s shell: you may watch it (observe), not write into it")
@@ -449,11 +457,20 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             return "This account was deactivated"
         if self.credential and (ended := self.credential.ended()):
             return f"The API token this socket was opened with was {ended}"
-        if not self.foreign:
-            return ""
+        who = self.credential.token() if self.credential else user
         if self.attacher.observing:
-            return "" if actions.may_observe(user, self.session) else "You may no longer watch this shell"
-        return "" if actions.may_take_over(user, self.session) else "You may no longer write into this shell"
+            return "" if may(who, Do.WATCH, self.session) else "You may no longer watch this shell"
+        writes = may(who, Do.TAKE_OVER if self.foreign else Do.USE, self.session)
+        return "" if writes else "You may no longer write into this shell"
+
+    def may_write(self) -> bool:
+        who = self.credential.token() if self.credential else self.user
+        return may(who, Do.USE, self.session)
+
+    async def access_changed(self, event: dict) -> None:
+        """Someone's access was narrowed (a grant, a group, a label): if it was this socket's right, it ends now."""
+        if why := await db(self.still_allowed)():
+            await self.not_allowed(why)
 
     async def not_allowed(self, why: str) -> None:
         await self.detach()

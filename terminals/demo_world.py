@@ -16,6 +16,8 @@ from channels.db import database_sync_to_async as db
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
+from access import actions as access_actions
+from access.models import Role
 from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.errors import Refused
@@ -95,6 +97,8 @@ def ensure_machine(backend: str) -> Machine:
     else:
         ref, counter = name, str(Path(settings.DATA_DIR) / f"{name}-launches")
     machine = exec_actions.add_machine(name=name, backend=backend, ref=ref, scope="demo", actor=ACTOR)
+    # The demo's user operates its own machine, through a grant like anyone else's (docs/access.md).
+    access_actions.grant(role=Role.OPERATE, actor=ACTOR, user=demo_user(), machine=machine, note="the demo's machine")
     DemoState.save(machine=name, backend=backend, counter=counter)
     say(f"machine {name}: {backend} ({ref})")
     return machine

@@ -17,10 +17,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST, require_safe
 
+from access.policy import Do, may
 from executions.errors import ExecutionError
 from terminals import actions, asciicast
 from terminals.models import Recording, RecordingState, ShareLink, TerminalSession
-from terminals.views import terminal_page_state, usable_machine
+from terminals.views import seen_machine, terminal_page_state
 
 SHARE_MINUTES = (15, 60, 8 * 60, 24 * 60)  # the choices the share form offers
 
@@ -36,9 +37,9 @@ def _recording(request: HttpRequest, pk: int) -> Recording:
 @require_GET
 def machine_recordings(request: HttpRequest, name: str) -> HttpResponse:
     """A workspace's recordings that this user may see, newest first."""
-    machine = usable_machine(request.user, name)
+    machine = seen_machine(request.user, name)
     recordings = Recording.objects.filter(session__machine=machine).select_related("session__user", "execution")
-    if not actions.may_observe_others(request.user):
+    if not may(request.user, Do.WATCH, machine):  # others' shells are for those who may watch them
         recordings = recordings.filter(session__user=request.user)
     visible = list(recordings[:200])
     context = {"machine": machine, "recordings": visible, "retention_days": settings.TETHER_RECORDING_RETENTION_DAYS}

@@ -76,6 +76,13 @@ class SharedTerminalConsumer(TerminalConsumer):
                 await self._end(*ENDS[ended])
                 return
 
+    async def access_changed(self, event: dict) -> None:
+        """The link's maker (or this watcher) may have lost access: the link is checked again now."""
+        if why := await db(self.still_allowed)():
+            await self.not_allowed(why)
+        elif ended := await db(actions.link_ended)(self.link.pk):
+            await self._end(*ENDS[ended])
+
     async def share_revoked(self, event: dict) -> None:
         await self._end(*ENDS["revoked"])
 

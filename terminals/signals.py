@@ -10,6 +10,7 @@ from channels.layers import get_channel_layer
 from django.contrib.auth.signals import user_logged_out
 from django.dispatch import Signal, receiver
 
+from access.signals import access_changed
 from executions.signals import execution_submitted
 from terminals.wake import wake_workers
 
@@ -34,3 +35,25 @@ def close_terminal_sockets(sender, request, user, **kwargs) -> None:
         async_to_sync(get_channel_layer().group_send)(f"tether.user.{user.pk}", {"type": "user.logged_out"})
     except Exception as error:  # Redis away: each socket's periodic check notices the deleted session
         log.warning("could not tell %s's sockets about the logout: %r", user, error)
+
+
+ACCESS_GROUP = "tether.access"  # every terminal socket: told when anyone's access may have narrowed
+
+
+@receiver(access_changed)
+def close_what_lost_access(sender, users, **kwargs) -> None:
+    """Each socket of these users checks its right again at once, and so does each socket opened through a
+    share link one of them made (a link dies when its maker may no longer watch); None: every socket."""
+    from terminals.actions.shares import share_group
+    from terminals.layers import tell_group
+    from terminals.models import ShareLink
+
+    message = {"type": "access.changed"}
+    if users is None:
+        tell_group(ACCESS_GROUP, message, "every socket that access changed")
+        return
+    for pk in users:
+        tell_group(f"tether.user.{pk}", message, f"user {pk}'s sockets that their access changed")
+    links = ShareLink.objects.filter(created_by__in=users, revoked_at__isnull=True).values_list("pk", flat=True)
+    for link in links:
+        tell_group(share_group(link), message, f"share link {link}'s sockets that its maker's access changed")

@@ -8,20 +8,19 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import OuterRef, Subquery
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
-from django.shortcuts import get_object_or_404, redirect, render, resolve_url
+from django.db.models import OuterRef, Q, Subquery
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render, resolve_url
 from django.urls import reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST, require_safe
 
+from access.policy import Do, may, reach_of
 from executions.errors import ExecutionError, SlotTaken
-from executions.models import ENDED_STATES, Backend, Execution, Kind, Machine, MachineState, State
+from executions.models import ENDED_STATES, Execution, Kind, Machine, State
 from executions.spec import ExecutionSpec
 from terminals import actions
 from terminals.models import CommandRecord, ProcessState, TerminalSession
-
-HOST_BACKENDS = {Backend.LOCAL, Backend.TMUX}
 
 
 @dataclass
@@ -29,6 +28,8 @@ class Workspace:
     """One row of "My workspaces": a machine and what the user may know about its terminal."""
 
     machine: Machine
+    role: str  # the user's roles on it, in their words (operate; use, watch; ...)
+    can_open: bool  # they may open a shell there
     session: TerminalSession | None  # the machine's open session, when it is this user's to see
     in_use_by_other: bool
     last_outcome: str
@@ -41,11 +42,9 @@ class Workspace:
 
 
 def _workspaces(user) -> list[Workspace]:
-    machines = [
-        machine
-        for machine in Machine.objects.exclude(state=MachineState.DELETED).order_by("name")
-        if actions.may_use_machine(user, machine)
-    ]
+    reach = reach_of(user)
+    roles = {machine.pk: reach.role(machine) for machine in reach.machines(Do.SEE)}
+    machines = [machine for machine in reach.machines(Do.SEE)]
     open_sessions = {
         session.machine_id: session
         for session in TerminalSession.objects.filter(
@@ -53,9 +52,9 @@ def _workspaces(user) -> list[Workspace]:
         ).select_related("execution", "user")
     }
     ended = Execution.objects.filter(kind=Kind.TERMINAL, state__in=sorted(ENDED_STATES))
-    if not user.is_staff:
-        # Another user's shell history on a shared machine is not this user's business.
-        ended = ended.filter(requested_by=user)
+    watched = {machine.pk for machine in machines if reach.may(Do.WATCH, machine)}
+    # Another user's shell history on a shared machine is for those who may watch its shells.
+    ended = ended.filter(Q(requested_by=user) | Q(machine__in=watched))
     latest = ended.filter(machine=OuterRef("pk")).order_by("-ended_at", "-id").values("pk")[:1]
     last_ids = Machine.objects.filter(pk__in=[m.pk for m in machines]).annotate(last=Subquery(latest))
     last_outcome = {
@@ -74,11 +73,13 @@ def _workspaces(user) -> list[Workspace]:
         rows.append(
             Workspace(
                 machine=machine,
+                role=roles[machine.pk],
+                can_open=reach.may(Do.USE, machine),
                 session=session if visible else None,
                 in_use_by_other=session is not None and not visible,
                 last_outcome=last_outcome.get(machine.pk, ""),
-                # Staff see whose shell it is; a user sees only that one is open.
-                owner=session.user.get_username() if foreign and user.is_staff else "",
+                # Whose shell it is, to those who may watch it; others see only that one is open.
+                owner=session.user.get_username() if foreign and visible else "",
                 last_command=last_command.get(session.pk) if visible else None,
             )
         )
@@ -97,10 +98,10 @@ def workspaces(request: HttpRequest) -> HttpResponse:
 HISTORY_PAGE = 50
 
 
-def usable_machine(user, name: str) -> Machine:
-    """The workspace ``name`` when ``user`` may use it; else 404, as for one that does not exist."""
+def seen_machine(user, name: str) -> Machine:
+    """The workspace ``name`` when it exists for ``user`` (any role); else 404, as for one that does not exist."""
     machine = Machine.objects.filter(name=name).first()
-    if machine is None or not actions.may_use_machine(user, machine):
+    if machine is None or not actions.may_see_machine(user, machine):
         raise Http404("No such workspace")
     return machine
 
@@ -110,10 +111,10 @@ def usable_machine(user, name: str) -> Machine:
 def history(request: HttpRequest, name: str) -> HttpResponse:
     """A machine's executions, newest first: state, how we know, exit code, times and who asked.
 
-    Non-staff see their own executions only (another user's shell history is not theirs to read)."""
-    machine = usable_machine(request.user, name)
+    Others' executions only to those who may watch the machine (another user's history is not everyone's)."""
+    machine = seen_machine(request.user, name)
     executions = Execution.objects.filter(machine=machine).select_related("requested_by").order_by("-created_at", "-id")
-    if not request.user.is_staff:
+    if not may(request.user, Do.WATCH, machine):
         executions = executions.filter(requested_by=request.user)
     try:
         page = max(1, int(request.GET.get("page", "1")))
@@ -132,13 +133,13 @@ def history(request: HttpRequest, name: str) -> HttpResponse:
 @login_required
 @require_POST
 def open_machine(request: HttpRequest, name: str) -> HttpResponse:
-    machine = get_object_or_404(Machine.objects.exclude(state=MachineState.DELETED), name=name)
+    machine = seen_machine(request.user, name)  # one they may not reach does not exist for them
     if not actions.may_use_machine(request.user, machine):
-        if machine.backend in HOST_BACKENDS:
-            text = f"{machine.name} is a host shell ({machine.get_backend_display()}); host shells are for staff only."
-        else:
-            text = f"You may not open a shell on {machine.name}."
-        messages.error(request, text)
+        opened = TerminalSession.objects.filter(machine=machine, process_state__in=[ProcessState.LIVE, "closing"])
+        shown = opened.first()
+        if shown is not None and actions.may_view_session(request.user, shown):
+            return redirect("terminals:terminal", session_id=shown.id)  # to watch it
+        messages.error(request, f"You may watch {machine.name}'s shells, not open one: your role there is watch.")
         return redirect("terminals:workspaces")
     try:
         session, _ = actions.open_terminal(machine, request.user)
@@ -188,11 +189,8 @@ def terminal_page_state(request: HttpRequest, session: TerminalSession, *, ws_pa
 @require_safe
 def terminal(request: HttpRequest, session_id: UUID) -> HttpResponse:
     session = TerminalSession.objects.select_related("machine", "execution", "user").filter(pk=session_id).first()
-    # Unknown and foreign sessions look the same, so session ids cannot be probed; staff are told why.
+    # Unknown and unreachable sessions look the same, to staff too, so session ids cannot be probed.
     if session is None or not actions.may_view_session(request.user, session):
-        if session is not None and request.user.is_staff:
-            text = actions.in_use_refusal(session.machine, session, request.user)
-            return HttpResponseForbidden(text, content_type="text/plain; charset=utf-8")
         raise Http404("No such terminal")
     foreign = session.user_id != request.user.pk
     # Another user's shell (staff who may watch it): the page watches it read-only; taking it over (with that

@@ -15,10 +15,12 @@ import pytest
 from asgiref.sync import SyncToAsync
 from django.db import connection, connections
 
+from access.policy import Do, may
 from executions.actions import Actor, add_machine
 from terminals import actions as terminal_actions
 from terminals.backends.tmux_server import TmuxServer
 from tests.bridge.harness import RECORDINGS_DIR, TEST_IMAGE, Stack, own_directory, session_cookie, start_container
+from tests.factories import grant
 
 # Session holders of test shells keep their sockets here, apart from a real install's (workers started by the
 # tests inherit it).
@@ -117,7 +119,9 @@ def operator(django_user_model):
     from django.contrib.auth.models import Permission
 
     user = _make_user(django_user_model, "operator", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label__in=["executions", "terminals"]))
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label__in=["executions", "terminals", "access"])
+    )
     return user
 
 
@@ -195,7 +199,10 @@ def terminal(place):
     """Open a terminal session on a new machine for ``user``; returns (session, cookie)."""
 
     def make(user, backend: str = "local"):
-        session, _ = terminal_actions.open_terminal(place(backend), user)
+        machine = place(backend)
+        if not may(user, Do.USE, machine):  # its user's team uses it (staff with the permission need no grant)
+            grant(user, machine, "use")
+        session, _ = terminal_actions.open_terminal(machine, user)
         return session, session_cookie(user)
 
     return make

@@ -50,3 +50,14 @@ def mark_resolved(execution: Execution, note: str, actor: Actor = TEST_ACTOR) ->
         resolution_note=note,
         resolved_by=actor.user,
     )
+
+
+def grant(subject, target, role: str = "use"):
+    """``role`` for a user or a group on a machine (or a label, "key=value"), as staff grant it."""
+    from django.contrib.auth.models import Group
+
+    from access import actions as access_actions
+
+    who = {"group": subject} if isinstance(subject, Group) else {"user": subject}
+    where = {"label": target} if isinstance(target, str) else {"machine": target}
+    return access_actions.grant(role=role, actor=TEST_ACTOR, **who, **where)[0]

@@ -12,7 +12,7 @@ from django.db.models.functions import Now
 from executions import actions
 from executions.errors import ExecutionError, SlotTaken, TransitionRefused
 from executions.models import Evidence, Execution, ExecutionEvent, Machine, State
-from tests.factories import TEST_ACTOR, make_execution, make_machine, make_spec, mark_resolved
+from tests.factories import TEST_ACTOR, grant, make_execution, make_machine, make_spec, mark_resolved
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -156,6 +156,8 @@ def test_six_opens_at_once_keep_to_a_cap_of_five(alice, settings):
     settings.TETHER_SESSIONS_PER_USER = 5
     settings.TETHER_HOST_SHELLS_FOR_ALL = True
     machines = [make_machine(f"cap-{n}") for n in range(6)]
+    for machine in machines:
+        grant(alice, machine)
     results = run_together(6, lambda n: terminal_actions.open_terminal(machines[n], alice))
     opened = [result for result in results if isinstance(result, tuple)]
     refused = [result for result in results if isinstance(result, ExecutionError)]

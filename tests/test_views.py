@@ -10,10 +10,10 @@ import pytest
 from django.test import Client
 
 from executions import actions as exec_actions
-from executions.models import Backend, Evidence, State
+from executions.models import Backend, Evidence, Machine, State
 from terminals import actions
 from terminals.models import TerminalSession
-from tests.factories import TEST_ACTOR, make_execution, make_machine
+from tests.factories import TEST_ACTOR, grant, make_execution, make_machine
 
 pytestmark = pytest.mark.django_db
 
@@ -59,20 +59,23 @@ def test_login_form_signs_in_and_goes_to_my_workspaces(client, alice):
 
 
 def test_workspace_list_shows_only_usable_machines_with_plain_post_forms(alice, operator):
-    make_machine("shared-box", backend=Backend.DOCKER)
+    grant(alice, make_machine("shared-box", backend=Backend.DOCKER))
+    make_machine("other-team-box", backend=Backend.DOCKER)
     make_machine("host-shell", backend=Backend.LOCAL)
     page = logged_in(alice).get("/").content.decode()
     assert "shared-box" in page
+    assert "other-team-box" not in page  # no grant: it does not exist for her
     assert "host-shell" not in page  # host shells are staff-only
     # Works without JavaScript: a real form with a CSRF token posting to the open URL.
     form = re.search(r'<form method="post" action="/machines/shared-box/open/">(.*?)</form>', page, re.S)
     assert form and 'name="csrfmiddlewaretoken"' in form.group(1) and 'type="submit"' in form.group(1)
     staff_page = logged_in(operator).get("/").content.decode()
-    assert "shared-box" in staff_page and "host-shell" in staff_page
+    assert "shared-box" in staff_page and "host-shell" in staff_page and "other-team-box" in staff_page
 
 
 def test_workspace_list_shows_the_open_session_state_and_the_last_exit(alice, bob):
     machine = make_machine("shared-box", backend=Backend.DOCKER)
+    grant(alice, machine), grant(bob, machine)
     session, _ = actions.open_terminal(machine, alice)
     row = _row(logged_in(alice).get("/"), "shared-box")
     assert "live" in row and "Exited" not in row
@@ -87,7 +90,7 @@ def test_workspace_list_shows_the_open_session_state_and_the_last_exit(alice, bo
 
 
 def test_htmx_refresh_renders_only_the_list(alice):
-    make_machine("shared-box", backend=Backend.DOCKER)
+    grant(alice, make_machine("shared-box", backend=Backend.DOCKER))
     response = logged_in(alice).get("/", headers={"HX-Request": "true"})
     body = response.content.decode()
     assert body.lstrip().startswith('<section id="workspace-list"')
@@ -95,7 +98,7 @@ def test_htmx_refresh_renders_only_the_list(alice):
 
 
 def test_open_starts_a_session_and_redirects_to_its_page(alice):
-    make_machine("shared-box", backend=Backend.DOCKER)
+    grant(alice, make_machine("shared-box", backend=Backend.DOCKER))
     client = logged_in(alice)
     response = client.post("/machines/shared-box/open/")
     session = TerminalSession.objects.get(user=alice)
@@ -106,7 +109,7 @@ def test_open_starts_a_session_and_redirects_to_its_page(alice):
 
 
 def test_open_requires_post_and_csrf(alice):
-    make_machine("shared-box", backend=Backend.DOCKER)
+    grant(alice, make_machine("shared-box", backend=Backend.DOCKER))
     client = logged_in(alice, enforce_csrf_checks=True)
     assert client.get("/machines/shared-box/open/").status_code == 405
     assert client.post("/machines/shared-box/open/").status_code == 403
@@ -118,12 +121,14 @@ def test_open_requires_post_and_csrf(alice):
 
 
 @pytest.mark.parametrize("backend", [Backend.LOCAL, Backend.TMUX])
-def test_non_staff_user_cannot_open_a_host_shell_and_is_told_why(alice, backend):
-    make_machine("host-shell", backend=backend, ref="tether-test" if backend == Backend.TMUX else "")
-    response = logged_in(alice).post("/machines/host-shell/open/", follow=True)
-    assert response.redirect_chain == [("/", 302)]
-    assert "host shells are for staff only" in response.content.decode()
+def test_a_host_shell_does_not_exist_for_a_non_staff_user_even_with_a_grant(alice, backend, settings):
+    host = make_machine("host-shell", backend=backend, ref="tether-test" if backend == Backend.TMUX else "")
+    grant(alice, host)
+    assert logged_in(alice).post("/machines/host-shell/open/").status_code == 404
+    assert "host-shell" not in logged_in(alice).get("/").content.decode()
     assert not TerminalSession.objects.exists()
+    settings.TETHER_HOST_SHELLS_FOR_ALL = True  # and a grant names it: hers to open
+    assert logged_in(alice).post("/machines/host-shell/open/").status_code == 302
 
 
 def test_unknown_machine_is_404(alice):
@@ -131,9 +136,13 @@ def test_unknown_machine_is_404(alice):
 
 
 def test_a_refused_open_is_a_message_not_an_error(alice, bob, settings):
-    make_machine("shared-box", backend=Backend.DOCKER)
-    actions.open_terminal(make_machine("other-box", backend=Backend.DOCKER), alice)
-    actions.open_terminal(make_machine("third-box", backend=Backend.DOCKER), bob)
+    team = [alice, bob]
+    for name in ("shared-box", "other-box", "third-box", "busy-box"):
+        machine = make_machine(name, backend=Backend.DOCKER)
+        for person in team:
+            grant(person, machine)
+    actions.open_terminal(Machine.objects.get(name="other-box"), alice)
+    actions.open_terminal(Machine.objects.get(name="third-box"), bob)
     # Someone else's terminal.
     response = logged_in(bob).post("/machines/other-box/open/", follow=True)
     assert response.status_code == 200
@@ -146,7 +155,7 @@ def test_a_refused_open_is_a_message_not_an_error(alice, bob, settings):
     assert TerminalSession.objects.filter(user=alice).count() == 1
     # A machine whose command slot another execution holds: said in a user's words, with the holder.
     settings.TETHER_SESSIONS_PER_USER = 5
-    held = make_execution(make_machine("busy-box", backend=Backend.DOCKER), execution_id="nightly-build")
+    held = make_execution(Machine.objects.get(name="busy-box"), execution_id="nightly-build")
     response = logged_in(alice).post("/machines/busy-box/open/", follow=True)
     text = response.content.decode()
     assert response.status_code == 200 and "busy-box is about to run team-a/nightly-build" in text
@@ -162,15 +171,21 @@ def test_a_refused_open_is_a_message_not_an_error(alice, bob, settings):
 
 
 def test_terminal_page_of_a_foreign_or_unknown_session_is_404(alice, bob, operator):
-    session, _ = actions.open_terminal(make_machine("shared-box", backend=Backend.DOCKER), alice)
+    machine = make_machine("shared-box", backend=Backend.DOCKER)
+    grant(alice, machine), grant(bob, machine)  # bob uses it too, but does not watch others' shells
+    session, _ = actions.open_terminal(machine, alice)
     assert logged_in(bob).get(f"/terminals/{session.id}/").status_code == 404
     assert logged_in(bob).get(f"/terminals/{uuid.uuid4()}/").status_code == 404
     assert logged_in(alice).get(f"/terminals/{session.id}/").status_code == 200
-    assert logged_in(operator).get(f"/terminals/{session.id}/").status_code == 200  # staff may attach to any
+    assert logged_in(operator).get(f"/terminals/{session.id}/").status_code == 200  # staff who may watch any
+    grant(bob, machine, "watch")
+    assert logged_in(bob).get(f"/terminals/{session.id}/").status_code == 200  # now he may watch it
 
 
 def test_terminal_page_hands_its_state_to_the_script(alice):
-    session, _ = actions.open_terminal(make_machine("shared-box", backend=Backend.DOCKER), alice)
+    machine = make_machine("shared-box", backend=Backend.DOCKER)
+    grant(alice, machine)
+    session, _ = actions.open_terminal(machine, alice)
     client = logged_in(alice)
     page = client.get(f"/terminals/{session.id}/").content.decode()
     state = json.loads(re.search(r'<script id="terminal-state" type="application/json">(.*?)</script>', page).group(1))
@@ -184,7 +199,9 @@ def test_terminal_page_hands_its_state_to_the_script(alice):
 
 def test_the_page_tells_the_idle_limit_the_shell_was_opened_with_not_this_processs_setting(alice, settings):
     settings.TETHER_IDLE_SECONDS = 600  # the web process that handled Open
-    session, _ = actions.open_terminal(make_machine("idle-box", backend=Backend.DOCKER), alice)
+    machine = make_machine("idle-box", backend=Backend.DOCKER)
+    grant(alice, machine)
+    session, _ = actions.open_terminal(machine, alice)
     settings.TETHER_IDLE_SECONDS = 3600  # another daphne, configured otherwise, serves the page
     page = logged_in(alice).get(f"/terminals/{session.id}/").content.decode()
     state = json.loads(re.search(r'<script id="terminal-state" type="application/json">(.*?)</script>', page).group(1))
@@ -199,6 +216,7 @@ def _row(response, machine: str) -> str:
 
 def test_history_lists_a_machines_executions_with_honest_outcomes(alice, bob, operator):
     machine = make_machine("hist-box", backend=Backend.DOCKER)
+    grant(alice, machine), grant(bob, machine)
     mine, _ = actions.open_terminal(machine, alice)
     finish(mine, 7)
     lost = make_execution(machine, execution_id="deploy-9")
@@ -217,6 +235,7 @@ def test_history_lists_a_machines_executions_with_honest_outcomes(alice, bob, op
 
     assert "Exited with code 7" not in logged_in(bob).get(f"/machines/{machine.name}/history/").text
     host = make_machine("host-box", backend=Backend.LOCAL)
+    grant(alice, host)
     assert logged_in(alice).get(f"/machines/{host.name}/history/").status_code == 404  # host shells: staff only
     assert logged_in(alice).get("/machines/no-such/history/").status_code == 404
     listing = logged_in(alice).get("/")

@@ -30,7 +30,7 @@ from terminals.outcome import Outcome
 from terminals.protocol import Reason
 from terminals.worker import OwnerWorker
 from tests.bridge.harness import Stack
-from tests.factories import TEST_ACTOR, make_machine, make_spec
+from tests.factories import TEST_ACTOR, grant, make_machine, make_spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,8 +115,10 @@ def test_a_live_terminal_holds_the_slot_and_opening_again_reattaches(operator):
 
 
 def test_host_shells_are_for_staff_and_the_session_cap_holds(alice, operator, settings):
+    host = make_machine("host-1")
+    grant(alice, host)  # a grant is not enough for a host shell: staff only (TETHER_HOST_SHELLS_FOR_ALL is off)
     with pytest.raises(Refused, match="may not open a shell"):
-        actions.open_terminal(make_machine("host-1"), alice)
+        actions.open_terminal(host, alice)
     settings.TETHER_SESSIONS_PER_USER = 2
     actions.open_terminal(make_machine("cap-1"), operator)
     actions.open_terminal(make_machine("cap-2"), operator)

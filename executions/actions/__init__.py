@@ -22,6 +22,7 @@ from executions.actions.machines import (
     add_machine,
     note_machine,
     record_placement,
+    set_labels,
     set_machine_state,
     set_track_commands,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "note_machine",
     "record_fact",
     "record_placement",
+    "set_labels",
     "set_machine_state",
     "set_track_commands",
     "submit_execution",

@@ -45,7 +45,7 @@ def raise_slot_refusal(machine_pk: int, doing: str) -> None:
     machine = Machine.objects.select_related("active_execution").get(pk=machine_pk)
     holder = machine.active_execution
     if holder is not None:
-        raise SlotTaken(machine.name, f"{holder.scope}/{holder.execution_id}", holder.state, doing)
+        raise SlotTaken(machine.name, f"{holder.scope}/{holder.execution_id}", holder.state, doing, holder.pk)
     raise TransitionRefused(f"machine {machine.name}", machine.state, "in use", f"cannot {doing}")
 
 

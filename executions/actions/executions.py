@@ -50,10 +50,12 @@ _STAMPS = {
 # --- lookups -------------------------------------------------------------------------------
 
 
-def find_execution(scope: str, execution_id: str) -> Execution | None:
-    """The execution named by this identity, directly or through an alias."""
-    execution = Execution.objects.select_related("machine").filter(scope=scope, execution_id=execution_id).first()
-    if execution is None:
+def find_execution(scope: str, execution_id: str, namespace: str = "") -> Execution | None:
+    """The execution named by this identity in ``namespace`` (its owner's: "user:PK", or the shared ""),
+    directly or (in the shared one) through an alias."""
+    found = Execution.objects.select_related("machine")
+    execution = found.filter(namespace=namespace, scope=scope, execution_id=execution_id).first()
+    if execution is None and not namespace:
         alias = (
             ExecutionAlias.objects.select_related("execution__machine")
             .filter(scope=scope, alias_id=execution_id)
@@ -82,6 +84,7 @@ def submit_execution(
     actor: Actor,
     kind: str = Kind.COMMAND,
     parent: Execution | None = None,
+    namespace: str = "",
 ) -> tuple[Execution, bool]:
     """Record a new execution and give it the machine's command slot.
 
@@ -99,7 +102,7 @@ def submit_execution(
     except SpecError as error:
         raise UsageError(str(error)) from None
 
-    existing = find_execution(scope, execution_id)
+    existing = find_execution(scope, execution_id, namespace)
     if existing is not None:
         return _same_submission(existing, spec, machine_name, kind), False
 
@@ -107,6 +110,7 @@ def submit_execution(
     try:
         with transaction.atomic():
             execution = Execution.objects.create(
+                namespace=namespace,
                 scope=scope,
                 execution_id=execution_id,
                 kind=kind,
@@ -132,7 +136,7 @@ def submit_execution(
             )
     except IntegrityError:
         # A concurrent submit of the same identity won the insert; answer as a re-submission.
-        existing = find_execution(scope, execution_id)
+        existing = find_execution(scope, execution_id, namespace)
         if existing is not None:
             return _same_submission(existing, spec, machine_name, kind), False
         # Another submit's live execution on this machine committed while ours waited to insert

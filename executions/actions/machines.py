@@ -11,6 +11,7 @@ from django.db.models.functions import Now
 
 from executions.actions.common import Actor, check_identity, raise_slot_refusal
 from executions.errors import IdentityConflict, TransitionRefused, UsageError
+from executions.labels import parse_labels, said
 from executions.models import (
     Backend,
     Execution,
@@ -18,6 +19,7 @@ from executions.models import (
     MachineEvent,
     MachineState,
 )
+from executions.signals import machine_labels_changed
 
 MACHINE_TRANSITIONS: dict[str, frozenset[str]] = {
     MachineState.RUNNING: frozenset({MachineState.STOPPED, MachineState.DELETED, MachineState.UNKNOWN}),
@@ -37,6 +39,7 @@ def add_machine(
     engine: str = "",
     host: str | None = None,
     track_commands: bool = True,
+    labels: dict[str, str] | None = None,
 ) -> Machine:
     """Register a machine. One whose processes live on a host (local, tmux, docker on a unix socket) lives
     on ``host``, by default the one it is added on."""
@@ -47,6 +50,7 @@ def add_machine(
     check_identity(scope, "scope")
     machine = Machine(name=name, backend=backend, ref=ref, scope=scope, engine=engine, host=host or "")
     machine.track_commands = track_commands
+    machine.labels = parse_labels([f"{key}={value}" for key, value in (labels or {}).items()])
     if host is None and machine.needs_host:
         machine.host = settings.TETHER_HOST
     if problems := machine.problems():
@@ -133,4 +137,19 @@ def set_track_commands(machine: Machine, track: bool, *, actor: Actor) -> bool:
         machine.track_commands = track
         said = "on" if track else "off"
         note_machine(machine, actor, f"command tracking turned {said} for its next shells")
+    return True
+
+
+def set_labels(machine: Machine, labels: dict[str, str], *, actor: Actor) -> bool:
+    """Give the machine exactly ``labels`` (compare-and-set on the labels it had, with an event naming both);
+    False when it had them already. Access granted through a label it loses ends with it."""
+    labels = parse_labels([f"{key}={value}" for key, value in labels.items()])
+    with transaction.atomic():
+        before = Machine.objects.select_for_update().values_list("labels", flat=True).get(pk=machine.pk)
+        if before == labels:
+            return False
+        Machine.objects.filter(pk=machine.pk).update(labels=labels, updated_at=Now())
+        machine.labels = labels
+        note_machine(machine, actor, f"labels: {said(labels)} (were {said(before)})")
+        transaction.on_commit(lambda: machine_labels_changed.send_robust(Machine, machine=machine, before=before))
     return True

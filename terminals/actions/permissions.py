@@ -1,54 +1,50 @@
-"""Who may open, view and take over which shell. Pure checks: nothing here writes."""
+"""Who may open, view, take over and share which shell: the terminals' words for the one decision
+(access.policy.may). Pure checks: nothing here writes."""
 
 from __future__ import annotations
 
-from django.conf import settings
-
-from executions.models import Backend, Machine
+from access.policy import TAKEOVER_PERMISSION, Do, may
+from executions.models import Machine
 from terminals.models import TerminalSession
+
+OBSERVE_PERMISSION = "terminals.observe_terminalsession"
+
+__all__ = ["OBSERVE_PERMISSION", "TAKEOVER_PERMISSION"]
+
+
+def may_see_machine(user, machine: Machine) -> bool:
+    """Whether the workspace exists for ``user`` at all (any role on it)."""
+    return may(user, Do.SEE, machine)
 
 
 def may_use_machine(user, machine: Machine) -> bool:
-    """Host shells (local, tmux) are staff-only unless settings allow everyone."""
-    if not user.is_authenticated or not user.is_active:
-        return False
-    if machine.backend in {Backend.LOCAL, Backend.TMUX} and not settings.TETHER_HOST_SHELLS_FOR_ALL:
-        return user.is_staff
-    return True
-
-
-TAKEOVER_PERMISSION = "terminals.takeover_terminalsession"
-OBSERVE_PERMISSION = "terminals.observe_terminalsession"
+    """Open a shell on it, run commands there."""
+    return may(user, Do.USE, machine)
 
 
 def may_view_session(user, session: TerminalSession) -> bool:
-    """Its owner, or staff allowed to watch another user's shell (they open it as an observer) or to take it
-    over (which the user is then told). Its recordings follow the same rule."""
-    if not (user.is_authenticated and user.is_active):
-        return False
-    return session.user_id == user.pk or may_observe(user, session)
-
-
-def may_observe_others(user) -> bool:
-    """Staff who may watch other users' shells read-only (and play their recordings): with the permission to
-    watch, or to take over."""
-    staff = user.is_authenticated and user.is_staff and user.is_active
-    return staff and (user.has_perm(OBSERVE_PERMISSION) or user.has_perm(TAKEOVER_PERMISSION))
+    """Its own user with use, or anyone who may watch the machine's shells (they open it as an observer), or
+    take it over (the user is told). Its recordings follow the same rule."""
+    return may(user, Do.USE, session) or may(user, Do.WATCH, session)
 
 
 def may_observe(user, session: TerminalSession) -> bool:
-    return session.user_id != user.pk and may_observe_others(user)
+    """Watch another user's shell read-only."""
+    return session.user_id != user.pk and may(user, Do.WATCH, session)
 
 
 def may_take_over(user, session: TerminalSession) -> bool:
-    return session.user_id != user.pk and user.is_staff and user.is_active and user.has_perm(TAKEOVER_PERMISSION)
+    return may(user, Do.TAKE_OVER, session)
 
 
 def may_share(user, session: TerminalSession) -> bool:
-    """Its owner, or staff who may watch it and make share links."""
-    if not (user.is_authenticated and user.is_active):
-        return False
-    return session.user_id == user.pk or (may_observe(user, session) and user.has_perm("terminals.add_sharelink"))
+    """Make a share link to it: whoever may watch it (the link gives no more than that)."""
+    return may(user, Do.SHARE, session)
+
+
+def may_operate(user, session: TerminalSession) -> bool:
+    """Reset, kill or dismiss it: its own user (with use), or an operator of its machine."""
+    return may(user, Do.OPERATE, session)
 
 
 def may_revoke_share(user, link) -> bool:
@@ -60,10 +56,6 @@ def may_revoke_share(user, link) -> bool:
 
 
 def in_use_refusal(machine: Machine, session: TerminalSession, user) -> str:
-    """Why ``user`` may not open ``machine``'s open shell, in their words."""
-    if user.is_staff:
-        return (
-            f"{machine.name} has {session.user.get_username()}'s shell open; watching another user's shell needs "
-            'the permission "Can watch another user\'s shell and play its recordings"'
-        )
+    """Why ``user`` may not open ``machine``'s open shell: someone else's is open, and they may not watch it (so
+    whose it is is not theirs to know)."""
     return f"{machine.name} is in use by another user's shell right now"

@@ -16,7 +16,7 @@ from api.tokens import create_token, revoke_token
 from executions.actions import Actor, transition
 from executions.actions.machines import add_machine
 from executions.models import Evidence, Execution, State
-from tests.factories import make_execution, make_spec
+from tests.factories import grant, make_execution, make_spec
 
 pytestmark = pytest.mark.django_db
 
@@ -30,8 +30,15 @@ def call(method: str, path: str, token: str | None = None, **body):
 
 
 @pytest.fixture
-def docker_box():
-    return add_machine(name="box", backend="docker", ref="some-container", scope="team-a", actor=Actor.command("t"))
+def docker_box(alice, bob):
+    """Team A's docker workspace: alice and bob are in the team, which uses it."""
+    from django.contrib.auth.models import Group
+
+    box = add_machine(name="box", backend="docker", ref="some-container", scope="team-a", actor=Actor.command("t"))
+    team = Group.objects.create(name="team-a")
+    team.user_set.add(alice, bob)
+    grant(team, box)
+    return box
 
 
 def token_for(user, *scopes, **options) -> str:

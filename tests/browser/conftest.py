@@ -105,14 +105,20 @@ def stack(request, frontend_built, django_db_setup, django_db_blocker):
     try:
         stack.start(backends="local")
         with django_db_blocker.unblock():
-            committed(
-                get_user_model().objects.create_user, username="operator", password="operator-password", is_staff=True
-            )
+            committed(_staff_operator)
         yield stack
     finally:
         stack.stop()
         with django_db_blocker.unblock():
             call_command("flush", interactive=False, verbosity=0)
+
+
+def _staff_operator() -> None:
+    """The staff user most tests sign in as: it opens shells on every workspace (a staff permission, no grant)."""
+    from django.contrib.auth.models import Permission
+
+    user = get_user_model().objects.create_user(username="operator", password="operator-password", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="use_every_workspace"))
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from terminals import actions
 from terminals.models import SessionEvent, ShareLink, TerminalSession
 from tests.browser.conftest import SCREENSHOTS, committed
 from tests.browser.test_terminal_page import log_in, open_workspace, run, wait_for_text
+from tests.factories import grant
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db, pytest.mark.asyncio(loop_scope="module")]
 
@@ -38,7 +39,10 @@ def people(stack, django_db_blocker):
 
 
 def new_machine(name: str) -> str:
-    committed(add_machine, name=name, backend="local", scope="team-a", actor=Actor.command("tests"))
+    """A host machine alice and bob use (host shells are open to everyone here: STACK_ENV)."""
+    machine = committed(add_machine, name=name, backend="local", scope="team-a", actor=Actor.command("tests"))
+    for person in ("alice", "bob"):
+        committed(lambda person=person: grant(get_user_model().objects.get(username=person), machine))
     return name
 
 
@@ -136,7 +140,8 @@ async def test_a_share_link_shows_the_live_shell_until_it_is_revoked(browser, ba
             await context.close()
 
 
-async def test_a_share_link_closes_the_page_when_it_expires(browser, base_url, people):
+async def test_a_share_link_closes_the_page_when_it_expires(browser, base_url, people, settings):
+    settings.TETHER_HOST_SHELLS_FOR_ALL = True  # as the servers are (STACK_ENV): the link is made here
     machine = new_machine("expiring-box")
     contexts = [await browser.new_context(base_url=base_url) for _ in range(2)]
     try:

@@ -11,7 +11,7 @@ from django.utils import timezone
 from executions.models import Backend, MachineEvent
 from terminals import actions
 from terminals.models import CommandRecord, TerminalSession
-from tests.factories import make_machine
+from tests.factories import grant, make_machine
 
 pytestmark = pytest.mark.django_db
 
@@ -41,6 +41,7 @@ def _record(session, command: str, state: str, status: int | None = None, offset
 @pytest.fixture
 def session(alice):
     machine = make_machine("box", backend=Backend.DOCKER)
+    grant(alice, machine)
     session, _ = actions.open_terminal(machine, alice)
     _record(session, "make test", "exited", 2, offset=10)
     _record(session, "make deploy", "running", offset=20)

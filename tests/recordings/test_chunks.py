@@ -18,7 +18,7 @@ from terminals import actions, recording_store
 from terminals.actions.recordings import ChunksNotHere
 from terminals.asciicast import EventLog, output_of
 from terminals.models import Recording, RecordingChunk
-from tests.factories import TEST_ACTOR, make_machine
+from tests.factories import TEST_ACTOR, grant, make_machine
 
 pytestmark = pytest.mark.django_db
 
@@ -64,6 +64,7 @@ def begun(alice):
     """Alice's shell on a docker workspace, claimed by a worker, with its recording begun: (recording, worker,
     lease token)."""
     machine = make_machine("chunk-box", backend=Backend.DOCKER)
+    grant(alice, machine)
     session, _ = actions.open_terminal(machine, alice)
     owner = actions.register_worker(
         worker_id="w-chunks", host=settings.TETHER_HOST, pid=1, started_at=1, boot_id="b", channel_name="c-chunks"
@@ -165,7 +166,9 @@ def test_chunk_files_of_recordings_no_longer_being_made_are_removed_by_the_clean
     events = taken(b"live\r\n", 1_001.0)
     assert write(owned, 0, events, recording_store.save_chunk(recording.pk, 0, events.lines))
     # A recording saved by a finisher that died after its commit, before it removed the chunks.
-    other_session, _ = actions.open_terminal(make_machine("chunk-box-2", backend=Backend.DOCKER), alice)
+    other = make_machine("chunk-box-2", backend=Backend.DOCKER)
+    grant(alice, other)
+    other_session, _ = actions.open_terminal(other, alice)
     saved = Recording.objects.create(
         session=other_session, execution=other_session.execution, generation=1, started_at=timezone.now(),
         started_epoch=0.0, cols=80, rows=24, state="saved", file="x.cast.gz", finished_at=timezone.now(),

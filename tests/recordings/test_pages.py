@@ -16,7 +16,7 @@ from executions.models import Backend
 from terminals import actions, recording_store
 from terminals.asciicast import EventLog, output_of
 from terminals.models import Recording, RecordingChunk, SessionEvent, ShareLink
-from tests.factories import make_machine
+from tests.factories import grant, make_machine
 from tests.test_views import finish, logged_in
 
 pytestmark = pytest.mark.django_db
@@ -27,6 +27,7 @@ def recorded(alice):
     """Alice's shell on a docker workspace, recorded and exited with code 7: its recording finished the way an
     owner worker finishes it (chunks, then the file)."""
     machine = make_machine("rec-box", backend=Backend.DOCKER)
+    grant(alice, machine)
     session, _ = actions.open_terminal(machine, alice)
     log = EventLog(started=1_000.0, limit=1 << 20)
     log.output(0, 0, "héllo ✓\r\n".encode(), 1_001.0)
@@ -180,6 +181,7 @@ def test_the_admin_revokes_share_links_after_confirmation_and_only_with_the_perm
 
 def test_a_recording_is_shared_once_its_shell_has_ended(alice):
     machine = make_machine("live-rec-box", backend=Backend.DOCKER)
+    grant(alice, machine)
     session, _ = actions.open_terminal(machine, alice)
     recording = Recording.objects.create(
         session=session, execution=session.execution, generation=1, started_at=timezone.now(), started_epoch=0.0,

@@ -1,4 +1,5 @@
 from executions.actions import Actor, add_machine
+from executions.labels import parse_labels, said
 from executions.management.base import ExecutionCommand, require_fits
 from executions.models import Backend, Machine
 
@@ -24,6 +25,13 @@ class Command(ExecutionCommand):
             help="local and tmux only: the host its processes live on (default: this host, TETHER_HOST)",
         )
         parser.add_argument(
+            "--label",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="what it is for (team=payments); access granted to a label reaches it (repeat for more)",
+        )
+        parser.add_argument(
             "--no-track-commands",
             action="store_true",
             help="start its shells without Tether's shell integration: typed commands are not kept on the record",
@@ -42,7 +50,9 @@ class Command(ExecutionCommand):
             engine=options["engine"],
             host=options["host"],
             track_commands=not options["no_track_commands"],
+            labels=parse_labels(options["label"]),
             actor=Actor.command("machine_add"),
         )
         where = f" on host {machine.host}" if machine.host else ""
-        self.stdout.write(f"machine {machine.name} ({machine.backend}) added in scope {machine.scope}{where}")
+        labelled = f", labels {said(machine.labels)}" if machine.labels else ""
+        self.stdout.write(f"machine {machine.name} ({machine.backend}) added in scope {machine.scope}{where}{labelled}")
