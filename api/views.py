@@ -34,15 +34,17 @@ def _page(request: HttpRequest, *, status: int = 200, **context) -> HttpResponse
 @login_required
 @require_http_methods(["GET", "POST"])
 def tokens(request: HttpRequest) -> HttpResponse:
-    """Your API tokens (GET), or a new one (POST: ``name``, ``scopes``, ``days``), shown this once."""
+    """Your API tokens (GET), or a new one (POST: ``name``, ``scopes``, ``days``; ``machines`` and ``labels`` to
+    narrow it, separated by commas or spaces), shown this once."""
     if request.method == "GET":
         return _page(request)
     raw_days = request.POST.get("days", "")
     try:
         days = int(raw_days) if raw_days.isdigit() else -1
         token, raw = create_token(
-            request.user, name=request.POST.get("name", ""), scopes=request.POST.getlist("scopes"), days=days
-        )
+            request.user, name=request.POST.get("name", ""), scopes=request.POST.getlist("scopes"), days=days,
+            machines=_words(request.POST.get("machines", "")), labels=_words(request.POST.get("labels", "")),
+        )  # fmt: skip
     except ExecutionError as refused:
         return _page(request, error=str(refused), status=400)
     return _page(request, new_token=token, new_raw=raw)
@@ -59,3 +61,7 @@ def revoke(request: HttpRequest, pk: int) -> HttpResponse:
     except ExecutionError as refused:
         return _page(request, error=str(refused))
     return _page(request, revoked=token)
+
+
+def _words(text: str) -> list[str]:
+    return [word for word in text.replace(",", " ").split() if word]

@@ -56,4 +56,6 @@ class JsonFormatter(logging.Formatter):
                 line[name] = str(value)
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:  # formatted (and redacted) already: config/redact.py
+            line["exception"] = record.exc_text
         return json.dumps(line, ensure_ascii=False)

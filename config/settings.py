@@ -224,7 +224,9 @@ LOGGING = {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
         "json": {"()": "config.logs.JsonFormatter", "host": env_str("TETHER_HOST", "") or socket.gethostname()},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": TETHER_LOG_FORMAT}},
+    # No secret in a log (config/redact.py): share-link tokens, API tokens, bearer and session values.
+    "filters": {"redact": {"()": "config.redact.RedactingFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": TETHER_LOG_FORMAT, "filters": ["redact"]}},
     "root": {"handlers": ["console"], "level": env_choice("LOG_LEVEL", "INFO", {"DEBUG", "INFO", "WARNING", "ERROR"})},
 }
 

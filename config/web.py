@@ -8,6 +8,10 @@ choose()  # before daphne.server makes its loop
 
 from daphne.cli import CommandLineInterface  # noqa: E402
 
+from config.redact import redact_daphne_access_log  # noqa: E402
+
+redact_daphne_access_log()  # its access log names paths: a share link's token is one
+
 if __name__ == "__main__":
     try:
         CommandLineInterface.entrypoint()

@@ -125,6 +125,7 @@ class MachineAdmin(NothingEditableOnChange, admin.ModelAdmin):
             engine=obj.engine,
             host=obj.host,
             track_commands=obj.track_commands,
+            labels=obj.labels or {},
             actor=actions.Actor.for_user(request.user),
         )
         obj.pk = created.pk

@@ -42,6 +42,19 @@ def test_no_executions_module_imports_terminals():
     assert not upward
 
 
+def test_access_knows_nothing_of_terminals_or_the_api():
+    """The decision of who may do what sits between the records and the apps that run and serve them."""
+    sources = sorted((ROOT / "access").rglob("*.py"))
+    assert len(sources) > 5
+    upward = {
+        f"{source.relative_to(ROOT)}: {module}"
+        for source in sources
+        for module in _imported_modules(source)
+        if module.split(".")[0] in {"terminals", "api"}
+    }
+    assert not upward
+
+
 def test_the_import_check_sees_imports_in_functions_too(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def later():\n    from terminals.resolution import resolve\n    import terminals.wake\n")

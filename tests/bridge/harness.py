@@ -160,6 +160,7 @@ class Stack:
     # Tests create work from a process whose wake-ups do not reach the workers: they poll often.
     worker_poll: float = 0.1
     log_dir: Path = field(default_factory=lambda: Path(os.environ.get("TETHER_TEST_LOGS", "/tmp/tether-test-logs")))
+    access_log: bool = False  # daphne's access log (its stdout) into its log too
 
     def _log(self, name: str):
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -187,6 +188,7 @@ class Stack:
     def start_daphne(self, port: int | None = None) -> int:
         """Start a daphne server (on ``port`` when given, e.g. to come back where a killed one was)."""
         port = port or free_port()
+        log = self._log("daphne")
         process = subprocess.Popen(
             [
                 sys.executable,
@@ -202,8 +204,8 @@ class Stack:
             ],
             cwd=ROOT,
             env=self.env(),
-            stdout=subprocess.DEVNULL,
-            stderr=self._log("daphne"),
+            stdout=log if self.access_log else subprocess.DEVNULL,
+            stderr=log,
         )
         self.processes.append(process)
         self.daphnes.append(process)
