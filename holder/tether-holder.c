@@ -640,34 +640,32 @@ static void fail(int fd, const char *format, ...) {
     _exit(1);
 }
 
-static unsigned long long start_time_of(pid_t pid) {
-    char path[64], stat[1024];
+/* /proc/PID/stat from its third field on (the state: "S 1 ..."), in stat; NULL when there is no such process. */
+static char *stat_of(pid_t pid, char *stat, size_t size) {
+    char path[64];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, stat, sizeof stat - 1);
+    if (fd < 0) return NULL;
+    ssize_t n = read(fd, stat, size - 1);
     close(fd);
-    if (n <= 0) return 0;
+    if (n <= 0) return NULL;
     stat[n] = 0;
-    char *p = strrchr(stat, ')');
-    if (!p) return 0;
-    p += 2;
+    char *p = strrchr(stat, ')');  /* after the command's name, which may hold anything */
+    return p && p[1] == ' ' ? p + 2 : NULL;
+}
+
+static unsigned long long start_time_of(pid_t pid) {
+    char stat[1024];
+    char *p = stat_of(pid, stat, sizeof stat);
     for (int field = 3; field < 22 && p; field++) { p = strchr(p, ' '); if (p) p++; }
     return p ? strtoull(p, NULL, 10) : 0;
 }
 
 /* The one-letter state of /proc/PID/stat ('R', 'S', 'Z', ...), or 0 when there is no such process. */
 static char state_of(pid_t pid) {
-    char path[64], stat[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, stat, sizeof stat - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    stat[n] = 0;
-    char *p = strrchr(stat, ')');
-    return p && p[1] == ' ' ? p[2] : 0;
+    char stat[1024];
+    char *p = stat_of(pid, stat, sizeof stat);
+    return p ? *p : 0;
 }
 
 /* The starter with --reap: the holder and whatever is orphaned below it become its children (it is a
