@@ -185,7 +185,8 @@ class AccessMachineAdmin(MachineAdmin):
         return TemplateResponse(request, "admin/access/reach.html", context)
 
     def labels_view(self, request, pk: int):
-        if not self.has_change_permission(request):
+        # A label can carry grants: changing one gives or takes access, so it is a grant-maker's to do.
+        if not (self.has_change_permission(request) and request.user.has_perm("access.add_grant")):
             raise PermissionDenied
         machine = get_object_or_404(Machine, pk=pk)
         current = ", ".join(f"{key}={value}" for key, value in sorted((machine.labels or {}).items()))

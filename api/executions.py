@@ -102,20 +102,12 @@ def namespace_of(token) -> str:
 
 
 def visible(token):
-    """The executions a token may see: its user's own commands and shells on machines it still reaches; for
-    staff with the permission to view executions, every one on those machines."""
-    executions = Execution.objects.select_related("machine", "resolved_by")
+    """The executions a token may see: its user's own commands and shells, on machines it still reaches. Staff
+    permissions widen the machines, never whose work: another user's output is theirs (docs/access.md)."""
     user = token.user
-    if user.is_staff and user.has_perm("executions.view_execution") and token_allows_all(token):
-        return executions
     reached = [machine.pk for machine in reach_of(token).machines(Do.SEE)]
-    if not (user.is_staff and user.has_perm("executions.view_execution")):
-        executions = executions.filter(Q(requested_by=user) | Q(terminal_session__user=user))
-    return executions.filter(machine__in=reached)
-
-
-def token_allows_all(token) -> bool:
-    return not (token.machines or token.labels)
+    executions = Execution.objects.select_related("machine", "resolved_by")
+    return executions.filter(Q(requested_by=user) | Q(terminal_session__user=user), machine__in=reached)
 
 
 def still(request) -> None:
@@ -172,6 +164,8 @@ def submit(request, body: SubmitIn):
     namespace = namespace_of(token)
     existing = exec_actions.find_execution(body.scope, body.id, namespace)
     if existing is not None:
+        if not may(token, Do.SEE, existing.machine):  # the same id, on a machine this token does not reach
+            raise ApiProblem("identity_conflict", f"{body.scope}/{body.id} was submitted before, elsewhere")
         if existing.spec_digest != spec.digest or existing.machine.name != body.machine:
             raise ApiProblem(
                 "identity_conflict",
@@ -377,6 +371,8 @@ def cancel(request, pk: int, body: CancelIn):
     process tree (202); it ends completed (killed) only when the tree is proven gone, else unknown."""
     token = need(request, Scope.RUN)
     execution = _mine(request, pk)
+    if not may(token, Do.OPERATE, execution):  # seen, but ending it is not this token's to do
+        raise ApiProblem("forbidden", f"you may not cancel execution {pk}")
     actor = actor_of(token)
     if execution.state == State.PENDING:
         try:
@@ -400,8 +396,8 @@ def resolve_execution(request, pk: int, body: ResolveIn):
     user = token.user
     if not (user.is_staff and user.has_perm(RESOLVE_PERMISSION)):
         raise ApiProblem("forbidden", f"resolving needs an active staff user with {RESOLVE_PERMISSION}")
-    execution = Execution.objects.filter(pk=pk).first()
-    if execution is None:
+    execution = Execution.objects.select_related("machine").filter(pk=pk).first()
+    if execution is None or not may(token, Do.RESOLVE, execution):  # a machine this token does not reach
         raise ApiProblem("not_found", f"no execution {pk}")
     if not body.note.strip():
         raise ApiProblem("validation_error", "say what evidence shows the process is gone")

@@ -11,6 +11,8 @@ HIDDEN = "[redacted]"
 _SECRETS = [
     # A share link's token is the path segment after /shares/ (pages, casts, sockets: /ws/shares/TOKEN/).
     (re.compile(r"(/shares/)(?!\d+/revoke)[A-Za-z0-9_-]{16,200}"), rf"\1{HIDDEN}"),
+    # ... and URL-encoded, as in a login page's ?next=%2Fshares%2FTOKEN%2F
+    (re.compile(r"(?i)(%2Fshares%2F)(?!\d+%2Frevoke)[A-Za-z0-9_-]{16,200}"), rf"\1{HIDDEN}"),
     (re.compile(r"tether_[0-9a-f]{12}_[A-Za-z0-9_-]{20,}"), f"tether_{HIDDEN}"),  # an API token
     (re.compile(r"(?i)(bearer\s+)[^\s'\",]+"), rf"\1{HIDDEN}"),
     (re.compile(r"(?i)((?:sessionid|csrftoken|password|secret)[\"']?\s*[=:]\s*[\"']?)[^\s'\",&;]+"), rf"\1{HIDDEN}"),

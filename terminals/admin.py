@@ -9,16 +9,18 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
+from django.db.models import Q
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 
+from access.policy import RESOLVE_PERMISSION, Do, may, reach_of
 from executions import admin as executions_admin
 from executions.actions import Actor
 from executions.admin import NothingEditableOnChange, badge
-from executions.errors import ExecutionError
+from executions.errors import ExecutionError, Refused
 from executions.models import Execution, State
 from terminals import actions
 from terminals.models import CommandRecord, ProcessLease, SessionEvent, TerminalSession
@@ -87,14 +89,36 @@ def confirmed_action(name: str, description: str, each, *, permission: str, noun
 
 
 def _confirmed_action(action: str, description: str):
-    """A session action of an operator's (terminals.actions.operator_session_action), confirmed, with a reason."""
-    return confirmed_action(
-        f"{action}_sessions",
-        description,
-        lambda session, actor, reason: actions.operator_session_action(session, action, actor=actor, reason=reason),
-        permission=action,
-        noun="sessions",
-    )
+    """A session action of an operator's (terminals.actions.operator_session_action), confirmed, with a reason:
+    the permission lets one into the action, the workspace decides each session (operate there, or one's own)."""
+
+    def each(session, actor, reason):
+        if not may(actor.user, Do.OPERATE, session):
+            raise Refused(f"your role on {session.machine.name} does not let you {action} another user's shell")
+        actions.operator_session_action(session, action, actor=actor, reason=reason)
+
+    return confirmed_action(f"{action}_sessions", description, each, permission=action, noun="sessions")
+
+
+class Watched:
+    """An admin list of what happens on machines, cut to the workspaces this staff member may watch (their
+    grants or permissions) and their own work there; a superuser sees all. What they may not reach is not
+    listed, and its change page answers as a missing one."""
+
+    machine_path = "machine"
+    owner_paths: tuple[str, ...] = ("user",)
+
+    def get_queryset(self, request):
+        found = super().get_queryset(request)
+        user = request.user
+        if user.is_superuser:
+            return found
+        reach = reach_of(user)
+        mine = Q()
+        for owner in self.owner_paths:
+            mine |= Q(**{owner: user})
+        watched = Q(**{f"{self.machine_path}__in": reach.machines(Do.WATCH)})
+        return found.filter(watched | (mine & Q(**{f"{self.machine_path}__in": reach.machines(Do.SEE)})))
 
 
 class SessionEventInline(admin.TabularInline):
@@ -111,7 +135,7 @@ class SessionEventInline(admin.TabularInline):
 
 
 @admin.register(TerminalSession)
-class TerminalSessionAdmin(NothingEditableOnChange, admin.ModelAdmin):
+class TerminalSessionAdmin(Watched, NothingEditableOnChange, admin.ModelAdmin):
     list_display = [
         "id",
         "machine",
@@ -300,8 +324,10 @@ class WrittenElsewhere(NothingEditableOnChange):
 
 
 @admin.register(CommandRecord)
-class CommandRecordAdmin(WrittenElsewhere, admin.ModelAdmin):
+class CommandRecordAdmin(Watched, WrittenElsewhere, admin.ModelAdmin):
     """Typed commands, as their shells' marks told them: read-only (the owner worker writes them)."""
+
+    machine_path, owner_paths = "session__machine", ("session__user",)
 
     list_display = ["command", "state", "exit_status", "started_at", "ended_at", "session", "generation"]
     list_filter = ["state"]
@@ -316,7 +342,15 @@ admin.site.unregister(Execution)
 
 
 @admin.register(Execution)
-class ExecutionAdmin(executions_admin.ExecutionAdmin):
+class ExecutionAdmin(Watched, executions_admin.ExecutionAdmin):
+    owner_paths = ("requested_by", "terminal_session__user")
+
+    def get_queryset(self, request):
+        # Resolving an unknown outcome is staff's with the permission wherever it happened (access.policy).
+        if request.user.has_perm(RESOLVE_PERMISSION):
+            return super(Watched, self).get_queryset(request)
+        return super().get_queryset(request)
+
     @admin.display(description="resolution")
     def resolution(self, obj: Execution):
         if obj.state != State.UNKNOWN:

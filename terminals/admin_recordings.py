@@ -9,7 +9,7 @@ from django.utils.html import format_html
 
 from executions.admin import badge
 from terminals import actions
-from terminals.admin import WrittenElsewhere, confirmed_action
+from terminals.admin import Watched, WrittenElsewhere, confirmed_action
 from terminals.models import Recording, RecordingState, ShareLink
 from terminals.recording_views import player_state
 
@@ -21,8 +21,10 @@ STATE_COLOURS = {
 
 
 @admin.register(Recording)
-class RecordingAdmin(WrittenElsewhere, admin.ModelAdmin):
+class RecordingAdmin(Watched, WrittenElsewhere, admin.ModelAdmin):
     """Recordings: written by the shells' owners, read-only here; their change page plays them."""
+
+    machine_path, owner_paths = "session__machine", ("session__user",)
 
     list_display = ["id", "session", "machine", "owner", "generation", "state_badge", "length", "size", "started_at"]
     list_filter = ["state", "input_recorded", "session__machine"]

@@ -137,7 +137,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
 
     @property
     def via(self) -> str:
-        return "staff" if self.session.user_id != self.scope["user"].pk else ""
+        if self.session.user_id == self.scope["user"].pk:
+            return ""
+        return "staff" if self.scope["user"].is_staff else "team"  # a teammate with watch, or staff
 
     async def dispatch(self, message: dict) -> None:
         """As channels' own, less its ``aclose_old_connections()`` before every handler: a hop to the
@@ -458,14 +460,19 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if self.credential and (ended := self.credential.ended()):
             return f"The API token this socket was opened with was {ended}"
         who = self.credential.token() if self.credential else user
+        session = self.fresh_session()  # its machine as it is now: a label taken off ends the grant on it
         if self.attacher.observing:
-            return "" if may(who, Do.WATCH, self.session) else "You may no longer watch this shell"
-        writes = may(who, Do.TAKE_OVER if self.foreign else Do.USE, self.session)
+            return "" if may(who, Do.WATCH, session) else "You may no longer watch this shell"
+        writes = may(who, Do.TAKE_OVER if self.foreign else Do.USE, session)
         return "" if writes else "You may no longer write into this shell"
+
+    def fresh_session(self) -> TerminalSession:
+        found = TerminalSession.objects.select_related("machine").filter(pk=self.session.pk).first()
+        return found if found is not None else self.session
 
     def may_write(self) -> bool:
         who = self.credential.token() if self.credential else self.user
-        return may(who, Do.USE, self.session)
+        return may(who, Do.USE, self.fresh_session())
 
     async def access_changed(self, event: dict) -> None:
         """Someone's access was narrowed (a grant, a group, a label): if it was this socket's right, it ends now."""

@@ -144,7 +144,7 @@ def open_machine(request: HttpRequest, name: str) -> HttpResponse:
     try:
         session, _ = actions.open_terminal(machine, request.user)
     except SlotTaken as busy:
-        messages.error(request, busy_text(machine, busy))
+        messages.error(request, busy_text(machine, busy, request.user))
         return redirect("terminals:workspaces")
     except ExecutionError as refused:  # a guard (cap, someone else's shell), never a 500
         messages.error(request, f"Could not open {machine.name}: {refused}")
@@ -152,8 +152,12 @@ def open_machine(request: HttpRequest, name: str) -> HttpResponse:
     return redirect("terminals:terminal", session_id=session.id)
 
 
-def busy_text(machine: Machine, busy: SlotTaken) -> str:
-    """Why a machine takes no new shell now, in a user's words (its slot holds one execution at a time)."""
+def busy_text(machine: Machine, busy: SlotTaken, user) -> str:
+    """Why a machine takes no new shell now, in a user's words (its slot holds one execution at a time). The
+    command holding it is named only to who may watch it: another user's work is not theirs to know of."""
+    holder = Execution.objects.select_related("machine", "terminal_session").filter(pk=busy.holder_pk).first()
+    if holder is None or not may(user, Do.WATCH, holder):
+        busy.holder_label = "another user's command"
     if busy.holder_state == State.UNKNOWN:
         return (
             f"{machine.name} cannot start a new shell yet: the last command or shell on it ended with an unknown "
@@ -201,7 +205,7 @@ def terminal(request: HttpRequest, session_id: UUID) -> HttpResponse:
         ws_path=f"/ws/terminals/{session.id}/",
         owner=session.user.get_username() if foreign else "",
         role="observer" if foreign else "writer",
-        via="staff" if foreign else "",
+        via=("staff" if request.user.is_staff else "team") if foreign else "",
         canTakeOver=foreign and actions.may_take_over(request.user, session),
         sharesUrl=reverse("terminals:session_shares", args=[session.id])
         if actions.may_share(request.user, session)

@@ -153,9 +153,13 @@ def test_a_refused_open_is_a_message_not_an_error(alice, bob, settings):
     assert response.status_code == 200
     assert "the limit is 1" in response.content.decode()
     assert TerminalSession.objects.filter(user=alice).count() == 1
-    # A machine whose command slot another execution holds: said in a user's words, with the holder.
+    # A machine whose command slot another execution holds: said in a user's words, with the holder when it
+    # is one's own (another's is "another user's command", tests/access/test_outside_findings.py).
     settings.TETHER_SESSIONS_PER_USER = 5
-    held = make_execution(Machine.objects.get(name="busy-box"), execution_id="nightly-build")
+    from executions.actions import Actor
+
+    busy = Machine.objects.get(name="busy-box")
+    held = make_execution(busy, execution_id="nightly-build", actor=Actor.for_user(alice))
     response = logged_in(alice).post("/machines/busy-box/open/", follow=True)
     text = response.content.decode()
     assert response.status_code == 200 and "busy-box is about to run team-a/nightly-build" in text

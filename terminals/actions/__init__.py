@@ -88,6 +88,7 @@ from terminals.actions.shares import (
     share_group,
     share_links_of,
     valid_share_link,
+    withdraw_share_link,
 )
 from terminals.actions.workers import (
     drain_worker,
@@ -164,6 +165,7 @@ __all__ = [
     "tracking",
     "unfinished_recordings",
     "valid_share_link",
+    "withdraw_share_link",
     "worker_heartbeat",
     "write_chunk",
 ]

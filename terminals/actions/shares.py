@@ -74,8 +74,14 @@ def valid_share_link(token: str) -> ShareLink | None:
         .filter(token_hash=token_hash(token), revoked_at__isnull=True, expires_at__gt=Now())
         .first()
     )
-    # Whoever made it must still be allowed to: a link outlives no deactivation or lost permission.
-    return link if link is not None and may_share(link.created_by, link.session) else None
+    if link is None:
+        return None
+    # Whoever made it must still be allowed to: a link outlives no deactivation or lost permission, and once
+    # withdrawn it stays so (the maker's access coming back does not bring back a link they may have forgotten).
+    if not may_share(link.created_by, link.session):
+        withdraw_share_link(link)
+        return None
+    return link
 
 
 def link_ended(link_pk: int) -> str:
@@ -86,7 +92,23 @@ def link_ended(link_pk: int) -> str:
         return "revoked"
     if link.expires_at <= link.now:
         return "expired"
-    return "" if may_share(link.created_by, link.session) else "withdrawn"
+    if may_share(link.created_by, link.session):
+        return ""
+    withdraw_share_link(link)
+    return "withdrawn"
+
+
+def withdraw_share_link(link: ShareLink) -> None:
+    """Revoke a link whose maker lost the right to share its session (compare-and-set, audited, its sockets
+    closed): revoked by its maker's loss, as if they had revoked it."""
+    with transaction.atomic():
+        changed = ShareLink.objects.filter(pk=link.pk, revoked_at__isnull=True).update(
+            revoked_at=Now(), revoked_by=link.created_by
+        )
+        if changed:
+            why = f"{link.created_by} may no longer watch this shell"
+            session_event(link.session, "share_withdrawn", Actor("access"), why, share_link=link.pk)
+            transaction.on_commit(lambda: _close_sockets(link.pk))
 
 
 def note_share_opened(link: ShareLink, user) -> None:

@@ -92,3 +92,21 @@ async def test_a_revoked_tokens_long_poll_answers_at_once(stack, place, alice):
         answers = await asyncio.wait_for(asyncio.gather(waited, read), 5)
         assert time.monotonic() - revoked < 1.0
         assert [answer.json()["code"] for answer in answers] == ["token_revoked", "token_revoked"]
+
+
+async def test_a_label_taken_off_the_machine_closes_the_sockets_its_grant_allowed(stack, place, alice):
+    """The sockets once kept the machine as it was when they opened: with its label gone, alice typed on."""
+    from executions.actions import Actor, set_labels
+
+    machine = await sync_to_async(place)("docker")
+    await sync_to_async(set_labels)(machine, {"team": "payments"}, actor=Actor.command("tests"))
+    await sync_to_async(grant)(alice, "team=payments", "use")
+    session, _ = await sync_to_async(actions.open_terminal)(machine, alice)
+    viewer = await Viewer.open(stack.ports[0], session.id, await sync_to_async(session_cookie)(alice))
+    await viewer.attach()
+    await viewer.type("echo READY-$((3*3))\r")
+    await viewer.read_until(b"READY-9")
+    changed = time.monotonic()
+    await sync_to_async(set_labels)(machine, {"team": "other"}, actor=Actor.command("tests"))
+    assert await viewer.wait_closed(timeout=5) == 4015
+    assert time.monotonic() - changed < 1.0

@@ -1,0 +1,129 @@
+"""What a review from outside found in the first cut of access, each as it was tried: staff with only the
+permission to view executions reading and killing anyone's through the API, the admin's session actions
+ignoring the workspace, the portal naming another user's command, a share link coming back to life, a narrowed
+token resolving elsewhere, a share token URL-encoded in a log line."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Group, Permission
+from django.test import Client
+
+from api.tokens import create_token
+from config.redact import redact
+from executions.actions import Actor, transition
+from executions.models import Backend, Evidence, State
+from terminals import actions
+from terminals.models import ShareLink, TerminalSession
+from tests.factories import TEST_ACTOR, grant, make_execution, make_machine
+
+pytestmark = pytest.mark.django_db
+
+
+def api(raw: str) -> Client:
+    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
+
+
+def staff_with(django_user_model, name: str, *codenames: str):
+    user = django_user_model.objects.create_user(name, is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    return user
+
+
+@pytest.mark.django_db(transaction=True)  # the output route is async: it reads from another thread
+def test_a_token_reaches_its_users_own_commands_only_whatever_their_staff_permissions(alice, django_user_model):
+    box = make_machine("pay-a", backend=Backend.DOCKER)
+    grant(alice, box)
+    hers = make_execution(box, scope="ci", execution_id="build-1", actor=Actor.for_user(alice))
+    vera = staff_with(django_user_model, "vera", "view_execution")
+    _, raw = create_token(vera, name="t", scopes=["read", "run"])
+    for path in (f"/api/v1/executions/{hers.pk}", f"/api/v1/executions/{hers.pk}/output"):
+        assert api(raw).get(path).status_code == 404  # was 200, with her terminal's output
+    assert api(raw).post(f"/api/v1/executions/{hers.pk}/cancel", {}, content_type="application/json").status_code == 404
+    hers.refresh_from_db()
+    assert hers.state == State.PENDING  # was cancelled
+
+
+def test_a_narrowed_token_resolves_and_conflicts_only_on_its_machines(alice, django_user_model):
+    here, there = make_machine("pay-a", backend=Backend.DOCKER), make_machine("pay-b", backend=Backend.DOCKER)
+    rita = staff_with(django_user_model, "rita", "resolve_execution", "use_every_workspace")
+    lost = make_execution(there, execution_id="lost", actor=Actor.for_user(rita))
+    lost = transition(lost, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=TEST_ACTOR)
+    lost = transition(lost, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=TEST_ACTOR)
+    _, raw = create_token(rita, name="here", scopes=["read", "run"], machines=["pay-a"])
+    refused = api(raw).post(f"/api/v1/executions/{lost.pk}/resolve", {"note": "probe"}, content_type="application/json")
+    assert refused.status_code == 404  # was 200: resolved on a machine the token does not name
+    # Her own (scope, id) on pay-c, asked through the token narrowed to pay-a: a conflict that names nothing there.
+    make_machine("pay-c", backend=Backend.DOCKER)
+    spec = {"scope": "ci", "id": "b1", "argv": ["true"]}
+    _, wide = create_token(rita, name="wide", scopes=["read", "run"])
+    assert api(wide).post("/api/v1/executions", {**spec, "machine": "pay-c"},
+                          content_type="application/json").status_code == 201  # fmt: skip
+    conflict = api(raw).post("/api/v1/executions", {**spec, "machine": "pay-a"}, content_type="application/json")
+    assert conflict.status_code == 409 and "pay-c" not in conflict.content.decode(), conflict.content
+    assert "execution" not in conflict.json() and here.name  # no id of it either
+
+
+def test_the_admins_session_actions_need_the_workspace_not_only_the_permission(alice, django_user_model):
+    box = make_machine("pay-a", backend=Backend.DOCKER)
+    grant(alice, box)
+    session, _ = actions.open_terminal(box, alice)
+    kurt = staff_with(django_user_model, "kurt", "view_terminalsession", "kill_terminalsession",
+                      "dismiss_terminalsession")  # fmt: skip
+    client = Client()
+    client.force_login(kurt)
+    assert client.get(f"/admin/terminals/terminalsession/{session.pk}/change/").status_code == 302  # not his
+    grant(kurt, box, "watch")  # he may watch her shell now: it is listed, but ending it is not his
+    for action in ("kill", "dismiss"):
+        said = told(client, action, session)
+        assert f"your role on pay-a does not let you {action} another user's shell" in said, said
+    assert set(session.events.values_list("kind", flat=True)) == {"opened"}  # it dismissed and killed hers
+    grant(kurt, box, "operate")
+    told(client, "dismiss", session)
+    assert session.events.filter(kind="dismissed", actor="user:kurt").exists()
+
+
+def told(client: Client, action: str, session: TerminalSession) -> str:
+    form = {"action": f"{action}_sessions", "_selected_action": [str(session.pk)], "post": "yes", "reason": "probe"}
+    answer = client.post("/admin/terminals/terminalsession/", form, follow=True)
+    return " ".join(str(message) for message in answer.context["messages"])
+
+
+def test_open_on_a_busy_machine_names_only_what_is_the_users_own(alice, bob):
+    box = make_machine("pay-a", backend=Backend.DOCKER)
+    team = Group.objects.create(name="payments")
+    team.user_set.add(alice, bob)
+    grant(team, box)
+    make_execution(box, scope="ci", execution_id="build-1", actor=Actor.for_user(alice))
+    client = Client()
+    client.force_login(bob)
+    said = client.post("/machines/pay-a/open/", follow=True).content.decode()
+    assert "another user&#x27;s command" in said and "build-1" not in said  # it named ci/build-1
+    client.force_login(alice)
+    assert "ci/build-1" in client.post("/machines/pay-a/open/", follow=True).content.decode()
+
+
+def test_a_share_link_withdrawn_when_its_maker_lost_watch_stays_withdrawn(alice, django_user_model):
+    box = make_machine("pay-a", backend=Backend.DOCKER)
+    grant(alice, box)
+    session, _ = actions.open_terminal(box, alice)
+    sre = Group.objects.create(name="sre")
+    wendy = django_user_model.objects.create_user("wendy")
+    sre.user_set.add(wendy)
+    grant(sre, box, "watch")
+    link, token = actions.create_share_link(wendy, session)
+    assert actions.valid_share_link(token) is not None
+    sre.user_set.remove(wendy)
+    assert actions.valid_share_link(token) is None
+    sre.user_set.add(wendy)
+    assert actions.valid_share_link(token) is None  # it opened again for up to a week
+    link.refresh_from_db()
+    assert link.revoked_at is not None and ShareLink.objects.get(pk=link.pk).revoked_by == wendy
+    assert session.events.filter(kind="share_withdrawn").exists()
+
+
+def test_a_share_token_in_a_login_pages_next_is_redacted_too():
+    token = "iGfO8RFq3xkVd9mZ0pQ7sT2uW4yA6bC8eG1hJ3kL5nEVMg"
+    line = f'"GET /accounts/login/?next=%2Fshares%2F{token}%2F HTTP/1.1" 200'
+    assert token not in redact(line) and token not in redact(line.replace("%2F", "%2f"))
+    assert token not in redact(f"GET /shares/{token}/cast")
