@@ -86,6 +86,9 @@ class SharedTerminalConsumer(TerminalConsumer):
     async def share_revoked(self, event: dict) -> None:
         await self._end(*ENDS["revoked"])
 
+    async def share_withdrawn(self, event: dict) -> None:
+        await self._end(*ENDS["withdrawn"])
+
     async def _end(self, reason: Reason, text: str) -> None:
         await self.detach()  # the writer's page stops listing this observer at once
         await self.send_json({"type": "closed", "reason": reason, "text": text})

@@ -13,7 +13,7 @@ from executions.errors import TransitionRefused
 from executions.models import Evidence, Execution, State
 from terminals import actions
 from terminals.models import ProcessLease, ProcessState, SessionEvent, SnapshotKind, TerminalSession
-from tests.factories import TEST_ACTOR, make_machine
+from tests.factories import TEST_ACTOR, grant, make_machine
 
 CHANGELIST = "admin:terminals_terminalsession_changelist"
 
@@ -44,6 +44,7 @@ def test_actions_ask_for_confirmation_and_a_reason_first(client, admin_user, ope
 def test_each_action_needs_its_own_permission(client, django_user_model, operator):
     session, _ = actions.open_terminal(make_machine("perm-box"), operator)
     staff = django_user_model.objects.create_user("viewer", password="x", is_staff=True)
+    grant(staff, session.machine, "operate")  # the workspace allows it: the permissions decide
     staff.user_permissions.set(
         Permission.objects.filter(codename__in=["view_terminalsession", "dismiss_terminalsession"])
     )

@@ -88,8 +88,11 @@ def link_ended(link_pk: int) -> str:
     """Why a link no longer opens anything: "revoked", "expired" (on the database's clock), "withdrawn" (its
     maker may no longer share the session), or "" (it still does)."""
     link = ShareLink.objects.select_related("created_by", "session").annotate(now=Now()).filter(pk=link_pk).first()
-    if link is None or link.revoked_at is not None:
+    if link is None:
         return "revoked"
+    if link.revoked_at is not None:
+        withdrawn = link.session.events.filter(kind="share_withdrawn", detail__share_link=link.pk).exists()
+        return "withdrawn" if withdrawn else "revoked"
     if link.expires_at <= link.now:
         return "expired"
     if may_share(link.created_by, link.session):
@@ -108,7 +111,7 @@ def withdraw_share_link(link: ShareLink) -> None:
         if changed:
             why = f"{link.created_by} may no longer watch this shell"
             session_event(link.session, "share_withdrawn", Actor("access"), why, share_link=link.pk)
-            transaction.on_commit(lambda: _close_sockets(link.pk))
+            transaction.on_commit(lambda: _close_sockets(link.pk, "share.withdrawn"))
 
 
 def note_share_opened(link: ShareLink, user) -> None:
@@ -137,8 +140,8 @@ def revoke_share_link(link_pk: int, user, *, reason: str = "") -> ShareLink:
     return link
 
 
-def _close_sockets(link_pk: int) -> None:
-    tell_group(share_group(link_pk), {"type": "share.revoked"}, f"share link {link_pk}'s sockets it was revoked")
+def _close_sockets(link_pk: int, why: str = "share.revoked") -> None:
+    tell_group(share_group(link_pk), {"type": why}, f"share link {link_pk}'s sockets it was {why[6:]}")
 
 
 def share_links_of(session: TerminalSession, user) -> list[ShareLink]:
