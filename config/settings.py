@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "access",
     "terminals",
     "api",
+    "sso",
 ]
 
 MIDDLEWARE = [
@@ -60,6 +61,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    *(["sso.middleware.SessionRefresh"] if env_str("TETHER_OIDC_ISSUER", "") else []),
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -78,6 +80,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "sso.context.sign_in",
             ],
         },
     },
@@ -164,6 +167,35 @@ AUTH_PASSWORD_VALIDATORS = [
 
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
+
+# Single sign-on with the company's identity provider (OpenID Connect; docs/access.md): on when an issuer is set.
+# Its endpoints come from the issuer's discovery document; a person's groups from the groups claim at every
+# sign-in (through the map "provider-group=tether-group,..." when one is given: then only mapped groups are the
+# provider's to set); a sign-in session lasts TETHER_OIDC_SESSION_SECONDS before the provider is asked again.
+TETHER_OIDC_ISSUER = env_str("TETHER_OIDC_ISSUER", "").rstrip("/")
+TETHER_OIDC_NAME = env_str("TETHER_OIDC_NAME", "your company's sign-in")
+TETHER_OIDC_CLIENT_ID = env_str("TETHER_OIDC_CLIENT_ID", "")
+TETHER_OIDC_CLIENT_SECRET = env_str("TETHER_OIDC_CLIENT_SECRET", "")
+TETHER_OIDC_SCOPES = env_str("TETHER_OIDC_SCOPES", "openid email profile groups")
+TETHER_OIDC_USERNAME_CLAIM = env_str("TETHER_OIDC_USERNAME_CLAIM", "preferred_username")
+TETHER_OIDC_GROUPS_CLAIM = env_str("TETHER_OIDC_GROUPS_CLAIM", "groups")
+TETHER_OIDC_GROUP_MAP = env_str("TETHER_OIDC_GROUP_MAP", "")
+TETHER_OIDC_PASSWORDS = env_bool("TETHER_OIDC_PASSWORDS", True)  # local passwords stay on beside it
+TETHER_OIDC_SESSION_SECONDS = env_int("TETHER_OIDC_SESSION_SECONDS", 15 * 60, minimum=1)
+if TETHER_OIDC_ISSUER:
+    if not (TETHER_OIDC_CLIENT_ID and TETHER_OIDC_CLIENT_SECRET):
+        raise ImproperlyConfigured("TETHER_OIDC_ISSUER needs TETHER_OIDC_CLIENT_ID and TETHER_OIDC_CLIENT_SECRET")
+    AUTHENTICATION_BACKENDS = ["sso.backend.SsoBackend"]
+    if TETHER_OIDC_PASSWORDS:
+        AUTHENTICATION_BACKENDS.append("django.contrib.auth.backends.ModelBackend")
+    OIDC_RP_CLIENT_ID, OIDC_RP_CLIENT_SECRET = TETHER_OIDC_CLIENT_ID, TETHER_OIDC_CLIENT_SECRET
+    OIDC_RP_SCOPES = TETHER_OIDC_SCOPES
+    OIDC_RP_SIGN_ALGO = env_str("TETHER_OIDC_SIGN_ALGO", "RS256")
+    OIDC_USE_PKCE = True
+    OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = TETHER_OIDC_SESSION_SECONDS
+    OIDC_AUTHENTICATION_CALLBACK_URL = "sso:callback"
+    OIDC_TIMEOUT = 10
+    LOGIN_REDIRECT_URL_FAILURE = "/sso/failed/"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

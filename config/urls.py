@@ -12,5 +12,6 @@ urlpatterns = [
     path("api/", include("api.urls")),
     *api_pages,
     path("accounts/", include("django.contrib.auth.urls")),
+    path("sso/", include("sso.urls")),
     path("", include("terminals.urls")),
 ]
