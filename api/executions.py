@@ -253,6 +253,11 @@ class OutputOut(Schema):
     final: bool = Field(description="No more output will come (the record is settled and read to its end)")
     source: str = Field(description="live (from the worker holding it) or record (from the settled record)")
     state: str
+    complete: bool = Field(
+        True,
+        description="False: a worker was lost while the command ran, and what it printed while no worker saw "
+        "it is not in the record (how much is not known); the output up to `end` is what was seen",
+    )
     restarted: bool = Field(
         False,
         description="The stream started again (a new shell, or an adoption that "
@@ -280,8 +285,10 @@ def output_from_record(execution: Execution, since: int, size: int) -> dict:
     start = max(since, first)
     data = output[start - first : start - first + size]
     after = start + len(data) if start < end else since
+    # Nothing printed is missing from a record its owner saw to the end, or of a command that never started.
+    complete = execution.output_complete or execution.started_at is None
     return shaped(data, start if start < end else after, after, first, max(first - since, 0), end,
-                  final=after >= end, source="record", state=execution.state)  # fmt: skip
+                  final=after >= end, source="record", state=execution.state, complete=complete)  # fmt: skip
 
 
 def shaped(data: bytes, offset: int, after: int, first: int, lost: int, end: int, **rest) -> dict:

@@ -256,6 +256,12 @@ class Execution(models.Model):
     # Bounded capture of a command's output (the tail is kept when it overflows).
     output = models.BinaryField(default=b"", blank=True)
     output_truncated = models.BigIntegerField(default=0, help_text="Bytes dropped from the head of the output.")
+    # Saved while it runs (terminals.owner.host), so a worker lost mid-run leaves what it saw. Complete only when
+    # an owner saw the stream to its end: after a crash, what was printed while no worker saw it is not here,
+    # and nobody can say how much (an API reader is told: ``complete`` false).
+    output_complete = models.BooleanField(
+        default=False, help_text="The output was seen to its end (false: a worker was lost while it ran)."
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -900,14 +900,20 @@ static int holder_state(char *text, size_t size) {
     return state != 'Z' && state != 'X';  /* killed, and not reaped (a PID 1 that reaps nothing): not alive */
 }
 
-/* "exit" with the record once the program has ended; "running holder ..." while its holder is alive (the
-   pid's start time still matches, and it is no zombie); "gone" when the holder is not; "none" when nothing was started here. */
+/* "exit" with the record once the program has ended (and "held=1" while its holder still lives, keeping the
+   last output for a client); "running holder ..." while its holder is alive (the pid's start time still
+   matches, and it is no zombie); "gone" when the holder is not; "none" when nothing was started here. */
 static int status(int argc, char **argv) {
     if (argc < 1) return 2;
     dir = argv[0];
-    char text[256];
+    char text[256], holder_text[256];
     size_t n = exit_text(text, sizeof text);
-    if (n) { fputs("exit ", stdout); fwrite(text, 1, n, stdout); return 0; }
+    if (n) {
+        fputs("exit ", stdout);
+        fwrite(text, 1, n, stdout);
+        if (holder_state(holder_text, sizeof holder_text) > 0) printf("held=1\n");
+        return 0;
+    }
     int state = holder_state(text, sizeof text);
     if (state < 0) { printf("none\n"); return 0; }
     if (state) {

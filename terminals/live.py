@@ -107,6 +107,7 @@ class LiveProcess:
     budget: FlowBudget | None = None  # the worker's, shared with its other sessions
     # Bytes at the buffer's start that are the screen as adopted: drawn for the grid it had then.
     adopted_screen: int = 0
+    adopted: bool = False  # taken over from a dead or stopped owner
     grid: tuple[int, int] = (80, 24)  # the writer's grid (observers draw this one)
     writer_name: str = ""  # who wrote last (a change of hands is marked in the recording)
     observers: dict[str, Observer] = field(default_factory=dict)  # viewer id -> observer

@@ -34,6 +34,7 @@ from terminals.actions.leases import (
     record_adoption,
     release_lease,
     save_handle,
+    save_output,
     settle_execution,
     take_over_lease,
 )
@@ -153,6 +154,7 @@ __all__ = [
     "request_process_action",
     "revoke_share_link",
     "save_handle",
+    "save_output",
     "session_commands",
     "session_event",
     "set_font_size",

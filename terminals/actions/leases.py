@@ -103,6 +103,15 @@ def fenced_transition(execution: Execution, to_state: str, *, worker: Worker, to
         return exec_actions.transition(execution, to_state, actor=Actor.worker(worker.worker_id), **kwargs)
 
 
+def save_output(execution_pk: int, worker: Worker, token: int, output: bytes, truncated: int) -> None:
+    """A running command's output as its owner has seen it so far (fenced: only the owner writes it), so a
+    worker lost mid-run leaves what it saw in the record. Not complete until its owner settles it."""
+    with fenced(execution_pk, worker, token):
+        Execution.objects.filter(pk=execution_pk).update(
+            output=output, output_truncated=max(truncated, 0), output_complete=False
+        )
+
+
 def save_handle(execution_pk: int, worker: Worker, token: int, handle: dict) -> None:
     with fenced(execution_pk, worker, token):
         ProcessLease.objects.filter(execution_id=execution_pk).update(handle=handle)
@@ -135,6 +144,7 @@ def settle_execution(
     restart_session: bool = False,
     output: bytes | None = None,
     output_truncated: int = 0,
+    output_complete: bool = True,
 ) -> Execution:
     """Record ``outcome``, release the lease and close the session (with ``snapshot``, its final screen):
     one fenced transaction. A command's captured ``output`` is kept with its record.
@@ -145,8 +155,8 @@ def settle_execution(
     """
     actor = Actor.worker(worker.worker_id)
     fields = dict(outcome.fields)
-    if output is not None:
-        fields |= {"output": output, "output_truncated": max(output_truncated, 0)}
+    if output is not None:  # the owner's capture: complete when it saw the stream to its end
+        fields |= {"output": output, "output_truncated": max(output_truncated, 0), "output_complete": output_complete}
     # The execution keeps why its process was closed too: a command has no session to say so.
     close_reason = outcome.close_reason
     with fenced(execution.pk, worker, token):

@@ -310,7 +310,9 @@ async def inspect_held(api: docker.APIClient, handle: dict) -> Inspection:
     if state.startswith("running"):
         return Inspection(Status.ALIVE, detail=f"held by its session holder {where}", held=True)
     if state.startswith("exit ") and (exit := parse_record(state.removeprefix("exit "))) is not None:
-        return Inspection(Status.EXITED, exit=exit, detail=f"the session holder {where} recorded: {exit.describe()}")
+        kept = "held=1" in state.split()  # its holder lives on, keeping the last output for a client
+        detail = f"the session holder {where} recorded: {exit.describe()}{'; it keeps the last output' if kept else ''}"
+        return Inspection(Status.EXITED, exit=exit, detail=detail, held=kept)
     if state == "container-gone":
         return Inspection(Status.GONE, detail=f"container {handle['container']!r} is gone, and its holder with it")
     if state == "none" and handle.get("launch") == Launch.STARTING and (serve := handle.get("exec_id")):

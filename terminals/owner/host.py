@@ -26,6 +26,7 @@ from terminals.live import LiveProcess, Phase
 from terminals.marks import MarkReader
 from terminals.models import TerminalSession
 from terminals.outcome import Outcome
+from terminals.owner.capture import Capture, Saver
 from terminals.owner.commands import CommandTracker
 from terminals.owner.context import WorkerContext, every, until_recorded
 from terminals.owner.leases import LeaseKeeper
@@ -72,6 +73,7 @@ class SessionHost:
         if session and session.marks_nonce:
             live.marks = MarkReader(session.marks_nonce)
             live.marks_seen = session.marks_generation == session.generation  # an adopted shell's, seen before
+        live.adopted = adopted
         if screen:
             live.buffer.append(screen)
             live.adopted_screen = len(screen)
@@ -93,16 +95,16 @@ class SessionHost:
 
     async def _supervise(self, live: LiveProcess, execution: Execution, screen: bytes = b"") -> None:
         logs.bind(execution=live.execution_pk, session=live.session_id)  # this task's lines are about it
-        captured = bytearray()
-        limit = settings.TETHER_COMMAND_OUTPUT_BYTES
+        command = live.kind == Kind.COMMAND
+        capture = capture_of(live, execution)
+        saver = Saver(self.context, live, capture)
 
         async def deliver(offset: int, data: bytes) -> None:
             if not await self._still_owner(live):
                 raise actions.LeaseLost(f"execution {live.execution_pk}: lease lost while the worker stalled")
-            if live.kind == Kind.COMMAND:
-                captured.extend(data)
-                if len(captured) > limit:
-                    del captured[: len(captured) - limit]
+            if command:
+                capture.add(offset, data)
+                saver.poke()  # saved while it runs: a worker lost now leaves what it saw
             await self.outbox.output(live, offset, data)
             marks = self.commands.read(live, offset, data)
             # Each command's marker at the very byte its output starts, so a jump to it shows none of it yet.
@@ -118,12 +120,14 @@ class SessionHost:
             # No longer a live process of ours: the heartbeat must not mistake the lease it is about
             # to release for a lost one.
             self.context.live.pop(live.execution_pk, None)
-            output = bytes(captured), live.buffer.end - len(captured)
-            if (unread := live.unread_from()) is not None and unread < output[1]:
+            saver.stop()
+            output = bytes(capture.data), capture.start
+            if capture.by_offset and (unread := live.unread_from()) is not None and unread < output[1]:
                 # An API reader is further back than the record keeps: it keeps what the reader has to come.
                 first, data, _ = live.buffer.since(unread)
                 output = data, first
-            await until_recorded(lambda: self._settle(live, execution, exit, *output))
+            complete = capture.complete and not live.lost_observation
+            await until_recorded(lambda: self._settle(live, execution, exit, *output, complete))
             if live.recording is not None:
                 await self.recorder.finish(live.recording.pk)
             if live.handle_backend == BackendKind.TMUX and not live.ended_for:
@@ -136,6 +140,7 @@ class SessionHost:
         except Exception:  # its lease stays: recovery settles it when the lease expires, honestly
             log.exception("supervising execution %s failed", execution.pk)
         finally:
+            saver.stop()
             self.context.live.pop(live.execution_pk, None)
             live.forget_flow()
 
@@ -146,7 +151,9 @@ class SessionHost:
             await asyncio.sleep(0.5)
         return self.context.live.get(live.execution_pk) is live
 
-    async def _settle(self, live: LiveProcess, execution, exit: Exit | None, output: bytes, truncated: int) -> None:
+    async def _settle(
+        self, live: LiveProcess, execution, exit: Exit | None, output: bytes, truncated: int, complete: bool = True
+    ) -> None:
         outcome = Outcome.of(exit, ended_for=live.ended_for, lost=live.lost_observation)
         command = live.kind == Kind.COMMAND
         reset = outcome.close_reason == Reason.RESET
@@ -160,6 +167,7 @@ class SessionHost:
             restart_session=bool(live.session_id) and reset,
             output=output if command else None,
             output_truncated=truncated,
+            output_complete=complete,
         )
         log.info("execution %s %s: %s", execution.pk, execution.state, execution.outcome_label)
         if live.viewer or live.observers:
@@ -281,3 +289,13 @@ class SessionHost:
             del live.observers[key]
         if gone:
             self.context.tasks.start(self.outbox.watchers(live))
+
+
+def capture_of(live: LiveProcess, execution: Execution) -> Capture:
+    """Where a command's capture starts: empty for a fresh one; an adopted one goes on from its record (what its
+    earlier owner saved), joined by offset to what a holder resends, else after it and not complete."""
+    limit = settings.TETHER_COMMAND_OUTPUT_BYTES
+    if not live.adopted or live.kind != Kind.COMMAND:
+        return Capture(limit, start=live.buffer.end)
+    saved, first = bytes(execution.output or b""), execution.output_truncated
+    return Capture(limit, start=first, data=saved, by_offset=live.process.offsets_survive_owner)

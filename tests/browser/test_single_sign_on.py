@@ -143,7 +143,7 @@ async def test_a_team_signs_in_with_the_provider_and_loses_the_workspaces_it_lea
     await expect(page.locator(f'tr[data-machine="{team_box}"]')).to_have_count(1)
     await page.goto(f"{ISSUER}/session/end")
     await page.click("button[type=submit], input[type=submit]")  # "Yes, sign me out"
-    time.sleep(3.5)  # TETHER_OIDC_SESSION_SECONDS
+    await page.wait_for_timeout(3500)  # TETHER_OIDC_SESSION_SECONDS
     await page.goto(f"{base_url}/")
     await page.goto(f"{base_url}/")
     await expect(page).to_have_url(re.compile(r"/accounts/login/"))
