@@ -298,6 +298,8 @@ TETHER_HOLDER_BINARY = env_str("TETHER_HOLDER_BINARY", "") or str(BASE_DIR / "bu
 # short, since a unix socket's path must fit in 107 bytes.
 TETHER_HOLDER_DIR = env_str("TETHER_HOLDER_DIR", "") or str(DATA_DIR / "held")
 # Output a holder keeps for a later owner (the worker acknowledges what its own buffer keeps).
+# How long after an outcome is recorded recovery looks for a session holder its owner did not let go.
+TETHER_HOLDER_SWEEP_SECONDS = env_int("TETHER_HOLDER_SWEEP_SECONDS", 30, minimum=0)
 TETHER_HOLDER_RING_BYTES = env_int("TETHER_HOLDER_RING_BYTES", 1024 * 1024, minimum=2 * 128 * 1024)
 TETHER_AUTO_RESET = env_bool("TETHER_AUTO_RESET", True)
 TETHER_SESSIONS_PER_USER = env_int("TETHER_SESSIONS_PER_USER", 5, minimum=1)

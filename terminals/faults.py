@@ -27,6 +27,7 @@ POINTS = frozenset(
         "launch.spawning",  # the intent is saved; the backend has not been asked to start anything
         "launch.starting",  # docker: the exec is created and its handle kept, not started
         "adopt.taken",  # an adopter has taken a dead owner's lease over; it has not read the shell on yet
+        "settle.recorded",  # an outcome is recorded; the session holder has not been let go yet
     }
 )
 

@@ -70,6 +70,12 @@ LAYER_ERRORS = Counter(
 OUTCOMES = Counter("tether_outcomes_total", "Outcomes this worker recorded, by state", ["state"], **_UNREGISTERED)
 TAKEOVERS = Counter("tether_lease_takeovers_total", "Expired leases this worker took over", **_UNREGISTERED)
 RECOVERY = Counter("tether_recovery_actions_total", "What recovery passes did, by action", ["action"], **_UNREGISTERED)
+HOLDERS_SWEPT = Counter(
+    "tether_holders_swept_total",
+    "Session holders that outlived their settled execution (its owner died before letting them go), ended by recovery",
+    ["backend"],
+    **_UNREGISTERED,
+)
 HEARTBEAT = Histogram(
     "tether_heartbeat_seconds", "How long a heartbeat's database round trip took", buckets=BEAT_BUCKETS, **_UNREGISTERED
 )
@@ -104,7 +110,7 @@ HELD = HeldCollector()
 
 GROUPS = {
     "web": [VIEWERS, RECONNECTS, REPLAYED, LOST, ECHO, LAYER_ERRORS],
-    "worker": [OUTCOMES, TAKEOVERS, RECOVERY, HEARTBEAT, HEARTBEAT_AGE, LAYER_ERRORS, HELD],
+    "worker": [OUTCOMES, TAKEOVERS, RECOVERY, HOLDERS_SWEPT, HEARTBEAT, HEARTBEAT_AGE, LAYER_ERRORS, HELD],
 }
 _exposed: set[int] = set()
 _lock = threading.Lock()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 
 from channels.db import database_sync_to_async as db
@@ -36,9 +37,9 @@ from django.conf import settings
 from django.db.models import Max, Q
 from django.db.models.functions import Now
 
+from executions.models import FINAL_STATES, Kind, Machine, MachineState, State
 from executions.models import Backend as BackendKind
-from executions.models import Kind, Machine, MachineState, State
-from terminals import actions
+from terminals import actions, metrics
 from terminals.backends.base import Exit, Launch, Status
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.models import ProcessLease, Worker, WorkerState, lease_expired, lease_expiry_expression
@@ -268,6 +269,46 @@ async def find_orphan_sessions() -> list[Finding]:
                 )
             )
     return found
+
+
+def _settled_holders() -> list[ProcessLease]:
+    """Leases of settled executions whose session holder is not known to be gone (at most 50 a pass)."""
+    leases = ProcessLease.objects.select_related("execution__machine").filter(
+        released_at__lt=Now() - timedelta(seconds=settings.TETHER_HOLDER_SWEEP_SECONDS),
+        holder_ended_at__isnull=True,
+        handle__has_key="holder",
+        execution__state__in=sorted(FINAL_STATES),
+    )
+    return list(leases.order_by("released_at")[:50])
+
+
+async def sweep_settled_holders(backends: set[str]) -> list[str]:
+    """End the session holders that outlived their execution's recorded outcome: their owner died between
+    recording the exit and letting the holder go, and nothing else would come for them (one process and its
+    ring each, on the host or in a container, for good). Counted in ``tether_holders_swept_total``."""
+    done = []
+    for lease in await db(_settled_holders)():
+        machine = lease.execution.machine
+        if machine.backend not in backends or machine.host not in ("", settings.TETHER_HOST):
+            continue  # another worker's (another host's) to look at
+        backend = backend_for(machine)
+        try:
+            seen = await backend.inspect(lease.handle)
+        except Exception as error:  # the engine away: the next pass looks again
+            log.info("cannot look at %s's session holder now (%r)", lease.execution, error)
+            continue
+        if seen.status == Status.UNKNOWN:
+            continue
+        if seen.status == Status.ALIVE:
+            # Its program runs on though its outcome is on record: never ended here; said, and left to staff.
+            log.warning("%s is %s, but its program still runs (%s): left as it is", lease.execution,
+                        lease.execution.state, seen.detail)  # fmt: skip
+        elif seen.held:
+            await backend.remove(lease.handle, grace=1.0)
+            metrics.HOLDERS_SWEPT.labels(machine.backend).inc()
+            done.append(f"{lease.execution}: its session holder outlived the recorded outcome: ended")
+        await db(actions.note_holder_ended)(lease.execution_id)
+    return done
 
 
 async def plan(*, can_adopt: bool, can_watch: bool) -> list[Finding]:

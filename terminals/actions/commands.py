@@ -285,6 +285,8 @@ def summary(record: CommandRecord) -> dict:
         "output_start": record.output_start,
         "output_end": record.output_end,
         "evidence": record.evidence,
+        # Why its outcome is unknown, in the record's words (the page's rail says it beside the command).
+        "why": record.evidence.rpartition("unknown: ")[2] if record.state == CommandState.UNKNOWN else "",
     }
 
 

@@ -112,6 +112,11 @@ def save_output(execution_pk: int, worker: Worker, token: int, output: bytes, tr
         )
 
 
+def note_holder_ended(execution_pk: int) -> None:
+    """The session holder of the execution's process is gone (let go by its owner, or ended by recovery)."""
+    ProcessLease.objects.filter(execution_id=execution_pk, holder_ended_at__isnull=True).update(holder_ended_at=Now())
+
+
 def save_handle(execution_pk: int, worker: Worker, token: int, handle: dict) -> None:
     with fenced(execution_pk, worker, token):
         ProcessLease.objects.filter(execution_id=execution_pk).update(handle=handle)

@@ -330,7 +330,9 @@ async def inspect_held(api: docker.APIClient, handle: dict) -> Inspection:
 async def remove_held(api: docker.APIClient, handle: dict, grace: float) -> None:
     """End a held program found through its handle (no owner holds it), then let its holder go."""
     with contextlib.suppress(BackendError, TimeoutError):
-        if (await status(api, handle)).startswith("running"):
+        said = await status(api, handle)
+        # Running, or its program ended and its holder still keeps the exit for an owner: attached and let go.
+        if said.startswith("running") or "held=1" in said.split():
             process = await attach_held(api, handle)
             await process.terminate(grace=grace)
             await process.release()

@@ -104,6 +104,9 @@ class ProcessLease(models.Model):
         default=True, db_default=True, help_text="Whether its worker's heartbeat keeps it alive."
     )
     released_at = models.DateTimeField(null=True, blank=True)
+    # When the session holder that held the process is known to be gone (its owner let it go after recording
+    # the exit, or recovery ended it: a holder outliving its settled execution is swept, terminals.recovery).
+    holder_ended_at = models.DateTimeField(null=True, blank=True)
     # An operator's or a command's request for the owner to act on the process (cancel, kill, fail,
     # complete, reset). The owner picks it up on its next heartbeat: the row is the message.
     requested_action = models.CharField(max_length=16, blank=True)

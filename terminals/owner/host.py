@@ -9,6 +9,7 @@ recorded in one place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -19,7 +20,7 @@ from config import logs
 from executions.models import Backend as BackendKind
 from executions.models import Execution, Kind, State
 from executions.spec import ExecutionSpec
-from terminals import actions
+from terminals import actions, faults
 from terminals.backends.base import Exit, Process
 from terminals.lifetimes import CHECK_SECONDS, Limits, judge
 from terminals.live import LiveProcess, Phase
@@ -128,12 +129,17 @@ class SessionHost:
                 output = data, first
             complete = capture.complete and not live.lost_observation
             await until_recorded(lambda: self._settle(live, execution, exit, *output, complete))
+            await faults.reached("settle.recorded")
             if live.recording is not None:
                 await self.recorder.finish(live.recording.pk)
             if live.handle_backend == BackendKind.TMUX and not live.ended_for:
                 # The dead pane only held the exit status, which is now recorded: remove the session.
                 await live.process.terminate(grace=0.5)
             await live.process.release()  # a holder kept the exit until now
+            if (getattr(live.process, "handle", None) or {}).get("holder"):
+                # Let go: recovery need not look for it (a crash before this line leaves it to recovery's sweep).
+                with contextlib.suppress(Exception):
+                    await db(actions.note_holder_ended)(live.execution_pk)
         except actions.LeaseLost as error:
             log.warning("%s; letting go", error)
             await self.let_go(live, "lease lost")

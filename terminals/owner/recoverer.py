@@ -90,6 +90,8 @@ class Recoverer:
             for finding in await recovery.find_orphan_sessions():
                 done.append(f"{finding}: {await recovery.remove_orphan(finding)}")
                 metrics.RECOVERY.labels(recovery.Action.REMOVE).inc()
+            if adopt:  # a worker's pass (it serves these backends), not recover_terminals'
+                done += await recovery.sweep_settled_holders(set(self.context.backends))
             if done:
                 await self.host.recorder.sweep()  # what was settled here had no owner to finish its recording
         except Exception:
