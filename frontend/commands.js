@@ -48,7 +48,7 @@ export function told(record) {
     const signal = code > 128 && code < 128 + 65 ? ` (the shell's code for signal ${code - 128})` : "";
     return `${name} exited with code ${code}${signal} at ${clock(record.ended_at)}`;
   }
-  return `${name}: outcome unknown`;
+  return `${name}: outcome unknown${record.why ? ` (${record.why})` : ""}`;
 }
 
 export class CommandRail {
@@ -105,6 +105,12 @@ export class CommandRail {
     return [...this.records.values()].at(-1) ?? null;
   }
 
+  // The shell ended (an exit, or an outcome that became unknown) or the socket closed for good: the commands
+  // still open were settled with it, so the list is read again from the record (no attach will follow).
+  async ended() {
+    await this.refresh();
+  }
+
   onCommand(message) {
     if (message.tracked) this.setTracking(true, "");
     if (message.record) {
@@ -141,7 +147,7 @@ export class CommandRail {
     meta.className = "meta";
     if (record.state === "running") meta.textContent = `running since ${clock(record.started_at)}`;
     else if (record.state === "exited") meta.textContent = `${failed ? `exit ${record.exit_status} · ` : ""}${duration(record.duration)}`;
-    else meta.textContent = "outcome unknown";
+    else meta.textContent = record.why ? `outcome unknown: ${record.why}` : "outcome unknown";
     button.append(glyph, line, meta);
     button.title = `${told(record)}\n${record.evidence}`;
     button.addEventListener("click", () => this.jump(record, li));

@@ -188,6 +188,7 @@ export class SessionClient {
     if (message.reason === Reason.RESET) return; // a reset we asked for: `reset` follows
     this.stream.exit(message);
     this.setPhase(this.phase, message.outcome, message.state === "unknown" ? "error" : "done");
+    this.commands?.ended();
   }
 
   on_reset() {
@@ -243,7 +244,10 @@ export class SessionClient {
     });
     if (verdict.kind === "superseded") return this.becomeSuperseded();
     if (verdict.kind === "login") return this.goToLogin();
-    if (verdict.kind === "ended") return this.ended(verdict.text, verdict.next, verdict.detail, verdict.failed);
+    if (verdict.kind === "ended") {
+      this.commands?.ended(); // a session that will not be attached again still lists its commands
+      return this.ended(verdict.text, verdict.next, verdict.detail, verdict.failed);
+    }
     if (this.serverSaidLost) return this.giveUp();
     this.scheduleReconnect(this.sawHello);
   }

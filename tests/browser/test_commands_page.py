@@ -91,3 +91,35 @@ async def test_a_shell_without_tracking_says_so(page, stack):
     await run(page, "echo works-$((3*3))")
     await wait_for_text(page, r"^works-9$")  # the shell works exactly as before
     await expect(page.locator("#terminal-command-list li")).to_have_count(0)
+
+
+async def test_the_rail_follows_a_command_whose_outcome_became_unknown(page, host_machine):
+    """The holder killed under `sleep 600; echo finished`: the badge said the outcome was unknown while the rail
+    went on saying "running since …"; back on the page, the rail was empty (fetched only on `attached`, and an
+    unknown session is never attached again). The rail follows the record: unknown, with why."""
+    import os
+    import signal
+
+    from terminals.models import ProcessLease, TerminalSession
+    from tests.browser.conftest import committed
+
+    await log_in(page, "operator", "operator-password")
+    await open_workspace(page, host_machine)
+    await open_the_rail(page)
+    await run(page, "sleep 600; echo finished")
+    command = page.locator("#terminal-command-list li").last
+    await expect(command).to_have_attribute("data-state", "running")
+    session_id = page.url.rstrip("/").rpartition("/")[2]
+
+    def holder_pid() -> int:
+        session = TerminalSession.objects.get(pk=session_id)
+        return ProcessLease.objects.get(execution_id=session.execution_id).handle["holder"]["process"]["pid"]
+
+    os.kill(committed(holder_pid), signal.SIGKILL)
+    await expect(page.locator("#terminal-status")).to_contain_text("outcome unknown", timeout=30_000)
+    await expect(command).to_have_attribute("data-state", "unknown")  # it said "running since …"
+    await expect(command.locator(".meta")).to_contain_text("outcome unknown: the shell's session ended first")
+    await page.reload()
+    back = page.locator("#terminal-command-list li").last  # the list was empty
+    await expect(back).to_have_attribute("data-state", "unknown")
+    await expect(back.locator("code")).to_have_text("sleep 600; echo finished")
