@@ -185,6 +185,48 @@ function installRailToggle(root) {
   });
 }
 
+// The tools fold into a menu (Tools ▾) on a narrow window, and whenever the bar's own words would be cut: the
+// workspace's name, the status, or why the shell ended. Measured again as the window or the bar's words change.
+function installToolsFold(root) {
+  const bar = root.querySelector(".terminal-bar");
+  const main = bar.querySelector(".bar-main");
+  const tools = bar.querySelector("#terminal-tools");
+  const toggle = bar.querySelector("#terminal-tools-toggle");
+  const narrow = window.matchMedia("(max-width: 640px)");
+  const words = () => [...main.querySelectorAll(".machine-name, .status, .warning, .notice")].filter((el) => !el.hidden);
+  const cut = (el) => el.scrollWidth > el.clientWidth + 1 || el.scrollHeight > el.clientHeight + 1;
+  const open = (value) => {
+    tools.classList.toggle("open", value);
+    toggle.setAttribute("aria-expanded", String(value));
+  };
+  let measuring = false;
+  const measure = () => {
+    if (measuring) return;
+    measuring = true;
+    const wasFolded = bar.classList.contains("folded");
+    bar.classList.remove("folded");
+    const fold = narrow.matches || bar.scrollWidth > bar.clientWidth + 1 || cut(main) || words().some(cut);
+    bar.classList.toggle("folded", fold);
+    toggle.hidden = !fold;
+    if (!fold || !wasFolded) open(false);
+    measuring = false;
+  };
+  toggle.addEventListener("click", (event) => {
+    event.stopPropagation();
+    open(!tools.classList.contains("open"));
+  });
+  // A tool used, or a click elsewhere: the menu closes.
+  tools.addEventListener("click", () => bar.classList.contains("folded") && open(false));
+  document.addEventListener("click", (event) => {
+    if (!tools.contains(event.target)) open(false);
+  });
+  document.addEventListener("keydown", (event) => event.key === "Escape" && open(false));
+  new ResizeObserver(measure).observe(bar);
+  new MutationObserver(measure).observe(main, { subtree: true, childList: true, characterData: true, attributes: true });
+  narrow.addEventListener("change", measure);
+  measure();
+}
+
 // Share: a dialog over the page whose panel (terminals/shares.html) htmx loads and swaps in place.
 function installShareDialog(root, config) {
   const button = root.querySelector("#terminal-share");
@@ -221,6 +263,7 @@ async function main() {
     theme: { background: "#14171c", foreground: "#d8dee9", cursor: "#e5c07b", selectionBackground: "#3b4252" },
   });
   installRailToggle(root);
+  installToolsFold(root);
   const fit = new FitAddon();
   term.loadAddon(fit);
   term.loadAddon(new WebLinksAddon());
