@@ -168,6 +168,7 @@ class MarkReader:
         self.at_prompt = False  # a POSIX shell's prompt is shown and no Enter was typed since
         self.prompt_end = 0  # the stream offset where that prompt ended
         self.last_history: tuple[str, str] | None = None  # the last end mark's history line, as it said
+        self.history_end = -1  # where that end mark ended in the stream
         self.foreign = 0  # marks without this shell's nonce: printed by a program, ignored
 
     def feed(self, offset: int, data: bytes) -> list[Mark]:
@@ -198,6 +199,13 @@ class MarkReader:
             if mark:
                 marks.append(mark)
             at = stop
+
+    def resume(self, history: dict) -> None:
+        """Go on from where an earlier owner left the shell's history (``TerminalSession.marks_history``): the
+        first end mark read then tells a line pasted before that owner died, whose prompt is long gone."""
+        self.last_history = (str(history["number"]), str(history["line"]))
+        self.history_end = int(history["end"])
+        self.prompt_end = max(self.prompt_end, self.history_end)
 
     def line_typed(self) -> str:
         """What the screen shows typed at the prompt since it ended (escapes removed; a line editor's

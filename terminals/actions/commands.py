@@ -163,6 +163,7 @@ def command_ended_at_prompt(
     line: str | None,
     since: tuple[int, float],
     last: str = "",
+    history: dict | None = None,
 ) -> CommandRecord | None:
     """A POSIX shell's prompt mark at ``offset``: the last command ended with ``status``. ``line``: the line
     its history took since the last prompt, None when it took none (an empty line, a repeat, or a shell
@@ -170,8 +171,11 @@ def command_ended_at_prompt(
     typed) ends so, named as history has it (a repeat history did not take is its last line again, as the
     screen showed it typed, redraws aside); with no open command but a
     line history took (pasted with others, typed before this owner saw its Enter), one is recorded at its
-    end, started at the prompt before it (``since``: that prompt's end, offset and time)."""
+    end, started at the prompt before it (``since``: that prompt's end, offset and time). ``history``, where the
+    shell's history stands now, is kept with the session for its next owner."""
     with leases.fenced(execution_pk, worker, token):
+        if history is not None:
+            TerminalSession.objects.filter(pk=session_pk).update(marks_history=history)
         if _ended_at(execution_pk, stream, offset):
             return None
         ended = f"ended: the shell's prompt mark at offset {offset} with status {status}"

@@ -55,6 +55,10 @@ class TerminalSession(models.Model):
     marks_nonce = models.CharField(max_length=64, blank=True, editable=False)
     marks_note = models.CharField(max_length=200, blank=True, help_text="Why its commands are not tracked.")
     marks_generation = models.PositiveIntegerField(default=0)
+    # A POSIX shell's history as its last end mark said it ({"generation", "number", "line", "end"}): a new
+    # owner goes on from it, so a line pasted before a worker's death is recorded at its end (the history
+    # before it is long gone from what the holder kept).
+    marks_history = models.JSONField(default=dict, blank=True, editable=False)
     viewer_id = models.CharField(
         max_length=64, blank=True, help_text="The window that owns the session now; any other is superseded."
     )

@@ -155,9 +155,13 @@ class CommandTracker:
         """A POSIX shell's end mark: its history's last line tells whether a command ran since the prompt
         before (the line changed) and which; the first one an owner reads only sets where history stands."""
         reader = live.marks
+        if mark.end <= reader.history_end:
+            return None  # read again from what a holder kept: its earlier owner went past it
         number, line = history
         before, reader.last_history = reader.last_history, history
         took = bool(number) and before is not None and history != before
+        reader.history_end = mark.end
+        kept = {"generation": live.generation, "number": number, "line": line, "end": mark.end}
         return await db(actions.command_ended_at_prompt)(
             **self._where(live),
             session_pk=live.session_id,
@@ -168,4 +172,5 @@ class CommandTracker:
             line=line if took else None,
             last=line,
             since=(mark.after, live.prompt_shown_at or time.time()),
+            history=kept if history != before else None,
         )

@@ -74,6 +74,9 @@ class SessionHost:
         if session and session.marks_nonce:
             live.marks = MarkReader(session.marks_nonce)
             live.marks_seen = session.marks_generation == session.generation  # an adopted shell's, seen before
+            kept = session.marks_history or {}
+            if adopted and kept.get("generation") == session.generation and "end" in kept:
+                live.marks.resume(kept)
         live.adopted = adopted
         if screen:
             live.buffer.append(screen)

@@ -288,3 +288,39 @@ async def test_zsh_is_tracked_and_a_machine_can_turn_tracking_off(stack, place, 
     session = await sync_to_async(TerminalSession.objects.get)(pk=session.id)
     assert session.marks_note == "shell integration is off for this machine" and not session.marks_nonce
     assert await sync_to_async(_records)(session.id) == []
+
+
+@pytest.mark.faults
+async def test_a_line_pasted_into_busybox_sh_is_recorded_across_a_worker_kill(terminal, operator):
+    """A line sent with its Enter in one frame (a paste, an API client), in a docker busybox shell, its worker
+    SIGKILLed after a few MB of its output: no record ever appeared (6 of 6). busybox marks no command's
+    start: the record of a pasted line is made at its end, from the history its end mark tells, compared with
+    the history at the prompt before it, which the next owner never saw (the holder keeps the last 1 MiB).
+    The session keeps where history stood, and the next owner goes on from it."""
+    stack = Stack()
+    stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
+    line = r"printf '\102EGIN\n'; seq 1 300000; printf '\105ND\n'"
+    try:
+        await sync_to_async(stack.start_daphne)()
+        first = await sync_to_async(stack.start_worker)("docker")
+        viewer, session, cookie = await open_viewer(stack, terminal, operator, "docker")
+        await _prompt(viewer, "ready")
+        await asyncio.sleep(0.5)  # the prompt's end mark read: where history stands
+        await viewer.type(f"{line}\r")  # one frame, as a paste
+        await viewer.read_until(b"BEGIN", timeout=30)
+        while len(viewer.output) < 1_200_000:  # past what the holder keeps of the prompt before it
+            await viewer._next(30)
+        first.kill()
+        await sync_to_async(first.wait)()
+        await sync_to_async(stack.start_worker)("docker")
+        await sync_to_async(wait_for)(lambda: _adopted(session), what="the adoption")
+        again = await Viewer.open(stack.ports[0], session.id, cookie)
+        await again.attach()
+        await again.read_until(b"END\r\n", timeout=120)
+        await _prompt(again, "after")
+        records = await sync_to_async(_records_settle)(session.id, 3)
+        assert records[1] == (line, "exited", 0), records  # there was none
+        assert records[2] == ("echo after-$((6*7))", "exited", 0), records
+        await again.close()
+    finally:
+        await sync_to_async(stack.stop)()
