@@ -208,6 +208,8 @@ function installToolsFold(root) {
     const fold = narrow.matches || bar.scrollWidth > bar.clientWidth + 1 || cut(main) || words().some(cut);
     bar.classList.toggle("folded", fold);
     toggle.hidden = !fold;
+    // Where the tools begin: the bar's words, when they grow over the terminal (an ended shell), stop there.
+    bar.style.setProperty("--tools-room", `${bar.clientWidth - tools.parentElement.offsetLeft + 6}px`);
     if (!fold || !wasFolded) open(false);
     measuring = false;
   };

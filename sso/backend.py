@@ -93,6 +93,11 @@ class SsoBackend(OIDCAuthenticationBackend):
             self.refuse(f"the provider's {settings.TETHER_OIDC_GROUPS_CLAIM!r} claim is not a list of names")
         return True
 
+    def get_user(self, user_id):
+        """A deactivated person is nobody, whatever session they hold."""
+        user = super().get_user(user_id)
+        return user if user is not None and self.user_can_authenticate(user) else None
+
     def filter_users_by_claims(self, claims):
         found = Identity.objects.filter(issuer=settings.TETHER_OIDC_ISSUER, subject=claims["sub"])
         return get_user_model().objects.filter(sso_identity__in=found)

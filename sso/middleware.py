@@ -4,11 +4,16 @@ the callback signs the person out (their sockets close: terminals.signals). Pass
 
 from __future__ import annotations
 
+import logging
+
+from django.core.exceptions import ImproperlyConfigured
 from django.urls import reverse
 from django.utils.functional import cached_property
 from mozilla_django_oidc.middleware import SessionRefresh as OidcSessionRefresh
 
-from sso.discovery import endpoint_setting
+from sso.discovery import ProviderUnreachable, endpoint_setting
+
+log = logging.getLogger(__name__)
 
 
 class _Refresh(OidcSessionRefresh):
@@ -29,7 +34,13 @@ class SessionRefresh:
 
     def __call__(self, request):
         if request.user.is_authenticated and "oidc_id_token_expiration" in request.session:
-            self._refresh = self._refresh or _Refresh(self.get_response)
-            if (refreshed := self._refresh.process_request(request)) is not None:
+            try:
+                self._refresh = self._refresh or _Refresh(self.get_response)
+                refreshed = self._refresh.process_request(request)
+            except (ProviderUnreachable, ImproperlyConfigured) as error:
+                # The provider away: the page is served, never a 500; the re-check comes at the next request.
+                log.warning("single sign-on: the session could not be checked with the provider now: %s", error)
+                refreshed = None
+            if refreshed is not None:
                 return refreshed
         return self.get_response(request)

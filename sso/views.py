@@ -7,6 +7,7 @@ import logging
 
 import requests
 from django.conf import settings
+from django.contrib import auth
 from django.core.exceptions import SuspiciousOperation
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -19,7 +20,11 @@ from sso.discovery import ProviderUnreachable, endpoint_setting
 log = logging.getLogger(__name__)
 
 
-def _failed(request: HttpRequest, why: str) -> HttpResponse:
+def _failed(request: HttpRequest, why: str, *, sign_out: bool = True) -> HttpResponse:
+    """A refused sign-in, said on its page. A refused re-check of a signed-in person (their provider session
+    ended, their groups claim gone or malformed) signs them out: what they had ends with it."""
+    if sign_out and request.user.is_authenticated:
+        auth.logout(request)  # the session is flushed (its sockets close): the reason is written after
     request.session[FAILURE_KEY] = why
     return redirect("sso:failed")
 
@@ -45,6 +50,9 @@ class Callback(OIDCAuthenticationCallbackView):
     get_settings = staticmethod(endpoint_setting)
 
     def get(self, request):
+        if request.GET.get("error") and request.GET.get("state") not in request.session.get("oidc_states", {}):
+            # Not the answer to a sign-in this browser started (a link from anywhere): nobody is signed out.
+            return _failed(request, "the sign-in could not be completed; start again", sign_out=False)
         try:
             return super().get(request)
         except SuspiciousOperation as refused:
@@ -59,13 +67,12 @@ class Callback(OIDCAuthenticationCallbackView):
             return _failed(request, "the identity provider did not accept this sign-in; start again")
 
     def login_failure(self):
-        if self.request.GET.get("error"):
+        why = self.request.session.get(FAILURE_KEY)
+        if not why and self.request.GET.get("error"):
             why = (
                 f"the identity provider said: {self.request.GET.get('error_description') or self.request.GET['error']}"
             )
-            self.request.session.setdefault(FAILURE_KEY, why)
-        self.request.session.setdefault(FAILURE_KEY, "the sign-in could not be completed; start again")
-        return redirect("sso:failed")
+        return _failed(self.request, why or "the sign-in could not be completed; start again")
 
 
 @require_GET

@@ -17,6 +17,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 
 from access.policy import RESOLVE_PERMISSION, Do, may, reach_of
+from executions import actions as exec_actions
 from executions import admin as executions_admin
 from executions.actions import Actor
 from executions.admin import NothingEditableOnChange, badge
@@ -344,6 +345,18 @@ admin.site.unregister(Execution)
 @admin.register(Execution)
 class ExecutionAdmin(Watched, executions_admin.ExecutionAdmin):
     owner_paths = ("requested_by", "terminal_session__user")
+
+    @admin.action(description="Cancel selected pending executions", permissions=["change"])
+    def cancel_pending(self, request, queryset):
+        """As the executions app's, with the workspace asked first: operate there, or the command one's own."""
+        actor = Actor.for_user(request.user)
+
+        def cancel(execution):
+            if not may(request.user, Do.OPERATE, execution):
+                raise Refused(f"your role on {execution.machine.name} does not let you cancel another user's command")
+            exec_actions.cancel_execution(execution, actor=actor, reason="admin")
+
+        executions_admin.apply_each(self, request, queryset, cancel, "Cancelled")
 
     def get_queryset(self, request):
         # Resolving an unknown outcome is staff's with the permission wherever it happened (access.policy).

@@ -103,8 +103,10 @@ revoke_links = confirmed_action(
 
 
 @admin.register(ShareLink)
-class ShareLinkAdmin(WrittenElsewhere, admin.ModelAdmin):
+class ShareLinkAdmin(Watched, WrittenElsewhere, admin.ModelAdmin):
     """Share links: made by people in the portal (only a fingerprint of each is kept), revoked here."""
+
+    machine_path, owner_paths = "session__machine", ("created_by", "session__user")
 
     list_display = ["id", "session", "kind", "created_by", "created_at", "expires_at", "revoked", "opened"]
     list_filter = ["revoked_at", "created_at"]

@@ -271,15 +271,21 @@ async def find_orphan_sessions() -> list[Finding]:
     return found
 
 
-def _settled_holders() -> list[ProcessLease]:
-    """Leases of settled executions whose session holder is not known to be gone (at most 50 a pass)."""
+def _settled_holders(backends: set[str]) -> list[ProcessLease]:
+    """Leases of settled executions on this host's machines of ``backends`` whose session holder is not known to
+    be gone (the oldest 200 a pass)."""
     leases = ProcessLease.objects.select_related("execution__machine").filter(
         released_at__lt=Now() - timedelta(seconds=settings.TETHER_HOLDER_SWEEP_SECONDS),
         holder_ended_at__isnull=True,
         handle__has_key="holder",
         execution__state__in=sorted(FINAL_STATES),
+        execution__machine__backend__in=sorted(backends),
+        execution__machine__host__in=["", settings.TETHER_HOST],
     )
-    return list(leases.order_by("released_at")[:50])
+    return list(leases.order_by("released_at")[:200])
+
+
+_running_on: set[int] = set()  # leases whose program was seen running under a final record (said once each)
 
 
 async def sweep_settled_holders(backends: set[str]) -> list[str]:
@@ -287,27 +293,27 @@ async def sweep_settled_holders(backends: set[str]) -> list[str]:
     recording the exit and letting the holder go, and nothing else would come for them (one process and its
     ring each, on the host or in a container, for good). Counted in ``tether_holders_swept_total``."""
     done = []
-    for lease in await db(_settled_holders)():
+    for lease in await db(_settled_holders)(backends):
         machine = lease.execution.machine
-        if machine.backend not in backends or machine.host not in ("", settings.TETHER_HOST):
-            continue  # another worker's (another host's) to look at
         backend = backend_for(machine)
         try:
             seen = await backend.inspect(lease.handle)
-        except Exception as error:  # the engine away: the next pass looks again
-            log.info("cannot look at %s's session holder now (%r)", lease.execution, error)
-            continue
-        if seen.status == Status.UNKNOWN:
-            continue
-        if seen.status == Status.ALIVE:
-            # Its program runs on though its outcome is on record: never ended here; said, and left to staff.
-            log.warning("%s is %s, but its program still runs (%s): left as it is", lease.execution,
-                        lease.execution.state, seen.detail)  # fmt: skip
-        elif seen.held:
-            await backend.remove(lease.handle, grace=1.0)
-            metrics.HOLDERS_SWEPT.labels(machine.backend).inc()
-            done.append(f"{lease.execution}: its session holder outlived the recorded outcome: ended")
-        await db(actions.note_holder_ended)(lease.execution_id)
+            if seen.status == Status.UNKNOWN:
+                continue  # the engine cannot say now: the next pass looks again
+            if seen.status == Status.ALIVE:
+                # Its program runs on though its outcome is on record: never ended here; said, and left to staff.
+                if lease.pk not in _running_on:
+                    _running_on.add(lease.pk)
+                    log.warning("%s is %s, but its program still runs (%s): left as it is", lease.execution,
+                                lease.execution.state, seen.detail)  # fmt: skip
+                continue
+            if seen.held:
+                await backend.remove(lease.handle, grace=1.0)
+                metrics.HOLDERS_SWEPT.labels(machine.backend).inc()
+                done.append(f"{lease.execution}: its session holder outlived the recorded outcome: ended")
+            await db(actions.note_holder_ended)(lease.execution_id)
+        except Exception as error:  # one holder that cannot be looked at or ended does not stop the others
+            log.info("cannot sweep %s's session holder now (%r)", lease.execution, error)
     return done
 
 

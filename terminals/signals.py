@@ -54,6 +54,14 @@ def close_what_lost_access(sender, users, **kwargs) -> None:
         return
     for pk in users:
         tell_group(f"tether.user.{pk}", message, f"user {pk}'s sockets that their access changed")
-    links = ShareLink.objects.filter(created_by__in=users, revoked_at__isnull=True).values_list("pk", flat=True)
+    from terminals.actions.permissions import may_share
+    from terminals.actions.shares import withdraw_share_link
+
+    links = ShareLink.objects.filter(created_by__in=users, revoked_at__isnull=True).select_related(
+        "created_by", "session__machine"
+    )
     for link in links:
-        tell_group(share_group(link), message, f"share link {link}'s sockets that its maker's access changed")
+        if not may_share(link.created_by, link.session):
+            withdraw_share_link(link)  # for good, whether or not a socket is open through it (its sockets told)
+        else:
+            tell_group(share_group(link.pk), message, f"share link {link.pk}'s sockets that its maker's access changed")

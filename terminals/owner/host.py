@@ -75,7 +75,9 @@ class SessionHost:
             live.marks = MarkReader(session.marks_nonce)
             live.marks_seen = session.marks_generation == session.generation  # an adopted shell's, seen before
             kept = session.marks_history or {}
-            if adopted and kept.get("generation") == session.generation and "end" in kept:
+            # Only where offsets go on across owners (a holder's stream): a tmux owner's stream starts at 0 again.
+            same = kept.get("generation") == session.generation and "end" in kept
+            if adopted and same and process.offsets_survive_owner:
                 live.marks.resume(kept)
         live.adopted = adopted
         if screen:

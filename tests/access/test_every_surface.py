@@ -213,3 +213,38 @@ async def test_the_terminal_socket_agrees_for(world, persona):
         said = await socket.receive_json_from(timeout=5)
         assert said["type"] == "error" and "alice's shell" in said["message"]
         await socket.disconnect()
+
+
+@pytest.mark.parametrize("persona", ["staff_plain", "staff_watch", "staff_use", "staff_operate", "superuser"])
+def test_the_admin_agrees_for(world, persona):
+    """Every staff persona holds the admin's permissions on sessions: only the workspace decides what they see
+    of alice's shell there, and whether its actions reach it."""
+    _, session, people = world
+    _, watches, _, operates = ROLES[persona]
+    user = people[persona]
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_terminalsession", "dismiss_terminalsession"])
+    )
+    client = Client()
+    client.force_login(user)
+    listed = client.get("/admin/terminals/terminalsession/").content.decode()
+    assert (str(session.id) in listed) is watches
+    change = client.get(f"/admin/terminals/terminalsession/{session.pk}/change/")
+    assert change.status_code == (200 if watches else 302)  # one not reached is "not found" there
+    form = {"action": "dismiss_sessions", "_selected_action": [str(session.pk)], "post": "yes", "reason": "table"}
+    client.post("/admin/terminals/terminalsession/", form)
+    session.refresh_from_db()
+    assert session.snapshot_hidden is operates
+
+
+@pytest.mark.parametrize("persona", ["user", "operator", "staff_watch", "staff_operate", "superuser"])
+def test_no_token_reads_another_users_commands_whatever_its_role(world, persona):
+    """Watching a shell is the page's and the socket's, beside its writer, who sees who watches; the API reads
+    only its user's own commands and shells, whatever their role or permissions."""
+    _, session, people = world
+    _, raw = create_token(people[persona], name="t", scopes=["read", "run", "terminals"])
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    for path in (f"/api/v1/executions/{session.execution_id}", f"/api/v1/terminals/{session.id}"):
+        assert api.get(path).status_code == 404, path
+    assert api.post(f"/api/v1/executions/{session.execution_id}/cancel", {},
+                    content_type="application/json").status_code == 404  # fmt: skip

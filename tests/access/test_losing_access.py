@@ -51,10 +51,13 @@ async def test_out_of_the_team_closes_the_socket_and_the_long_poll_at_once_and_t
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{stack.ports[0]}/api/v1", headers={"Authorization": f"Bearer {raw}"}, timeout=60
     ) as api:
+        # Typed (and echoed) first: the poll waits for what it prints after the removal below. (Typed after the
+        # poll began, its echo could answer the poll before the removal: delivered, rightly, while allowed.)
+        await viewer.type("sleep 3; echo AFTER-$((4*4))\r")
+        await viewer.read_until(b"AFTER-$((4*4))")
         now = (await api.get(f"/terminals/{session.id}/output", params={"since": 0})).json()["end"]
         poll = asyncio.create_task(api.get(f"/terminals/{session.id}/output", params={"since": now, "wait": 30}))
-        await asyncio.sleep(1)  # the poll waits for output
-        await viewer.type("sleep 1.5; echo AFTER-$((4*4))\r")  # printed after the removal below
+        await asyncio.sleep(0.5)  # the poll waits for output
 
         removed = time.monotonic()
         await sync_to_async(team.user_set.remove)(alice)

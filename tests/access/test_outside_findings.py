@@ -127,3 +127,42 @@ def test_a_share_token_in_a_login_pages_next_is_redacted_too():
     line = f'"GET /accounts/login/?next=%2Fshares%2F{token}%2F HTTP/1.1" 200'
     assert token not in redact(line) and token not in redact(line.replace("%2F", "%2f"))
     assert token not in redact(f"GET /shares/{token}/cast")
+
+
+def test_a_share_link_nobody_has_open_is_withdrawn_as_its_maker_loses_watch(
+    alice, django_user_model, django_capture_on_commit_callbacks
+):
+    """Withdrawn when the access changes, not only when the link is next opened: given back the next day, the
+    maker's access did not bring it back (it was checked only at its next opening, by then allowed again)."""
+    box = make_machine("pay-a", backend=Backend.DOCKER)
+    grant(alice, box)
+    session, _ = actions.open_terminal(box, alice)
+    sre = Group.objects.create(name="sre")
+    wendy = django_user_model.objects.create_user("wendy")
+    sre.user_set.add(wendy)
+    grant(sre, box, "watch")
+    link, token = actions.create_share_link(wendy, session)
+    with django_capture_on_commit_callbacks(execute=True):
+        sre.user_set.remove(wendy)  # nobody opens the link meanwhile
+    link.refresh_from_db()
+    assert link.revoked_at is not None
+    sre.user_set.add(wendy)
+    assert actions.valid_share_link(token) is None
+
+
+def test_the_admins_cancel_needs_operate_on_the_workspace(alice, django_user_model):
+    box = make_machine("pay-a", backend=Backend.DOCKER)
+    grant(alice, box)
+    hers = make_execution(box, scope="ci", execution_id="build-1", actor=Actor.for_user(alice))
+    walt = staff_with(django_user_model, "walt", "view_execution", "change_execution")
+    grant(walt, box, "watch")  # he sees it listed; cancelling another user's command is operate's
+    client = Client()
+    client.force_login(walt)
+    form = {"action": "cancel_pending", "_selected_action": [str(hers.pk)]}
+    said = " ".join(str(m) for m in client.post("/admin/executions/execution/", form, follow=True).context["messages"])
+    hers.refresh_from_db()
+    assert hers.state == State.PENDING and "does not let you cancel another user's command" in said, said
+    grant(walt, box, "operate")
+    client.post("/admin/executions/execution/", form)
+    hers.refresh_from_db()
+    assert hers.state == State.CANCELLED

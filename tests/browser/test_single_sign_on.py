@@ -172,3 +172,47 @@ async def test_a_code_used_twice_is_refused_with_a_clear_page(context, provider,
     await page.goto(callbacks[0])  # the provider's answer again: its code and state are spent
     await expect(page.locator("h1")).to_have_text("Sign-in refused")
     await expect(page.locator("#sso-failure")).to_contain_text("used already or has expired")
+
+
+async def test_a_refused_re_check_signs_the_person_out(context, provider, team_box, base_url):
+    """Taken out of every group at the provider, which then sends no groups claim: the silent re-check is
+    refused, and the Tether session ends with it (it kept the team's grants before)."""
+    page = await context.new_page()
+    await sign_in(page, "carol")
+    await expect(page.locator(f'tr[data-machine="{team_box}"]')).to_have_count(1)
+    try:
+        write_config(base_url, {**ACCOUNTS, "carol": {"preferred_username": "carol", "email": "carol@example.test"}})
+        await page.wait_for_timeout(3500)  # TETHER_OIDC_SESSION_SECONDS: the next page re-checks
+        await page.goto(f"{base_url}/")
+        await expect(page.locator("h1")).to_have_text("Sign-in refused")
+        await expect(page.locator("#sso-failure")).to_contain_text("sent no 'groups' claim")
+        await page.goto(f"{base_url}/")
+        await expect(page).to_have_url(re.compile(r"/accounts/login/"))  # signed out
+    finally:
+        write_config(base_url, ACCOUNTS)
+
+
+async def test_an_error_answer_this_browser_did_not_ask_for_signs_nobody_out(context, provider, base_url):
+    """`/sso/callback/?error=…` from a link anywhere (no sign-in of this browser's): refused, and whoever is
+    signed in stays so; the text is not the link's."""
+    page = await context.new_page()
+    await sign_in(page, "carol")
+    await expect(page.locator("h1")).to_have_text("My workspaces")
+    await page.goto(f"{base_url}/sso/callback/?error=login_required&error_description=Call+0800&state=forged")
+    await expect(page.locator("h1")).to_have_text("Sign-in refused")
+    assert "0800" not in await page.locator("#sso-failure").text_content()
+    await page.goto(f"{base_url}/")
+    await expect(page.locator("h1")).to_have_text("My workspaces")
+
+
+async def test_a_deactivated_person_is_signed_out_at_once(context, provider, base_url):
+    page = await context.new_page()
+    await sign_in(page, "carol")
+    await expect(page.locator("h1")).to_have_text("My workspaces")
+    users = get_user_model().objects
+    committed(lambda: users.filter(username="carol").update(is_active=False))
+    try:
+        await page.goto(f"{base_url}/")
+        await expect(page).to_have_url(re.compile(r"/accounts/login/"))  # the session was still a person's
+    finally:
+        committed(lambda: users.filter(username="carol").update(is_active=True))
