@@ -103,7 +103,9 @@ def test_open_on_a_busy_machine_names_only_what_is_the_users_own(alice, bob):
     assert "ci/build-1" in client.post("/machines/pay-a/open/", follow=True).content.decode()
 
 
-def test_a_share_link_withdrawn_when_its_maker_lost_watch_stays_withdrawn(alice, django_user_model):
+@pytest.fixture
+def wendys_link(alice, django_user_model):
+    """Alice's shell on pay-a, and a share link to it made by wendy, who watches pay-a through the sre group."""
     box = make_machine("pay-a", backend=Backend.DOCKER)
     grant(alice, box)
     session, _ = actions.open_terminal(box, alice)
@@ -112,6 +114,11 @@ def test_a_share_link_withdrawn_when_its_maker_lost_watch_stays_withdrawn(alice,
     sre.user_set.add(wendy)
     grant(sre, box, "watch")
     link, token = actions.create_share_link(wendy, session)
+    return session, sre, wendy, link, token
+
+
+def test_a_share_link_withdrawn_when_its_maker_lost_watch_stays_withdrawn(wendys_link):
+    session, sre, wendy, link, token = wendys_link
     assert actions.valid_share_link(token) is not None
     sre.user_set.remove(wendy)
     assert actions.valid_share_link(token) is None
@@ -130,18 +137,11 @@ def test_a_share_token_in_a_login_pages_next_is_redacted_too():
 
 
 def test_a_share_link_nobody_has_open_is_withdrawn_as_its_maker_loses_watch(
-    alice, django_user_model, django_capture_on_commit_callbacks
+    wendys_link, django_capture_on_commit_callbacks
 ):
     """Withdrawn when the access changes, not only when the link is next opened: given back the next day, the
     maker's access did not bring it back (it was checked only at its next opening, by then allowed again)."""
-    box = make_machine("pay-a", backend=Backend.DOCKER)
-    grant(alice, box)
-    session, _ = actions.open_terminal(box, alice)
-    sre = Group.objects.create(name="sre")
-    wendy = django_user_model.objects.create_user("wendy")
-    sre.user_set.add(wendy)
-    grant(sre, box, "watch")
-    link, token = actions.create_share_link(wendy, session)
+    _, sre, wendy, link, token = wendys_link
     with django_capture_on_commit_callbacks(execute=True):
         sre.user_set.remove(wendy)  # nobody opens the link meanwhile
     link.refresh_from_db()
