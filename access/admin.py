@@ -18,6 +18,7 @@ from django.utils.html import format_html, format_html_join
 from access import actions
 from access.management.commands.access_report import grant_history
 from access.models import Grant, GrantEvent
+from access.policy import Do, reach_of
 from access.report import who_can_reach
 from executions.actions import Actor, set_labels
 from executions.admin import MachineAdmin, ReadOnlyInline
@@ -136,9 +137,21 @@ class LabelsForm(forms.Form):
             raise ValidationError(str(error)) from None
 
 
+def manages_machines(user) -> bool:
+    """Who keeps the machines or gives access to them sees every machine in the admin; anyone else only those
+    they may reach (a machine they may not answers as a missing one here too)."""
+    return user.is_superuser or user.has_perm("executions.change_machine") or user.has_perm("access.add_grant")
+
+
 class AccessMachineAdmin(MachineAdmin):
     """The machine's page, with its grants, its labels and who can reach it (shown, not a formset: the page
     saves nothing, NothingEditableOnChange)."""
+
+    def get_queryset(self, request):
+        found = super().get_queryset(request)
+        if manages_machines(request.user):
+            return found
+        return found.filter(pk__in=[machine.pk for machine in reach_of(request.user).machines(Do.SEE)])
 
     def get_readonly_fields(self, request, obj=None):
         fields = list(super().get_readonly_fields(request, obj))
@@ -172,7 +185,7 @@ class AccessMachineAdmin(MachineAdmin):
     def reach_view(self, request, pk: int):
         if not (self.has_view_permission(request) and request.user.has_perm("access.view_grant")):
             raise PermissionDenied
-        machine = get_object_or_404(Machine, pk=pk)
+        machine = get_object_or_404(self.get_queryset(request), pk=pk)
         context = {
             **self.admin_site.each_context(request),
             "title": f"Who can reach {machine.name}",
@@ -188,7 +201,7 @@ class AccessMachineAdmin(MachineAdmin):
         # A label can carry grants: changing one gives or takes access, so it is a grant-maker's to do.
         if not (self.has_change_permission(request) and request.user.has_perm("access.add_grant")):
             raise PermissionDenied
-        machine = get_object_or_404(Machine, pk=pk)
+        machine = get_object_or_404(self.get_queryset(request), pk=pk)
         current = ", ".join(f"{key}={value}" for key, value in sorted((machine.labels or {}).items()))
         form = LabelsForm(request.POST or None, initial={"labels": current})
         if request.method == "POST" and form.is_valid():

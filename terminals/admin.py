@@ -109,6 +109,13 @@ class Watched:
     machine_path = "machine"
     owner_paths: tuple[str, ...] = ("user",)
 
+    def get_list_filter(self, request):
+        # A filter by machine would list every machine's name: only for who sees them all.
+        found = super().get_list_filter(request)
+        if request.user.is_superuser:
+            return found
+        return [name for name in found if name != self.machine_path]
+
     def get_queryset(self, request):
         found = super().get_queryset(request)
         user = request.user

@@ -166,3 +166,21 @@ def test_the_admins_cancel_needs_operate_on_the_workspace(alice, django_user_mod
     client.post("/admin/executions/execution/", form)
     hers.refresh_from_db()
     assert hers.state == State.CANCELLED
+
+
+def test_the_admin_names_no_machine_a_staff_member_may_not_reach(alice, django_user_model):
+    """Found from outside: staff with the permission to view machines saw every machine, its container and the
+    session holding its slot; the sessions' and executions' filters listed every machine's name."""
+    box = make_machine("pay-a", backend=Backend.DOCKER)
+    grant(alice, box)
+    actions.open_terminal(box, alice)
+    stan = staff_with(django_user_model, "stan", "view_machine", "view_terminalsession", "view_execution")
+    client = Client()
+    client.force_login(stan)
+    for path in ("/admin/executions/machine/", "/admin/terminals/terminalsession/", "/admin/executions/execution/"):
+        page = client.get(path)
+        assert page.status_code == 200 and "pay-a" not in page.content.decode(), path
+    assert client.get(f"/admin/executions/machine/{box.pk}/change/").status_code == 302  # as a missing one
+    keeper = staff_with(django_user_model, "keeper", "view_machine", "change_machine")
+    client.force_login(keeper)
+    assert "pay-a" in client.get("/admin/executions/machine/").content.decode()  # who keeps the machines
