@@ -196,6 +196,16 @@ def may(who, do: Do, target) -> bool:
     return reach_of(who).may(Do(do), target)
 
 
+def machine_named(who, name: str, do: Do = Do.SEE) -> Machine | None:
+    """The machine ``name`` when ``who`` may ``do`` to it; else None, as for a name nothing carries. Either way
+    after the same work (the decision is asked of a stand-in when there is no such machine), so that how long the
+    answer takes does not confirm a guessed name."""
+    machine = Machine.objects.filter(name=name).exclude(state=MachineState.DELETED).first()
+    asked = machine if machine is not None else Machine(name=name, backend=Backend.DOCKER, labels={})
+    allowed = may(who, do, asked)
+    return machine if machine is not None and allowed else None
+
+
 def role_on(who, machine: Machine) -> str:
     """Their roles there, in a person's words ("" when it does not exist for them)."""
     return reach_of(who).role(machine)

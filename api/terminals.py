@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from ninja import Field, Query, Router, Schema, Status
 
-from access.policy import Do, may
+from access.policy import Do, machine_named, may
 from api.auth import need
 from api.executions import (
     READ_BYTES,
@@ -29,7 +29,6 @@ from api.executions import (
 from api.models import ApiInput, InputState, Scope
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem
-from executions.models import Machine, MachineState
 from terminals import actions
 from terminals.models import ProcessState, TerminalSession
 from terminals.owner_client import owner_of_execution
@@ -103,8 +102,8 @@ class OpenOut(Schema):
 def open_terminal(request, body: OpenIn):
     token = need(request, Scope.TERMINALS)
     user = request.auth.user
-    machine = Machine.objects.filter(name=body.machine).exclude(state=MachineState.DELETED).first()
-    if machine is None or not may(token, Do.USE, machine):
+    machine = machine_named(token, body.machine, Do.USE)  # the same work for a name nothing carries
+    if machine is None:
         raise ApiProblem("not_found", f"no machine {body.machine!r} you may use")
     session, created = actions.open_terminal(machine, user)
     if session.user_id != user.pk:  # another user's open shell (watching it is the page's, where they see you)

@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST, require_safe
 
-from access.policy import Do, may, reach_of
+from access.policy import Do, machine_named, may, reach_of
 from executions.errors import ExecutionError, SlotTaken
 from executions.models import ENDED_STATES, Execution, Kind, Machine, State
 from executions.spec import ExecutionSpec
@@ -100,8 +100,8 @@ HISTORY_PAGE = 50
 
 def seen_machine(user, name: str) -> Machine:
     """The workspace ``name`` when it exists for ``user`` (any role); else 404, as for one that does not exist."""
-    machine = Machine.objects.filter(name=name).first()
-    if machine is None or not actions.may_see_machine(user, machine):
+    machine = machine_named(user, name)
+    if machine is None:
         raise Http404("No such workspace")
     return machine
 
