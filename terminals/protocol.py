@@ -357,6 +357,9 @@ class Peeked(Message):
     generation: int
     epoch: int
     survives: bool
+    # How far the stream had gone when this owner attached (a holder's): offsets up to there are still coming
+    # (read again from the holder), not past the end.
+    written: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,6 +131,7 @@ class Process(abc.ABC):
     survives_owner = False  # it runs on once its owner lets go, for a later owner to attach to
     offsets_survive_owner = False  # output offsets continue across owners (a holder's), not per owner
     stream_origin = 0  # the offset of the first byte ``read`` returns (a held stream resumed by a new owner)
+    written_at_attach = 0  # how far the stream went when this owner attached (a holder's): all of it is to come
 
     @abc.abstractmethod
     async def read(self) -> bytes:

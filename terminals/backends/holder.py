@@ -232,6 +232,7 @@ class HeldProcess(Process):
         self._end_tree = end_tree
         self._forget = forget
         self.stream_origin = attached.resume
+        self.written_at_attach = attached.total
         self.lost_at_attach = attached.lost
         self.pid = attached.pid
         self._received = attached.resume

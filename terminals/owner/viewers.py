@@ -396,6 +396,7 @@ class ViewerService:
                 generation=live.generation,
                 epoch=live.token,
                 survives=live.process.offsets_survive_owner,
+                written=live.process.written_at_attach,
             )
         await self.outbox.send(message.reply, peeked)
 
