@@ -21,7 +21,16 @@ done
 rm -f /tmp/tmux-"$(id -u)"/tether-test-*.tether-turn  # their lock files (TmuxServer.turn)
 # Session holders of test shells (their directory is /tmp/tether-test-held-UID/..., or
 # /tmp/tether-test-held-UID-gwN/... for each process of a parallel run).
-pkill -KILL -f "tether-holder serve /tmp/tether-test-held-" 2>/dev/null
+# Each is ended by the PID its directory recorded (DIR/holder: "holder PID STARTTIME"), and only while that PID
+# still has that start time: never by name, which would reach another run's holders (or a reused PID).
+for record in /tmp/tether-test-held-"$(id -u)"/*/holder /tmp/tether-test-held-"$(id -u)"-gw*/*/holder; do
+    [ -f "$record" ] || continue
+    read -r word pid started < "$record" || continue
+    [ "$word" = holder ] && [[ "$pid" =~ ^[0-9]+$ ]] || continue
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
+    read -r -a fields <<< "${stat##*) }"  # after the command name: field 3 (state) on; field 22 is the start time
+    [ "${fields[19]:-}" = "$started" ] && kill -KILL "$pid" 2>/dev/null
+done
 rm -rf /tmp/tether-test-held-"$(id -u)" /tmp/tether-test-held-"$(id -u)"-gw*
 rm -rf /tmp/tether-test-recordings-"$(id -u)" /tmp/tether-test-recordings-"$(id -u)"-gw*
 exit 0
