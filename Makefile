@@ -40,9 +40,12 @@ lint: venv
 
 test: venv services lint frontend holder
 	DATABASE_URL='$(TEST_DATABASE_URL)' $(PY) manage.py makemigrations --check --dry-run
-	status=0; export DATABASE_URL='$(TEST_DATABASE_URL)' TEST_REDIS_URL='$(TEST_REDIS_URL)'; \
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile -m 'not exclusive' || status=$$?; \
+	rm -rf build/test-logs build/test-secrets
+	status=0; export DATABASE_URL='$(TEST_DATABASE_URL)' TEST_REDIS_URL='$(TEST_REDIS_URL)' \
+		TETHER_TEST_LOGS='$(CURDIR)/build/test-logs' TETHER_TEST_SECRETS='$(CURDIR)/build/test-secrets'; \
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile -m 'not exclusive and not after_run' || status=$$?; \
 	$(PY) -m pytest -m exclusive || status=$$?; \
+	$(PY) -m pytest -m after_run || status=$$?; \
 	exit $$status
 
 # Benchmarks (not part of `make test`): figures vs same-run baselines, written to docs/benchmarks.md.

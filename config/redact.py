@@ -15,6 +15,10 @@ _SECRETS = [
     (re.compile(r"(?i)(%2Fshares%2F)(?!\d+%2Frevoke)[A-Za-z0-9_-]{16,200}"), rf"\1{HIDDEN}"),
     (re.compile(r"tether_[0-9a-f]{12}_[A-Za-z0-9_-]{20,}"), f"tether_{HIDDEN}"),  # an API token
     (re.compile(r"(?i)(bearer\s+)[^\s'\",]+"), rf"\1{HIDDEN}"),
+    # OpenID Connect's callback carries a one-time code (and state) in its query: a code read from a log before
+    # it is used signs its reader in. Tokens in any query, whatever their form.
+    (re.compile(r"(/sso/callback/?\?)[^\s\"']+"), rf"\1{HIDDEN}"),
+    (re.compile(r"(?i)([?&](?:id_token|access_token|refresh_token|token)=)[^\s&\"'#]+"), rf"\1{HIDDEN}"),
     (re.compile(r"(?i)((?:sessionid|csrftoken|password|secret)[\"']?\s*[=:]\s*[\"']?)[^\s'\",&;]+"), rf"\1{HIDDEN}"),
 ]
 

@@ -19,6 +19,7 @@ from access.policy import Do, may
 from executions.actions import Actor, add_machine
 from terminals import actions as terminal_actions
 from terminals.backends.tmux_server import TmuxServer
+from tests import run_secrets
 from tests.bridge.harness import RECORDINGS_DIR, TEST_IMAGE, Stack, own_directory, session_cookie, start_container
 from tests.factories import grant
 
@@ -52,6 +53,51 @@ def _no_holder_outlives_the_run(_a_run_is_going_on):
             continue
     shutil.rmtree(HELD_DIR, ignore_errors=True)
     shutil.rmtree(RECORDINGS_DIR, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _this_process_logs_with_the_servers():
+    """This test process's log records go where the servers' logs go (tests/run_secrets.py searches them all),
+    through the same filters (the redaction) and format as its console handler."""
+    import logging
+
+    console = next((h for h in logging.getLogger().handlers if h.get_name() == "console"), None)
+    assert console is not None, "Django's LOGGING names a 'console' handler on the root logger"
+    run_secrets.LOGS.mkdir(parents=True, exist_ok=True)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    copy = logging.FileHandler(run_secrets.LOGS / f"pytest-{worker}-{os.getpid()}.log")
+    copy.setFormatter(console.formatter)
+    for kept in console.filters:
+        copy.addFilter(kept)
+    logging.getLogger().addHandler(copy)
+    yield
+    logging.getLogger().removeHandler(copy)
+    copy.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked after_run search what a whole run left: they run only when asked for (`-m after_run`, as
+    `make test` does after everything else), never in the middle of a run."""
+    if "after_run" in (config.option.markexpr or ""):
+        return
+    kept = [item for item in items if not item.get_closest_marker("after_run")]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("after_run")])
+        items[:] = kept
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Before a test's rows go (rolled back or flushed by its database fixture's teardown), the secrets they
+    hold are remembered for the search of the run's logs (tests/run_secrets.py)."""
+    if "_django_db_helper" in getattr(item, "fixturenames", ()):
+        from django.db import DatabaseError
+
+        try:
+            run_secrets.remember_from_the_database()
+        except DatabaseError:  # a test that left its transaction broken: nothing more it could have logged
+            pass
+    return (yield)
 
 
 @pytest.fixture(autouse=True)

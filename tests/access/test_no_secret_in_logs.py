@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
 
 
 async def test_no_secret_made_here_appears_in_any_log(place, alice, bob):
-    stack = Stack(access_log=True)
+    stack = Stack()
     try:
         await sync_to_async(stack.start)("docker")
         machine = await sync_to_async(place)("docker")

@@ -184,3 +184,12 @@ def test_the_admin_names_no_machine_a_staff_member_may_not_reach(alice, django_u
     keeper = staff_with(django_user_model, "keeper", "view_machine", "change_machine")
     client.force_login(keeper)
     assert "pay-a" in client.get("/admin/executions/machine/").content.decode()  # who keeps the machines
+
+
+def test_a_sign_in_callbacks_code_and_a_token_in_any_query_are_redacted_but_other_queries_kept():
+    """Found by the search of a whole run's logs: daphne's access log held the provider's one-time codes."""
+    code, state = "wBsfaYZXHorfSZeaUOwhpwn0UwVcahpvgP2ihrlRBPx", "Wu3dowaBAfpq8z7asnTpx6mjxagHfF0D"
+    line = redact(f'"GET /sso/callback/?code={code}&state={state}&iss=http%3A%2F%2F127.0.0.1 HTTP/1.1" 302')
+    assert code not in line and state not in line and "/sso/callback/?" in line
+    assert "s3cr3t-value" not in redact("GET /api/v1/machines?x=1&access_token=s3cr3t-value HTTP/1.1")
+    assert redact("GET /admin/executions/execution/?state=unknown") == "GET /admin/executions/execution/?state=unknown"

@@ -28,6 +28,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from terminals.protocol import ACK_AT_ONCE_BYTES, ACK_IDLE_MS
+from tests import run_secrets
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -159,8 +160,8 @@ class Stack:
     redis_url: str = REDIS_URL
     # Tests create work from a process whose wake-ups do not reach the workers: they poll often.
     worker_poll: float = 0.1
-    log_dir: Path = field(default_factory=lambda: Path(os.environ.get("TETHER_TEST_LOGS", "/tmp/tether-test-logs")))
-    access_log: bool = False  # daphne's access log (its stdout) into its log too
+    log_dir: Path = field(default_factory=lambda: run_secrets.LOGS)  # searched for secrets after the run
+    access_log: bool = True  # daphne's access log (its stdout) into its log too
 
     def _log(self, name: str):
         self.log_dir.mkdir(parents=True, exist_ok=True)

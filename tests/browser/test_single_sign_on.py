@@ -8,6 +8,7 @@ no one."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -19,6 +20,7 @@ from django.contrib.auth.models import Group
 from playwright.async_api import Page, expect
 
 from executions.actions import Actor, add_machine, set_labels
+from tests import run_secrets
 from tests.bridge.harness import ROOT, free_port
 from tests.browser.conftest import committed
 from tests.factories import grant
@@ -56,9 +58,11 @@ def write_config(base_url: str, accounts: dict) -> None:
 @pytest.fixture(scope="module")
 def provider(stack):
     write_config(f"http://127.0.0.1:{stack.ports[0]}", ACCOUNTS)
+    run_secrets.remember("OIDC client secret", STACK_ENV["TETHER_OIDC_CLIENT_SECRET"])
     process = subprocess.Popen(
         ["node", str(ROOT / "tests" / "sso" / "provider.mjs"), str(PROVIDER_PORT), str(CONFIG)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TETHER_TEST_SECRETS": str(run_secrets.SECRETS)},
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30

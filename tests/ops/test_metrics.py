@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import run_secrets
 from tests.bridge.harness import Stack, Viewer, free_port, open_viewer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.bridge]
@@ -165,6 +166,7 @@ async def test_a_real_prometheus_sees_sessions_open_stream_come_back_and_close(t
 
 
 def test_metrics_are_for_loopback_or_the_token_and_the_worker_says_when_it_is_ready():
+    run_secrets.remember("metrics token", "s3cret-scrape-token-of-32-characters")
     stack = Stack(extra_env={"TETHER_METRICS_TOKEN": "s3cret-scrape-token-of-32-characters"})
     worker_http = free_port()
     try:

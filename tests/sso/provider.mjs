@@ -2,7 +2,8 @@
 // and consent pages). Usage: node provider.mjs PORT CONFIG.json. CONFIG: {"clients": [...], "accounts":
 // {"login": {claims...}}}; the file is read again at every sign-in, so a test changes a person's groups
 // between two sign-ins. Prints "ready ISSUER" once it listens.
-import { readFileSync } from "node:fs";
+import { createHash } from "node:crypto";
+import { appendFileSync, mkdirSync, readFileSync } from "node:fs";
 import Provider from "oidc-provider";
 
 const [port, configPath] = process.argv.slice(2);
@@ -26,4 +27,16 @@ const provider = new Provider(issuer, {
   cookies: { keys: ["tether-tests-only-cookie-key"] },
 });
 provider.proxy = false;
+// What it hands out (codes, access and refresh tokens: their value is their jti) is remembered for the search of
+// the run's logs (tests/run_secrets.py), as a hash, never in plain.
+const secrets = process.env.TETHER_TEST_SECRETS;
+for (const [event, kind] of [["authorization_code.saved", "OIDC_code"], ["access_token.saved", "OIDC_access_token"],
+                             ["refresh_token.saved", "OIDC_refresh_token"]]) {
+  provider.on(event, (token) => {
+    if (!secrets) return;
+    mkdirSync(secrets, { recursive: true });
+    const digest = createHash("sha256").update(token.jti).digest("hex");
+    appendFileSync(`${secrets}/oidc-provider-${process.pid}.txt`, `${kind} ${token.jti.length} ${digest}\n`);
+  });
+}
 provider.listen(Number(port), "127.0.0.1", () => console.log(`ready ${issuer}`));
