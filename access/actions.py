@@ -8,6 +8,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 
+from access.fence import narrowing
 from access.models import Grant, GrantEvent, Role
 from access.signals import access_changed, members
 from executions.actions import Actor
@@ -83,6 +84,7 @@ def grant(
             if Grant.objects.filter(pk=existing.pk, role=was).update(role=role) != 1:
                 raise Refused(f"{existing} changed meanwhile; look again")
             existing.role = role
+            narrowing()  # a lower role may take away what an open in flight relies on
             _event("changed", existing, actor, role=role, was=was, reason=note)
             _told(existing)  # a lower role ends what the higher one allowed
             return existing, "changed"
@@ -104,6 +106,7 @@ def revoke(
         existing = Grant.objects.select_for_update(of=("self",)).filter(**selector).order_by("pk").first()
         if existing is None:
             raise NotFound("no such grant")
+        narrowing()  # an open deciding now commits first (and is closed with the rest), or sees this
         _event("revoked", existing, actor, was=existing.role, reason=reason)
         _told(existing)
         Grant.objects.filter(pk=existing.pk).delete()

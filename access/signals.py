@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.models.signals import m2m_changed, post_save, pre_delete
 from django.dispatch import Signal, receiver
 
+from access.fence import narrowing
 from executions.signals import machine_labels_changed
 
 # Sent after a change committed, with ``users``: the pks of the users whose access may have narrowed, or None
@@ -32,6 +33,8 @@ def _tell(users: set[int] | None) -> None:
 @receiver(m2m_changed, sender=get_user_model().groups.through)
 def groups_changed(sender, instance, action, reverse, pk_set, **kwargs) -> None:
     """A user out of a group (``user.groups.remove``, or ``group.user_set.remove``)."""
+    if action in ("pre_remove", "pre_clear"):
+        narrowing()  # inside the removal's own transaction (Django's related managers open one)
     if action == "pre_clear":
         # Who is in it is known only before the clear.
         instance._tether_cleared = members(instance.pk) if reverse else {instance.pk}
@@ -43,6 +46,7 @@ def groups_changed(sender, instance, action, reverse, pk_set, **kwargs) -> None:
 
 @receiver(pre_delete, sender=Group)
 def group_deleted(sender, instance, **kwargs) -> None:
+    narrowing()  # inside the deletion's transaction
     _tell(members(instance.pk))
 
 

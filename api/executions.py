@@ -10,9 +10,11 @@ import time
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 from ninja import Field, Query, Router, Schema, Status
 
+from access.fence import decided_again
 from access.policy import Do, machine_named, may, reach_of
 from api.auth import need, usable
 from api.models import ApiToken, Scope
@@ -178,10 +180,15 @@ def submit(request, body: SubmitIn):
     machine = machine_named(token, body.machine, Do.USE)  # the same work for a name nothing carries
     if machine is None:
         raise ApiProblem("not_found", f"no machine {body.machine!r} you may use")
-    execution, created = exec_actions.submit_execution(
-        scope=body.scope, execution_id=body.id, machine_name=machine.name, spec=spec, actor=actor_of(token),
-        namespace=namespace,
-    )  # fmt: skip
+    with transaction.atomic():
+        # Decided again behind the fence: a revoke (of the grant, the token, the person) that committed meanwhile
+        # refuses it; one after it finds the command and ends it with the rest (access/fence.py).
+        if not decided_again(token, Do.USE, machine):
+            raise ApiProblem("not_found", f"no machine {body.machine!r} you may use")
+        execution, created = exec_actions.submit_execution(
+            scope=body.scope, execution_id=body.id, machine_name=machine.name, spec=spec, actor=actor_of(token),
+            namespace=namespace,
+        )  # fmt: skip
     return Status(201 if created else 200, {"created": created, "execution": execution_out(execution)})
 
 

@@ -8,6 +8,7 @@ import re
 import traceback
 
 HIDDEN = "[redacted]"
+access = logging.getLogger("daphne.access")
 _SECRETS = [
     # A share link's token is the path segment after /shares/ (pages, casts, sockets: /ws/shares/TOKEN/).
     (re.compile(r"(/shares/)(?!\d+/revoke)[A-Za-z0-9_-]{16,200}"), rf"\1{HIDDEN}"),
@@ -47,15 +48,22 @@ class RedactingFilter(logging.Filter):
 
 
 def redact_daphne_access_log() -> None:
-    """daphne writes its access log itself (not through logging): its lines are redacted the same way."""
+    """daphne writes its access log itself (not through logging): its lines are redacted the same way, and with
+    ``TETHER_LOG_FORMAT=json`` they go through logging (``daphne.access``), one JSON line each like the rest."""
     from daphne.access import AccessLogGenerator
 
     if getattr(AccessLogGenerator.write_entry, "redacted", False):
         return
     write_entry = AccessLogGenerator.write_entry
 
-    def redacted(self, host, date, request, *args, **kwargs):
-        return write_entry(self, host, date, redact(request), *args, **kwargs)
+    def redacted(self, host, date, request, status=None, length=None, ident=None, user=None):
+        from django.conf import settings
+
+        request = redact(request)
+        if settings.TETHER_LOG_FORMAT == "json":  # one stream of JSON lines, the access log's too
+            access.info("%s %s %s %s", host, request, status or "-", length or "-")
+            return None
+        return write_entry(self, host, date, request, status, length, ident, user)
 
     redacted.redacted = True
     AccessLogGenerator.write_entry = redacted

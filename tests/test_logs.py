@@ -54,3 +54,7 @@ async def test_one_session_can_be_followed_across_daphne_and_its_worker(terminal
     settled = [line for line in held if "completed: Exited with code 3" in line["message"]]
     assert settled and settled[0]["execution"] == str(session.execution_id) and settled[0]["worker"]
     assert {line["pid"] for line in ours}.isdisjoint({line["pid"] for line in held})  # two processes, one query
+    # daphne's access log is JSON lines too, in the same stream (config/redact.py)
+    assert any(
+        line["logger"] == "daphne.access" and f"WSCONNECTING /ws/terminals/{sid}/" in line["message"] for line in daphne
+    )

@@ -10,6 +10,8 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
+from access.fence import decided_again
+from access.policy import Do
 from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.errors import Refused, TransitionRefused
@@ -70,6 +72,10 @@ def open_terminal(machine: Machine, user, *, shell: list[str] | None = None) -> 
             # The user's row is the lock: opens by one user queue here, so the count below holds until
             # this one commits (count-then-insert without it let six opens at once make six of five).
             get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+            # Decided again behind the fence: a revoke that committed while this open was on its way refuses
+            # it; one that commits after finds the session and closes it with the rest (access/fence.py).
+            if not decided_again(user, Do.USE, machine):
+                raise Refused(f"you may not open a shell on {machine.name}")
             live_count = TerminalSession.objects.filter(user=user, process_state=ProcessState.LIVE).count()
             if live_count >= settings.TETHER_SESSIONS_PER_USER:
                 raise Refused(
