@@ -14,6 +14,8 @@ The locks are taken in that order everywhere (a person's row, the token's, the f
 change and an act wait for each other and never deadlock. Either the act commits first (and the change, when
 it commits, closes what the act opened, as it closes everything else it takes away), or the change does and the
 act is refused. Never an open after the revoke committed.
+
+On SQLite (the embedded mode, one process) the act still decides again on what is committed, without the locks.
 """
 
 from __future__ import annotations
@@ -32,12 +34,16 @@ def narrowing() -> None:
     """Inside the transaction of a change that may take access away: waits for the acts deciding now to
     commit; acts after this wait for it to commit, then decide on it."""
     assert connection.in_atomic_block, "narrowing() is taken inside the change's own transaction"
+    if connection.vendor != "postgresql":
+        return
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [FENCE])
 
 
 def _locked_row(model, pk) -> bool:
     """Lock ``model``'s row ``pk`` FOR SHARE (an UPDATE of it waits for this transaction, or this for it)."""
+    if connection.vendor != "postgresql":
+        return model._default_manager.filter(pk=pk).exists()
     table = connection.ops.quote_name(model._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT 1 FROM {table} WHERE {model._meta.pk.column} = %s FOR SHARE", [pk])
@@ -55,8 +61,9 @@ def decided_again(who, do: Do, machine: Machine) -> bool:
         return False
     if token is not None and not _locked_row(type(token), token.pk):
         return False
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock_shared(%s)", [FENCE])
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock_shared(%s)", [FENCE])
     fresh_machine = Machine.objects.select_for_update(no_key=True).filter(pk=machine.pk).first()
     fresh_user = get_user_model().objects.filter(pk=user.pk).first()  # no cached permissions, is_active as it is
     if fresh_machine is None or fresh_user is None:

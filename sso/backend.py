@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
+import jwt
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -67,7 +68,12 @@ class SsoBackend(OIDCAuthenticationBackend):
         raise Refused(why)
 
     def verify_token(self, token, **kwargs):
-        payload = super().verify_token(token, **kwargs)  # its signature (the provider's keys) and its nonce
+        try:
+            payload = super().verify_token(token, **kwargs)  # its signature (the provider's keys) and its nonce
+        except jwt.ExpiredSignatureError:  # PyJWT checks exp itself: a provider whose clock is behind ours
+            self.refuse("the sign-in has expired; start again")
+        except jwt.InvalidTokenError as error:  # not valid yet (a clock ahead), a claim of the wrong type
+            self.refuse(f"the provider's token could not be accepted ({error}); start again")
         issuer, client = settings.TETHER_OIDC_ISSUER, settings.TETHER_OIDC_CLIENT_ID
         if str(payload.get("iss", "")).rstrip("/") != issuer:
             self.refuse(f"the sign-in came from another issuer ({payload.get('iss')!r}), not {issuer}")

@@ -29,9 +29,9 @@ class ProviderUnreachable(Exception):
 
 def document() -> dict:
     with _lock:
-        if _found and time.monotonic() - _found["at"] < KEPT_SECONDS:
-            return _found["document"]
         issuer = settings.TETHER_OIDC_ISSUER
+        if _found.get("issuer") == issuer and time.monotonic() - _found["at"] < KEPT_SECONDS:
+            return _found["document"]
         try:
             answer = requests.get(f"{issuer}/.well-known/openid-configuration", timeout=10)
             answer.raise_for_status()
@@ -40,7 +40,7 @@ def document() -> dict:
             raise ProviderUnreachable(f"the identity provider at {issuer} could not be reached: {error}") from None
         if found.get("issuer", "").rstrip("/") != issuer:
             raise ImproperlyConfigured(f"the provider says its issuer is {found.get('issuer')!r}, not {issuer!r}")
-        _found.update(document=found, at=time.monotonic())
+        _found.update(document=found, at=time.monotonic(), issuer=issuer)
         return found
 
 

@@ -12,11 +12,17 @@ import os
 import re
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
+import jwt
 import pytest
+from asgiref.sync import sync_to_async
+from cryptography.hazmat.primitives.asymmetric import rsa
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.core.exceptions import SuspiciousOperation
+from jwt.algorithms import RSAAlgorithm
 from playwright.async_api import Page, expect
 
 from executions.actions import Actor, add_machine, set_labels
@@ -27,9 +33,14 @@ from tests.factories import grant
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module"), pytest.mark.django_db]
 
-PROVIDER_PORT = free_port()
-ISSUER = f"http://127.0.0.1:{PROVIDER_PORT}"
+PROVIDER_PORT, OTHER_PORT = free_port(), free_port()
+ISSUER, OTHER = f"http://127.0.0.1:{PROVIDER_PORT}", f"http://127.0.0.1:{OTHER_PORT}"
 CONFIG = Path(f"/tmp/tether-test-oidc-{PROVIDER_PORT}.json")
+OTHER_CONFIG = Path(f"/tmp/tether-test-oidc-{OTHER_PORT}.json")
+# The provider signs with a key made here, so that a test can sign what a provider would send in cases a real one
+# will not produce on request: a token for another application, an expired one (its clock behind Tether's).
+KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+JWK = {**json.loads(RSAAlgorithm.to_jwk(KEY)), "kid": "tests", "alg": "RS256", "use": "sig"}
 STACK_ENV = {
     "TETHER_OIDC_ISSUER": ISSUER,
     "TETHER_OIDC_NAME": "Example SSO",
@@ -45,22 +56,21 @@ ACCOUNTS = {
 }
 
 
-def write_config(base_url: str, accounts: dict) -> None:
+def write_config(base_url: str, accounts: dict, path: Path = CONFIG, jwks: bool = True) -> None:
     client = {
         "client_id": STACK_ENV["TETHER_OIDC_CLIENT_ID"],
         "client_secret": STACK_ENV["TETHER_OIDC_CLIENT_SECRET"],
         "redirect_uris": [f"{base_url}/sso/callback/"],
         "post_logout_redirect_uris": [f"{base_url}/"],
     }
-    CONFIG.write_text(json.dumps({"clients": [client], "accounts": accounts}))
+    config = {"clients": [client], "accounts": accounts, **({"jwks": {"keys": [JWK]}} if jwks else {})}
+    path.write_text(json.dumps(config))
 
 
-@pytest.fixture(scope="module")
-def provider(stack):
-    write_config(f"http://127.0.0.1:{stack.ports[0]}", ACCOUNTS)
-    run_secrets.remember("OIDC client secret", STACK_ENV["TETHER_OIDC_CLIENT_SECRET"])
+@contextmanager
+def running_provider(port: int, config: Path):
     process = subprocess.Popen(
-        ["node", str(ROOT / "tests" / "sso" / "provider.mjs"), str(PROVIDER_PORT), str(CONFIG)],
+        ["node", str(ROOT / "tests" / "sso" / "provider.mjs"), str(port), str(config)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "TETHER_TEST_SECRETS": str(run_secrets.SECRETS)},
     )  # fmt: skip
@@ -69,11 +79,28 @@ def provider(stack):
         while "ready" not in (line := process.stdout.readline()):
             if process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"the OpenID provider did not start: {line}{process.stdout.read()}")
-        yield ISSUER
+        yield f"http://127.0.0.1:{port}"
     finally:
         process.kill()
         process.wait()
-        CONFIG.unlink(missing_ok=True)
+        config.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def provider(stack):
+    write_config(f"http://127.0.0.1:{stack.ports[0]}", ACCOUNTS)
+    run_secrets.remember("OIDC client secret", STACK_ENV["TETHER_OIDC_CLIENT_SECRET"])
+    with running_provider(PROVIDER_PORT, CONFIG) as issuer:
+        yield issuer
+
+
+@pytest.fixture(scope="module")
+def other_provider(stack):
+    """Another provider (its own keys) where Tether's client is registered too, with a person only it knows."""
+    frank = {"preferred_username": "frank", "email": "frank@example.test", "groups": ["eng-payments"]}
+    write_config(f"http://127.0.0.1:{stack.ports[0]}", {"frank": frank}, OTHER_CONFIG, jwks=False)
+    with running_provider(OTHER_PORT, OTHER_CONFIG) as issuer:
+        yield issuer
 
 
 @pytest.fixture(scope="module")
@@ -90,15 +117,16 @@ def team_box(stack, django_db_blocker):
     return "pay-box"
 
 
-async def sign_in(page: Page, login: str) -> None:
+async def sign_in(page: Page, login: str, *, started: bool = False, at: str = ISSUER) -> None:
     """Tether's log-in page → the provider's login and consent (when its session does not have them already) →
     back to Tether (the provider's own pages, as a person sees them)."""
-    await page.goto("/")
-    await page.click("#sso-start")
+    if not started:
+        await page.goto("/")
+        await page.click("#sso-start")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         await page.wait_for_load_state()
-        if not page.url.startswith(ISSUER):
+        if not page.url.startswith(at):
             return  # back at Tether (signed in, or refused)
         if await page.locator("input[name=login]").count():
             await page.fill("input[name=login]", login)
@@ -220,3 +248,57 @@ async def test_a_deactivated_person_is_signed_out_at_once(context, provider, bas
         await expect(page).to_have_url(re.compile(r"/accounts/login/"))  # the session was still a person's
     finally:
         committed(lambda: users.filter(username="carol").update(is_active=True))
+
+
+async def test_an_answer_from_another_provider_is_refused_and_creates_no_one(context, provider, other_provider):
+    """A mix-up: the browser sent on from Tether's provider to another one with the same request (an attacker's
+    provider, or another the client is registered at), which signs in someone only it knows and answers Tether's
+    callback with its own code and Tether's state. Tether takes the code to its own provider, which refuses it."""
+    page = await context.new_page()
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url) if request.url.startswith(f"{ISSUER}/auth?") else None)
+    await page.goto("/")
+    await page.click("#sso-start")
+    await page.wait_for_url(re.compile(rf"^{re.escape(ISSUER)}/"))
+    await page.goto(asked[0].replace(ISSUER, other_provider))
+    await sign_in(page, "frank", started=True, at=other_provider)
+    await expect(page.locator("h1")).to_have_text("Sign-in refused")
+    await expect(page.locator("#sso-failure")).to_contain_text("did not accept this sign-in")
+    assert user_named("frank") is None
+
+
+def signed(**claims) -> str:
+    now = int(time.time())
+    token = {"iss": ISSUER, "sub": "zed", "aud": "tether", "iat": now, "exp": now + 300, "nonce": "n-1", **claims}
+    return jwt.encode(token, KEY, algorithm="RS256", headers={"kid": "tests"})
+
+
+@pytest.mark.parametrize(
+    ("claims", "said"),
+    [
+        ({"aud": "another-app"}, "its audience is another application"),
+        ({"aud": ["another-app", "a-third"]}, "its audience is another application"),
+        ({"iss": OTHER}, "came from another issuer"),
+        ({"exp": int(time.time()) - 120}, "the sign-in has expired"),
+        ({"nbf": int(time.time()) + 3600}, "could not be accepted"),
+        ({"exp": "tomorrow"}, "verification failed"),
+        ({"nonce": "another-sign-ins"}, "nonce verification failed"),
+    ],
+    ids=["audience", "audiences", "issuer", "expired", "not-yet", "exp-not-a-number", "nonce"],
+)
+async def test_an_id_token_signed_by_the_provider_but_not_for_this_sign_in_is_refused(provider, settings, claims, said):
+    """What a real provider will not produce on request, signed with its key and checked through its real keys
+    endpoint: a token for another application, from another issuer, expired (its clock behind Tether's), not yet
+    valid, or for another sign-in. Each is refused with its reason and no one is created."""
+    from sso.backend import Refused, SsoBackend
+
+    settings.TETHER_OIDC_ISSUER, settings.TETHER_OIDC_CLIENT_ID = ISSUER, "tether"
+    settings.OIDC_RP_CLIENT_ID, settings.OIDC_RP_CLIENT_SECRET = "tether", STACK_ENV["TETHER_OIDC_CLIENT_SECRET"]
+    settings.OIDC_RP_SIGN_ALGO = "RS256"
+    backend = await sync_to_async(SsoBackend)()
+    assert await sync_to_async(backend.verify_token)(signed(), nonce="n-1")  # the same, right: accepted
+    with pytest.raises(SuspiciousOperation) as refused:
+        await sync_to_async(backend.verify_token)(signed(**claims), nonce="n-1")
+    assert said in str(refused.value).lower()
+    assert isinstance(refused.value, Refused) or "verification failed" in said
+    assert user_named("zed") is None

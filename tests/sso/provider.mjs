@@ -25,6 +25,8 @@ const provider = new Provider(issuer, {
   // The id token carries the claims too (Tether reads the userinfo endpoint as well).
   conformIdTokenClaims: false,
   cookies: { keys: ["tether-tests-only-cookie-key"] },
+  // The signing key the tests made (they sign tokens of their own with it: another audience, an expired one).
+  ...(config().jwks ? { jwks: config().jwks } : {}),
 });
 provider.proxy = false;
 // What it hands out (codes, access and refresh tokens: their value is their jti) is remembered for the search of
