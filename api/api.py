@@ -16,6 +16,7 @@ from ninja.security import HttpBearer
 from api.auth import bearer_of, check_rate, usable
 from api.models import ApiToken
 from api.problems import ApiProblem, problem_response
+from api.schemas import malformed
 from api.tokens import find_token, note_used
 from executions.errors import IdentityConflict, NotFound, Refused, SlotTaken, TransitionRefused, UsageError
 from terminals.resolution import ResolveRefused
@@ -85,12 +86,22 @@ def _as(code: str, error: Exception, **extra):
     return problem_response(ApiProblem(code, str(error), **extra))
 
 
+def _field(item: dict) -> str:
+    """A field's name as the caller wrote it (ninja puts the body's parameter name before it)."""
+    where = [str(part) for part in item.get("loc", ())]
+    return ".".join(where[2:] if where[:1] == ["body"] and len(where) > 2 else where)
+
+
 @api.exception_handler(ValidationError)
 def _invalid(request, error: ValidationError):
-    errors = [
-        {"field": ".".join(str(part) for part in item.get("loc", ())), "message": item.get("msg", "")}
-        for item in error.errors
-    ]
+    for item in error.errors:  # a body that is no object, or holds a NUL: malformed, said as such
+        if malformed(cause := str((item.get("ctx") or {}).get("error", ""))):
+            return problem_response(ApiProblem("invalid_request", cause))
+    unknown = [_field(item) for item in error.errors if item.get("type") == "extra_forbidden"]
+    if unknown:
+        names = ", ".join(repr(name) for name in unknown)
+        return problem_response(ApiProblem("unknown_fields", f"this operation takes no field {names}", fields=unknown))
+    errors = [{"field": _field(item), "message": item.get("msg", "")} for item in error.errors]
     return problem_response(ApiProblem("validation_error", "a field is not valid", errors=errors))
 
 

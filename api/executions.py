@@ -20,6 +20,7 @@ from api.auth import need, usable
 from api.models import ApiToken, Scope
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem
+from api.schemas import Body
 from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.errors import TransitionRefused
@@ -128,7 +129,7 @@ def _mine(request, pk: int) -> Execution:
     return execution
 
 
-class SubmitIn(Schema):
+class SubmitIn(Body):
     scope: str = Field(max_length=200, description="Your namespace for ids, e.g. 'ci' or 'agent-7'")
     id: str = Field(max_length=200, description="Your id for it: the same (scope, id, spec) is one execution")
     machine: str = Field(max_length=100)
@@ -383,7 +384,7 @@ def _still_mine(request, pk: int) -> Execution:
     return _mine(request, pk)
 
 
-class CancelIn(Schema):
+class CancelIn(Body):
     reason: str = Field("", max_length=500)
 
 
@@ -407,7 +408,7 @@ def cancel(request, pk: int, body: CancelIn):
     raise TransitionRefused(str(execution), execution.state, "cancelled")
 
 
-class ResolveIn(Schema):
+class ResolveIn(Body):
     note: str = Field(..., min_length=1, max_length=4000, description="What you saw that shows the process is gone")
 
 

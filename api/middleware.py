@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -9,6 +10,7 @@ from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.utils.decorators import sync_and_async_middleware
 
 from api.models import ApiCall
+from api.problems import CODES, ApiProblem, problem_response
 
 log = logging.getLogger(__name__)
 
@@ -48,5 +50,63 @@ def audit_api_calls(get_response):
             response = get_response(request)
             _record(request, response, started)
             return response
+
+    return middleware
+
+
+API_PREFIX = "/api/"
+_CODE_OF_STATUS = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+
+
+def _refused_before(request):
+    """A NUL byte in the path or a query parameter (PostgreSQL cannot hold one; it was a 500): refused first."""
+    if "\x00" in request.path:
+        return problem_response(ApiProblem("invalid_request", "the path holds a NUL byte"))
+    for name, values in request.GET.lists():
+        if "\x00" in name or any("\x00" in value for value in values):
+            shown = name.replace("\x00", "\\0")
+            return problem_response(ApiProblem("invalid_request", f"query parameter {shown!r} holds a NUL byte"))
+    return None
+
+
+def _as_problem(request, response):
+    """Every answer under /api/ is the documented success or application/problem+json: Django's and ninja's own
+    refusals (405 in HTML, a 400 with no body, a 404 page, a 500 page) are said as problems."""
+    if response.status_code < 400 or response.get("Content-Type", "").startswith("application/problem+json"):
+        return response
+    status = response.status_code
+    code = _CODE_OF_STATUS.get(status) or ("internal_error" if status >= 500 else "invalid_request")
+    detail = ""
+    if response.get("Content-Type", "").startswith("application/json"):
+        try:
+            detail = str(json.loads(response.content).get("detail", ""))
+        except (ValueError, AttributeError):
+            detail = ""
+    if code == "method_not_allowed":
+        detail = f"{request.method} is not taken here; allowed: {response.get('Allow', '')}"
+    problem = problem_response(ApiProblem(code, detail or CODES[code][1]))
+    if response.has_header("Allow"):
+        problem["Allow"] = response["Allow"]
+    problem._has_been_logged = getattr(response, "_has_been_logged", False)
+    return problem
+
+
+@sync_and_async_middleware
+def problems_only(get_response):
+    """Under /api/: a NUL byte in the path or query refused at once, and every refusal a problem."""
+    if iscoroutinefunction(get_response):
+
+        async def middleware(request):
+            if not request.path.startswith(API_PREFIX):
+                return await get_response(request)
+            refused = _refused_before(request)
+            return refused or _as_problem(request, await get_response(request))
+
+    else:
+
+        def middleware(request):
+            if not request.path.startswith(API_PREFIX):
+                return get_response(request)
+            return _refused_before(request) or _as_problem(request, get_response(request))
 
     return middleware

@@ -7,18 +7,23 @@ case, and extra members carry what a client needs to act (both digests, the fail
 from __future__ import annotations
 
 import json
+import logging
 
 from django.http import HttpResponse
+
+log = logging.getLogger(__name__)
 
 # code -> (status, title)
 CODES: dict[str, tuple[int, str]] = {
     "invalid_request": (400, "The request is malformed"),
+    "unknown_fields": (400, "The body has fields this operation does not take"),
     "unauthenticated": (401, "No valid API token"),
     "token_revoked": (401, "The API token was revoked"),
     "token_expired": (401, "The API token has expired"),
     "insufficient_scope": (403, "The token's scopes do not allow this"),
     "forbidden": (403, "Not allowed"),
     "not_found": (404, "No such thing, or not yours"),
+    "method_not_allowed": (405, "This path does not take that method"),
     "identity_conflict": (409, "That identity names a different execution"),
     "slot_taken": (409, "The machine's command slot is held"),
     "state_conflict": (409, "Its state does not allow this"),
@@ -29,6 +34,7 @@ CODES: dict[str, tuple[int, str]] = {
     "offset_out_of_range": (416, "That offset is past the end of the output"),
     "validation_error": (422, "A field is not valid"),
     "rate_limited": (429, "Too many calls with this token"),
+    "internal_error": (500, "Tether failed to answer; the failure is logged"),
     "owner_unavailable": (503, "No worker holds the process right now"),
 }
 
@@ -50,4 +56,9 @@ def problem_response(problem: ApiProblem) -> HttpResponse:
     if problem.retry_after is not None:
         response["Retry-After"] = str(problem.retry_after)
     response.api_problem = problem.code  # for the audit line (api.middleware)
+    if status >= 500 and problem.code != "internal_error":
+        # An expected refusal (no worker holds the process): said at WARNING with its code, not as django.request's
+        # ERROR "Service Unavailable", which pages whoever watches the errors.
+        log.warning("%s answered %s %s: %s", problem.code, status, title, problem.detail)
+        response._has_been_logged = True
     return response

@@ -29,6 +29,7 @@ from api.executions import (
 from api.models import ApiInput, InputState, Scope
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem
+from api.schemas import Body
 from terminals import actions
 from terminals.models import ProcessState, TerminalSession
 from terminals.owner_client import owner_of_execution
@@ -89,7 +90,7 @@ def list_terminals(request, limit: int = Query(50, ge=1, le=200)):
     return [terminal_out(s) for s in mine[: limit * 2] if may(token, Do.USE, s)][:limit]
 
 
-class OpenIn(Schema):
+class OpenIn(Body):
     machine: str = Field(max_length=100)
 
 
@@ -175,7 +176,8 @@ def closed_output(session: TerminalSession, since: int, size: int) -> dict:
                   source="record", state=session.execution.state, generation=session.generation)  # fmt: skip
 
 
-class InputIn(Schema):
+class InputIn(Body):
+    KEYSTROKES = frozenset({"data"})
     seq: int = Field(..., ge=0, le=2**53, description="Your number for this input: a retry of it is written once")
     data: str | None = Field(None, description="Keys as text (UTF-8)")
     data_b64: str | None = Field(None, description="Keys as base64, for bytes that are not text")
@@ -258,7 +260,7 @@ async def terminal_input(request, session_id: uuid.UUID, body: InputIn):
     raise ApiProblem("owner_unavailable", answer.get("text", "") + "; send the same seq again", retry_after=1)
 
 
-class ResizeIn(Schema):
+class ResizeIn(Body):
     cols: int = Field(..., ge=1, le=MAX_COLS)
     rows: int = Field(..., ge=1, le=MAX_ROWS)
 
@@ -284,7 +286,7 @@ async def terminal_resize(request, session_id: uuid.UUID, body: ResizeIn):
     return await db(lambda: terminal_out(_session(request, session_id)))()
 
 
-class ReasonIn(Schema):
+class ReasonIn(Body):
     reason: str = Field("", max_length=500)
 
 

@@ -1,0 +1,137 @@
+"""The API held strictly at its edges (issue 42): unknown fields refused with their names, NUL bytes refused as
+malformed (they were 500s), a body that is no object refused (a cancel with `[null,null]` killed the command),
+every refusal under /api/ a problem (405 was HTML, a multipart body without a boundary an empty 400), and an
+expected 503 logged as a warning with its code, not as django.request's ERROR."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from api.tokens import create_token
+from executions.models import Backend, Execution, State
+from tests.factories import grant, make_machine
+
+pytestmark = pytest.mark.django_db
+
+SUBMIT = {"scope": "ci", "id": "job-1", "machine": "box", "argv": ["true"]}
+
+
+@pytest.fixture
+def api(client, alice):
+    machine = make_machine("box", backend=Backend.DOCKER)
+    grant(alice, machine, "use")
+    _, raw = create_token(alice, name="strict", scopes=["run", "read", "terminals"])
+    headers = {"Authorization": f"Bearer {raw}"}
+
+    class Api:
+        def post(self, path, body, content_type="application/json"):
+            return client.post(f"/api/v1{path}", body, content_type=content_type, headers=headers)
+
+        def get(self, path):
+            return client.get(f"/api/v1{path}", headers=headers)
+
+        def call(self, method, path):
+            return getattr(client, method)(f"/api/v1{path}", headers=headers)
+
+    return Api()
+
+
+def problem(answer) -> dict:
+    assert answer["Content-Type"].startswith("application/problem+json"), (answer.status_code, answer.content[:200])
+    return answer.json()
+
+
+@pytest.mark.parametrize(
+    ("body", "fields"),
+    [
+        ({**SUBMIT, "evn": {"A": "1"}}, ["evn"]),  # the typo that ran a command without its env
+        ({**SUBMIT, "timeout_seconds": 5, "pty": False}, ["timeout_seconds", "pty"]),
+    ],
+)
+def test_unknown_fields_are_refused_by_name_and_nothing_runs(api, body, fields):
+    answer = api.post("/executions", body)
+    assert answer.status_code == 400
+    said = problem(answer)
+    assert said["code"] == "unknown_fields" and said["fields"] == fields
+    assert all(repr(name) in said["detail"] for name in fields)
+    assert not Execution.objects.exists()
+
+
+@pytest.mark.parametrize("field", ["scope", "id", "machine", "cwd", "argv", "env"])
+def test_a_nul_byte_in_a_body_is_refused_as_malformed_never_a_500(api, field):
+    value = {"argv": ["echo", "a\x00b"], "env": {"A": "1\x00"}}.get(field, "a\x00b")
+    answer = api.post("/executions", {**SUBMIT, field: value})
+    assert answer.status_code == 400
+    said = problem(answer)
+    assert said["code"] == "invalid_request" and "NUL byte" in said["detail"] and field in said["detail"]
+    assert not Execution.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/executions?scope=a%00b",
+        "/executions/lookup?scope=ci&id=x%00",
+        "/executions?scope=ci&li%00mit=3",
+        "/machines%00",
+    ],
+)
+def test_a_nul_byte_in_a_query_or_path_is_refused_as_malformed(api, path):
+    answer = api.get(path)
+    assert answer.status_code == 400 and problem(answer)["code"] == "invalid_request"
+    assert "NUL byte" in answer.json()["detail"]
+
+
+@pytest.mark.django_db(transaction=True)  # async endpoints reach the database from their own thread
+def test_a_nul_key_is_still_a_key_in_terminal_input(api):
+    """Ctrl-@ is a keystroke: terminal input's text may hold it (the check is on the names, not the keys)."""
+    opened = api.post("/terminals", {"machine": "box"})
+    assert opened.status_code == 201, opened.content
+    session = opened.json()["terminal"]["id"]
+    answer = api.post(f"/terminals/{session}/input", {"seq": 1, "data": "\x00"})
+    assert answer.status_code != 400 or "NUL" not in answer.content.decode()
+    said = api.post(f"/terminals/{session}/input", {"seq": 2, "data": "x", "client": "a\x00"})
+    assert said.status_code == 400 and "client" in problem(said)["detail"]
+
+
+@pytest.mark.parametrize("body", ["[null,null]", '"cancel"', "42", "null"])
+def test_a_cancel_whose_body_is_not_an_object_is_refused_and_kills_nothing(api, body):
+    submitted = api.post("/executions", SUBMIT)
+    assert submitted.status_code == 201
+    pk = submitted.json()["execution"]["id"]
+    answer = api.post(f"/executions/{pk}/cancel", body)
+    assert answer.status_code == 400, answer.content
+    assert problem(answer)["code"] == "invalid_request"
+    assert Execution.objects.get(pk=pk).state == State.PENDING
+
+
+def test_a_method_a_path_does_not_take_is_a_problem_with_allow(api):
+    answer = api.call("delete", "/executions")
+    assert answer.status_code == 405
+    said = problem(answer)
+    assert said["code"] == "method_not_allowed" and "DELETE" in said["detail"]
+    assert "GET" in answer["Allow"] and "POST" in answer["Allow"]
+
+
+def test_a_path_that_is_not_there_and_a_form_without_a_boundary_are_problems(api):
+    missing = api.get("/no-such-thing")
+    assert missing.status_code == 404 and problem(missing)["code"] == "not_found"
+    form = api.post("/executions", "x", content_type="multipart/form-data")
+    assert 400 <= form.status_code < 500
+    assert problem(form)["code"] in ("invalid_request", "validation_error")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_expected_503_is_a_warning_with_its_code_not_an_error(api, caplog):
+    opened = api.post("/terminals", {"machine": "box"})
+    session = opened.json()["terminal"]["id"]
+    with caplog.at_level(logging.INFO):
+        answer = api.post(f"/terminals/{session}/resize", {"cols": 100, "rows": 30})  # no worker holds it
+    assert answer.status_code == 503 and problem(answer)["code"] == "owner_unavailable"
+    errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert not errors, [record.getMessage() for record in errors]
+    assert any(
+        record.levelno == logging.WARNING and "owner_unavailable" in record.getMessage() for record in caplog.records
+    )
