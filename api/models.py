@@ -110,6 +110,8 @@ class ApiInput(models.Model):
     client = models.CharField(max_length=100, blank=True)
     seq = models.BigIntegerField()
     size = models.PositiveIntegerField()
+    # SHA-256 of the keys: a number sent again with other keys is refused (input_conflict), never dropped.
+    digest = models.CharField(max_length=64, blank=True)
     state = models.CharField(max_length=16, choices=InputState.choices, default=InputState.SENDING)
     at = models.DateTimeField(auto_now_add=True)
 

@@ -29,6 +29,8 @@ CODES: dict[str, tuple[int, str]] = {
     "state_conflict": (409, "Its state does not allow this"),
     "resolve_refused": (409, "A resolution check failed"),
     "input_unconfirmed": (409, "That input's delivery is unconfirmed; it is not written again"),
+    "input_gap": (409, "That input number skips one: send the expected one first"),
+    "input_conflict": (409, "That input number was sent before with other keys"),
     "not_writer": (409, "Another window writes into this shell"),
     "too_large": (413, "The request is too large"),
     "offset_out_of_range": (416, "That offset is past the end of the output"),

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import uuid
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Max, Min
 from ninja import Field, Query, Router, Schema, Status
 
 from access.policy import Do, machine_named, may
@@ -190,13 +192,55 @@ class InputOut(Schema):
     seq: int
 
 
-def _claim(token, session, body: InputIn, size: int) -> ApiInput | None:
-    """Claim the number before sending it; None when it was claimed before (a retry)."""
-    try:
-        with transaction.atomic():
-            return ApiInput.objects.create(token=token, session=session, client=body.client, seq=body.seq, size=size)
-    except IntegrityError:
-        return None
+INPUT_ORDER_LOCK = 0x7E7E_0042  # the advisory locks' class: one claim at a time per (token, session, client)
+
+
+def _in_order(token, session, client: str) -> None:
+    """One claim at a time for this (token, session, client): the numbers they check stay true until it commits."""
+    if connection.vendor == "postgresql":
+        key = int.from_bytes(
+            hashlib.sha256(f"{token.pk}:{session.pk}:{client}".encode()).digest()[:4], "big", signed=True
+        )
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [INPUT_ORDER_LOCK, key])
+
+
+def _claim(token, session, body: InputIn, data: bytes) -> ApiInput | None:
+    """Claim the number before sending it; None when it was claimed before with the same keys (a retry).
+
+    The contract (docs/api.md): a client's first number is its own choice; from then on each is the one after the
+    highest taken (``input_gap`` names it otherwise), or one taken before, sent again with the same keys (a retry:
+    written once) — with other keys it is ``input_conflict``. A number given back (never written: the worker was
+    not reached) may be sent again."""
+    digest = hashlib.sha256(data).hexdigest()
+    with transaction.atomic():
+        _in_order(token, session, body.client)
+        taken = ApiInput.objects.filter(token=token, session=session, client=body.client)
+        earlier = taken.filter(seq=body.seq).first()
+        span = taken.aggregate(lowest=Min("seq"), highest=Max("seq"))
+        expected = span["highest"] + 1 if span["highest"] is not None else body.seq
+        if earlier is not None:
+            if earlier.digest and earlier.digest != digest:
+                raise ApiProblem(
+                    "input_conflict",
+                    f"input {body.seq} was sent before with other keys; nothing is written (send new keys as "
+                    f"{expected})",
+                    expected=expected,
+                )
+            return None
+        given_back = span["lowest"] is not None and span["lowest"] < body.seq < expected
+        if body.seq != expected and not given_back:
+            raise ApiProblem(
+                "input_gap", f"input {body.seq} is out of order; the next this client sends is {expected}",
+                expected=expected,
+            )  # fmt: skip
+        try:
+            with transaction.atomic():
+                return ApiInput.objects.create(
+                    token=token, session=session, client=body.client, seq=body.seq, size=len(data), digest=digest
+                )
+        except IntegrityError:  # taken meanwhile (SQLite, without the lock): a retry
+            return None
 
 
 def _earlier(token, session, body: InputIn) -> ApiInput:
@@ -221,7 +265,7 @@ async def terminal_input(request, session_id: uuid.UUID, body: InputIn):
     if owner is None:
         text = "no worker holds the shell right now; send the same seq again"
         raise ApiProblem("owner_unavailable", text, retry_after=1)
-    claim = await db(_claim)(token, session, body, len(data))
+    claim = await db(_claim)(token, session, body, data)
     if claim is None:
         earlier = await db(_earlier)(token, session, body)
         if earlier.state == InputState.WRITTEN:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 
 import httpx
 import pytest
@@ -157,7 +158,7 @@ async def test_input_sent_while_the_worker_is_dead_is_503_and_the_same_seq_is_wr
             first = stack.workers[0]
             first.kill()
             await sync_to_async(first.wait)()
-            keys = {"seq": 20, "data": "echo seq-$((10+10))\n"}
+            keys = {"seq": 2, "data": "echo seq-$((10+10))\n"}
             refused = await api.post(f"/terminals/{session}/input", json=keys)
             assert refused.status_code == 503 and refused.json()["code"] == "owner_unavailable", refused.text
             await sync_to_async(stack.start_worker)(backend)
@@ -169,9 +170,9 @@ async def test_input_sent_while_the_worker_is_dead_is_503_and_the_same_seq_is_wr
                     break
                 assert answer.status_code == 503, answer.text  # never 409: it was never written
                 await asyncio.sleep(0.5)
-            assert answer.json() == {"written": True, "repeated": False, "seq": 20}, statuses
+            assert answer.json() == {"written": True, "repeated": False, "seq": 2}, statuses
             again = await api.post(f"/terminals/{session}/input", json=keys)
-            assert again.json() == {"written": True, "repeated": True, "seq": 20}
+            assert again.json() == {"written": True, "repeated": True, "seq": 2}
             output = await read_until(api, session, b"seq-20\r\n")
             assert output.count(b"seq-20\r\n") == 1
     finally:
@@ -228,3 +229,43 @@ async def test_an_api_reader_loses_nothing_across_a_worker_kill(place, operator,
             assert numbers == list(range(1, 700_001))  # every line once, in order
     finally:
         await sync_to_async(stack.stop)()
+
+
+async def test_numbered_input_is_written_in_number_order_and_a_reused_number_with_other_keys_is_refused(
+    stack, place, operator
+):
+    """Input 5 after 2, then 4, then 3 ran as 5, 4, 3, and 2 sent again with other keys answered `repeated` and
+    dropped them silently. Now a number that skips one is 409 input_gap naming the expected one, and a number sent
+    again with other keys is 409 input_conflict; what is written runs in number order."""
+    machine = await sync_to_async(place)("local")
+    async with client(stack, await token(operator, "terminals")) as api:
+        session = (await api.post("/terminals", json={"machine": machine.name})).json()["terminal"]["id"]
+
+        async def send(seq: int, data: str, client_name: str = "") -> httpx.Response:
+            for _ in range(100):  # the shell still starting: the same number again
+                answer = await api.post(
+                    f"/terminals/{session}/input", json={"seq": seq, "data": data, "client": client_name}
+                )
+                if answer.status_code != 503:
+                    return answer
+                await asyncio.sleep(0.1)
+            raise AssertionError("the shell never started")
+
+        assert (await send(1, "echo n-1\n")).status_code == 200
+        assert (await send(2, "echo n-2\n")).json() == {"written": True, "repeated": False, "seq": 2}
+        for skipped in (5, 4):
+            refused = await send(skipped, f"echo n-{skipped}\n")
+            assert refused.status_code == 409 and refused.headers["content-type"] == "application/problem+json"
+            assert (refused.json()["code"], refused.json()["expected"]) == ("input_gap", 3), refused.text
+        conflict = await send(2, "echo other-keys\n")
+        assert conflict.status_code == 409
+        assert (conflict.json()["code"], conflict.json()["expected"]) == ("input_conflict", 3)
+        assert (await send(2, "echo n-2\n")).json() == {"written": True, "repeated": True, "seq": 2}
+        for seq in (3, 4, 5):
+            assert (await send(seq, f"echo n-{seq}\n")).json()["written"]
+        # Another client of the same token counts on its own, from its own first number.
+        assert (await send(100, "echo other-client\n", "second")).json()["written"]
+        seen = await read_until(api, session, b"other-client\r\n")
+        ran = re.findall(rb"(?<!echo )n-(\d)\r\n", seen)  # what the commands printed, not their echo
+        assert ran == [b"1", b"2", b"3", b"4", b"5"], seen[-600:]
+        assert b"other-keys" not in seen
