@@ -23,10 +23,11 @@ from api.problems import ApiProblem
 from api.schemas import Body
 from executions import actions as exec_actions
 from executions.actions import Actor
+from executions.actions.common import IDENTITY
 from executions.errors import TransitionRefused
 from executions.models import ENDED_STATES, FINAL_STATES, Execution, State
 from executions.presenters import execution_json
-from executions.spec import ExecutionSpec, SpecError
+from executions.spec import MAX_ARGV_BYTES, MAX_COLS, MAX_ROWS, ExecutionSpec, SpecError
 from terminals.actions import request_process_action
 from terminals.owner_client import owner_of_execution
 from terminals.protocol import MAX_INTEGER, Peek
@@ -129,18 +130,29 @@ def _mine(request, pk: int) -> Execution:
     return execution
 
 
+MACHINE_NAME = r"^[-a-zA-Z0-9_]{1,100}$"
+MAX_WAIT = 3600  # a bound on what is asked; how long a call waits at most is TETHER_API_MAX_WAIT_SECONDS
+WAITS = "Seconds to wait (at most TETHER_API_MAX_WAIT_SECONDS, 60 by default, whatever is asked)"
+
+
 class SubmitIn(Body):
-    scope: str = Field(max_length=200, description="Your namespace for ids, e.g. 'ci' or 'agent-7'")
-    id: str = Field(max_length=200, description="Your id for it: the same (scope, id, spec) is one execution")
-    machine: str = Field(max_length=100)
-    argv: list[str] = Field(min_length=1, max_length=4096)
+    scope: str = Field(
+        max_length=200, pattern=IDENTITY.pattern, description="Your namespace for ids, e.g. 'ci' or 'agent-7'"
+    )
+    id: str = Field(
+        max_length=200,
+        pattern=IDENTITY.pattern,
+        description="Your id for it: the same (scope, id, spec) is one execution",
+    )
+    machine: str = Field(max_length=100, pattern=MACHINE_NAME)
+    argv: list[str] = Field(min_length=1, max_length=4096, description=f"At most {MAX_ARGV_BYTES} bytes in all")
     env: dict[str, str] = Field(default_factory=dict, max_length=1024)
-    cwd: str = Field("", max_length=4096)
-    cols: int | None = None
-    rows: int | None = None
-    session_seconds: int | None = None
-    idle_seconds: int | None = None
-    output_limit_bytes: int | None = None
+    cwd: str = Field("", max_length=4096, description="An absolute path on docker machines")
+    cols: int | None = Field(None, ge=1, le=MAX_COLS)
+    rows: int | None = Field(None, ge=1, le=MAX_ROWS)
+    session_seconds: int | None = Field(None, ge=0, le=MAX_INTEGER, description="0: no limit")
+    idle_seconds: int | None = Field(None, ge=0, le=MAX_INTEGER, description="0: no limit")
+    output_limit_bytes: int | None = Field(None, ge=0, le=MAX_INTEGER, description="0: no limit")
 
 
 class SubmitOut(Schema):
@@ -194,13 +206,19 @@ def submit(request, body: SubmitIn):
 
 
 @router.get("/executions", response=list[ExecutionOut], summary="Executions in a scope, newest first")
-def list_executions(request, scope: str = Query(..., max_length=200), limit: int = Query(50, ge=1, le=500)):
+def list_executions(
+    request, scope: str = Query(..., max_length=200, pattern=IDENTITY.pattern), limit: int = Query(50, ge=1, le=500)
+):
     token = need(request, Scope.READ)
     return [execution_out(e) for e in visible(token).filter(scope=scope)[:limit]]
 
 
 @router.get("/executions/lookup", response=ExecutionOut, summary="An execution by your (scope, id)")
-def lookup(request, scope: str = Query(..., max_length=200), id: str = Query(..., max_length=200)):
+def lookup(
+    request,
+    scope: str = Query(..., max_length=200, pattern=IDENTITY.pattern),
+    id: str = Query(..., max_length=200, pattern=IDENTITY.pattern),
+):
     token = need(request, Scope.READ)
     execution = exec_actions.find_execution(scope, id, namespace_of(token))
     if execution is None or not visible(token).filter(pk=execution.pk).exists():
@@ -234,7 +252,7 @@ AWAITING = {
 
 
 @router.get("/executions/{pk}/await", response=AwaitOut, summary="Wait (long poll) for a final state")
-async def await_execution(request, pk: int, timeout: float = Query(30.0, ge=0)):
+async def await_execution(request, pk: int, timeout: float = Query(30.0, ge=0, le=MAX_WAIT, description=WAITS)):
     await db(need)(request, Scope.READ)
     deadline = time.monotonic() + min(timeout, settings.TETHER_API_MAX_WAIT_SECONDS)
     while True:
@@ -371,7 +389,7 @@ async def execution_output(
     pk: int,
     since: int = Query(0, ge=0, le=MAX_INTEGER),
     size: int = Query(READ_BYTES, ge=1, le=READ_BYTES),
-    wait: float = Query(0.0, ge=0),
+    wait: float = Query(0.0, ge=0, le=MAX_WAIT, description=WAITS),
 ):
     token = await db(need)(request, Scope.READ)
     await db(_mine)(request, pk)

@@ -18,7 +18,10 @@ from ninja import Field, Query, Router, Schema, Status
 from access.policy import Do, machine_named, may
 from api.auth import need
 from api.executions import (
+    MACHINE_NAME,
+    MAX_WAIT,
     READ_BYTES,
+    WAITS,
     ExecutionOut,
     OutputOut,
     actor_of,
@@ -93,7 +96,7 @@ def list_terminals(request, limit: int = Query(50, ge=1, le=200)):
 
 
 class OpenIn(Body):
-    machine: str = Field(max_length=100)
+    machine: str = Field(max_length=100, pattern=MACHINE_NAME)
 
 
 class OpenOut(Schema):
@@ -129,7 +132,7 @@ async def terminal_output(
     generation: int | None = Query(None, ge=1, description="The generation your `since` counts in"),
     epoch: int | None = Query(None, ge=0, description="The epoch your `since` counts in (from the last read)"),
     size: int = Query(READ_BYTES, ge=1, le=READ_BYTES),
-    wait: float = Query(0.0, ge=0),
+    wait: float = Query(0.0, ge=0, le=MAX_WAIT, description=WAITS),
 ):
     """Offsets count within one shell (its `generation`) and one owner's stream (its `epoch`), except that a
     held shell's offsets are the same for every owner. When yours no longer count (a reset, an adoption of a
@@ -181,8 +184,13 @@ def closed_output(session: TerminalSession, since: int, size: int) -> dict:
 class InputIn(Body):
     KEYSTROKES = frozenset({"data"})
     seq: int = Field(..., ge=0, le=2**53, description="Your number for this input: a retry of it is written once")
-    data: str | None = Field(None, description="Keys as text (UTF-8)")
-    data_b64: str | None = Field(None, description="Keys as base64, for bytes that are not text")
+    data: str | None = Field(None, max_length=MAX_FRAME_BYTES, description="Keys as text (UTF-8)")
+    data_b64: str | None = Field(
+        None,
+        max_length=(MAX_FRAME_BYTES + 2) // 3 * 4,
+        pattern=r"^[A-Za-z0-9+/]*={0,2}$",
+        description="Keys as base64, for bytes that are not text",
+    )
     client: str = Field("", max_length=100, description="Which of your programs sends it (numbers are per client)")
 
 

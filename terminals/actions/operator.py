@@ -75,6 +75,9 @@ def operator_session_action(session: TerminalSession, action: str, *, actor: Act
     if session.process_state == ProcessState.CLOSED:
         raise TransitionRefused(f"session {session.id}", "closed", action, "the process has already ended")
     with transaction.atomic():
+        # The lease's row first, then the session's: the order of the owner's fenced transactions (a close took
+        # the session's row, then waited for the lease the owner held while it waited for the session's).
+        ProcessLease.objects.select_for_update().filter(execution_id=session.execution_id).first()
         if action == Request.COMPLETE:
             # The lease moves toward closing: no new viewer input is wanted, the process is asked to finish.
             if not TerminalSession.objects.filter(pk=session.pk, process_state=ProcessState.LIVE).update(

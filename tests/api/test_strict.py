@@ -135,3 +135,35 @@ def test_an_expected_503_is_a_warning_with_its_code_not_an_error(api, caplog):
     assert any(
         record.levelno == logging.WARNING and "owner_unavailable" in record.getMessage() for record in caplog.records
     )
+
+
+def test_the_constraints_are_in_the_schema_and_held(api):
+    """What the code refuses, the schema says (a generated client knows it before it asks)."""
+    schema = api.get("/openapi.json").json()["components"]["schemas"]
+    submit, keys = schema["SubmitIn"]["properties"], schema["InputIn"]["properties"]
+    assert (
+        submit["scope"]["pattern"].startswith("^[A-Za-z0-9]") and submit["id"]["pattern"] == submit["scope"]["pattern"]
+    )
+    assert submit["machine"]["pattern"] and (
+        submit["cols"]["anyOf"][0]["maximum"],
+        submit["rows"]["anyOf"][0]["maximum"],
+    ) == (500, 200)
+    assert keys["data_b64"]["anyOf"][0]["pattern"] and keys["data"]["anyOf"][0]["maxLength"] == 65536
+    for body in (
+        {**SUBMIT, "scope": "-leading-dash"},
+        {**SUBMIT, "id": "has space"},
+        {**SUBMIT, "machine": "no/slash"},
+        {**SUBMIT, "cols": 0},
+        {**SUBMIT, "rows": 201},
+        {**SUBMIT, "idle_seconds": -1},
+    ):
+        answer = api.post("/executions", body)
+        assert answer.status_code == 422 and problem(answer)["code"] == "validation_error", (body, answer.content)
+    assert not Execution.objects.exists()
+    for path in ("/executions?scope=has%20space", "/executions/lookup?scope=ci&id=-x"):
+        assert api.get(path).status_code == 422
+    pk = api.post("/executions", SUBMIT).json()["execution"]["id"]
+    for query in ("wait=3601", "wait=nan", "wait=-1", "since=-1", "size=0"):
+        answer = api.get(f"/executions/{pk}/output?{query}")
+        assert answer.status_code == 422, (query, answer.content)
+    assert api.get(f"/executions/{pk}/await?timeout=1e9").status_code == 422
