@@ -63,7 +63,19 @@ class OwnSwagger(Swagger):
     template_cdn = str(settings.NINJA_DIR / "templates" / "ninja" / "swagger.html")
 
 
-api = NinjaAPI(
+class TetherApi(NinjaAPI):
+    def get_openapi_schema(self, *, path_prefix=None, path_params=None):
+        """Problems are documented as what they are: ``application/problem+json`` (ninja says application/json)."""
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                for status, answer in (operation.get("responses") or {}).items():
+                    if int(status) >= 400 and "content" in answer:
+                        answer["content"] = {"application/problem+json": answer["content"].pop("application/json")}
+        return schema
+
+
+api = TetherApi(
     title="Tether API",
     version="1",
     description=(

@@ -7,20 +7,22 @@ import asyncio
 import base64
 import logging
 import time
+from typing import Annotated
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from ninja import Field, Query, Router, Schema, Status
+from pydantic import StringConstraints
 
 from access.fence import decided_again
 from access.policy import Do, machine_named, may, reach_of
 from api.auth import need, usable
 from api.models import ApiToken, Scope
 from api.owner_calls import NotSent, ask
-from api.problems import ApiProblem
-from api.schemas import Body
+from api.problems import ApiProblem, answers
+from api.schemas import NO_NUL, Body, Text
 from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.actions.common import IDENTITY
@@ -57,7 +59,7 @@ class MachineOut(Schema):
     busy: bool = Field(description="Its command slot is held (a command or a terminal runs there)")
 
 
-@router.get("/machines", response=list[MachineOut], tags=["machines"], summary="Machines you may reach")
+@router.get("/machines", **answers(list[MachineOut]), tags=["machines"], summary="Machines you may reach")
 def machines(request):
     token = need(request, Scope.READ)
     reach = reach_of(token)
@@ -131,6 +133,7 @@ def _mine(request, pk: int) -> Execution:
 
 
 MACHINE_NAME = r"^[-a-zA-Z0-9_]{1,100}$"
+EnvName = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern="^[^=\x00]+$")]
 MAX_WAIT = 3600  # a bound on what is asked; how long a call waits at most is TETHER_API_MAX_WAIT_SECONDS
 WAITS = "Seconds to wait (at most TETHER_API_MAX_WAIT_SECONDS, 60 by default, whatever is asked)"
 
@@ -145,9 +148,14 @@ class SubmitIn(Body):
         description="Your id for it: the same (scope, id, spec) is one execution",
     )
     machine: str = Field(max_length=100, pattern=MACHINE_NAME)
-    argv: list[str] = Field(min_length=1, max_length=4096, description=f"At most {MAX_ARGV_BYTES} bytes in all")
-    env: dict[str, str] = Field(default_factory=dict, max_length=1024)
-    cwd: str = Field("", max_length=4096, description="An absolute path on docker machines")
+    argv: list[Text] = Field(min_length=1, max_length=4096, description=f"At most {MAX_ARGV_BYTES} bytes in all")
+    env: dict[EnvName, Text] = Field(
+        default_factory=dict,
+        max_length=1024,
+        description="Names without '='",
+        json_schema_extra={"additionalProperties": False},  # a name must match the pattern of names
+    )
+    cwd: str = Field("", max_length=4096, pattern="^(/[^\x00]*)?$", description="An absolute path, or empty")
     cols: int | None = Field(None, ge=1, le=MAX_COLS)
     rows: int | None = Field(None, ge=1, le=MAX_ROWS)
     session_seconds: int | None = Field(None, ge=0, le=MAX_INTEGER, description="0: no limit")
@@ -160,7 +168,11 @@ class SubmitOut(Schema):
     execution: ExecutionOut
 
 
-@router.post("/executions", response={200: SubmitOut, 201: SubmitOut}, summary="Submit a command (idempotent)")
+@router.post(
+    "/executions",
+    **answers({200: SubmitOut, 201: SubmitOut}, "not_found", "identity_conflict", "slot_taken", "state_conflict"),
+    summary="Submit a command (idempotent)",
+)
 def submit(request, body: SubmitIn):
     token = need(request, Scope.RUN)
     try:
@@ -205,7 +217,7 @@ def submit(request, body: SubmitIn):
     return Status(201 if created else 200, {"created": created, "execution": execution_out(execution)})
 
 
-@router.get("/executions", response=list[ExecutionOut], summary="Executions in a scope, newest first")
+@router.get("/executions", **answers(list[ExecutionOut]), summary="Executions in a scope, newest first")
 def list_executions(
     request, scope: str = Query(..., max_length=200, pattern=IDENTITY.pattern), limit: int = Query(50, ge=1, le=500)
 ):
@@ -213,7 +225,7 @@ def list_executions(
     return [execution_out(e) for e in visible(token).filter(scope=scope)[:limit]]
 
 
-@router.get("/executions/lookup", response=ExecutionOut, summary="An execution by your (scope, id)")
+@router.get("/executions/lookup", **answers(ExecutionOut, "not_found"), summary="An execution by your (scope, id)")
 def lookup(
     request,
     scope: str = Query(..., max_length=200, pattern=IDENTITY.pattern),
@@ -226,7 +238,7 @@ def lookup(
     return execution_out(execution)
 
 
-@router.get("/executions/{pk}", response=ExecutionOut, summary="One execution")
+@router.get("/executions/{pk}", **answers(ExecutionOut, "not_found"), summary="One execution")
 def get_execution(request, pk: int):
     need(request, Scope.READ)
     return execution_out(_mine(request, pk))
@@ -251,7 +263,7 @@ AWAITING = {
 }
 
 
-@router.get("/executions/{pk}/await", response=AwaitOut, summary="Wait (long poll) for a final state")
+@router.get("/executions/{pk}/await", **answers(AwaitOut, "not_found"), summary="Wait (long poll) for a final state")
 async def await_execution(request, pk: int, timeout: float = Query(30.0, ge=0, le=MAX_WAIT, description=WAITS)):
     await db(need)(request, Scope.READ)
     deadline = time.monotonic() + min(timeout, settings.TETHER_API_MAX_WAIT_SECONDS)
@@ -383,7 +395,11 @@ async def read_output(load, since: int, size: int, wait: float, viewer: str) -> 
         await asyncio.sleep(0.1)
 
 
-@router.get("/executions/{pk}/output", response=OutputOut, summary="Output by byte offset (resumable)")
+@router.get(
+    "/executions/{pk}/output",
+    **answers(OutputOut, "not_found", "offset_out_of_range", "owner_unavailable"),
+    summary="Output by byte offset (resumable)",
+)
 async def execution_output(
     request,
     pk: int,
@@ -403,10 +419,14 @@ def _still_mine(request, pk: int) -> Execution:
 
 
 class CancelIn(Body):
-    reason: str = Field("", max_length=500)
+    reason: str = Field("", max_length=500, pattern=NO_NUL)
 
 
-@router.post("/executions/{pk}/cancel", response={200: ExecutionOut, 202: ExecutionOut}, summary="Cancel")
+@router.post(
+    "/executions/{pk}/cancel",
+    **answers({200: ExecutionOut, 202: ExecutionOut}, "not_found", "forbidden", "state_conflict"),
+    summary="Cancel",
+)
 def cancel(request, pk: int, body: CancelIn):
     """Pending: cancelled at once (200), nothing ran. Dispatched or running: its owner is asked to end the
     process tree (202); it ends completed (killed) only when the tree is proven gone, else unknown."""
@@ -427,10 +447,16 @@ def cancel(request, pk: int, body: CancelIn):
 
 
 class ResolveIn(Body):
-    note: str = Field(..., min_length=1, max_length=4000, description="What you saw that shows the process is gone")
+    note: str = Field(
+        ..., min_length=1, max_length=4000, pattern=NO_NUL, description="What you saw that shows the process is gone"
+    )
 
 
-@router.post("/executions/{pk}/resolve", response=ExecutionOut, summary="Resolve an unknown outcome (operators)")
+@router.post(
+    "/executions/{pk}/resolve",
+    **answers(ExecutionOut, "not_found", "forbidden", "resolve_refused", "state_conflict"),
+    summary="Resolve an unknown outcome (operators)",
+)
 def resolve_execution(request, pk: int, body: ResolveIn):
     """The same checks as `exec_resolve` (owner, machine, process, note); the outcome stays unknown."""
     token = need(request, Scope.RUN)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import re
 import time
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
@@ -58,14 +60,39 @@ API_PREFIX = "/api/"
 _CODE_OF_STATUS = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
 
+@functools.cache
+def _query_parameters() -> list[tuple[str, re.Pattern, frozenset[str]]]:
+    """(method, path, the query parameters it takes) of every operation, as the schema says them."""
+    from api.api import api
+
+    found = []
+    for path, operations in api.get_openapi_schema()["paths"].items():
+        shape = re.compile("^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(path)) + "$")
+        for method, operation in operations.items():
+            names = {p["name"] for p in operation.get("parameters", []) if p.get("in") == "query"}
+            found.append((path.count("{"), method.upper(), shape, frozenset(names)))
+    # A fixed path before a templated one it also matches (/executions/lookup before /executions/{pk}).
+    return [entry[1:] for entry in sorted(found, key=lambda entry: entry[0])]
+
+
 def _refused_before(request):
-    """A NUL byte in the path or a query parameter (PostgreSQL cannot hold one; it was a 500): refused first."""
+    """A NUL byte in the path or a query parameter (PostgreSQL cannot hold one; it was a 500), or a query
+    parameter the operation does not take (a typo such as ``?wiat=30`` answered at once): refused first."""
     if "\x00" in request.path:
         return problem_response(ApiProblem("invalid_request", "the path holds a NUL byte"))
     for name, values in request.GET.lists():
         if "\x00" in name or any("\x00" in value for value in values):
             shown = name.replace("\x00", "\\0")
             return problem_response(ApiProblem("invalid_request", f"query parameter {shown!r} holds a NUL byte"))
+    if request.GET:
+        for method, shape, names in _query_parameters():
+            if method == request.method and shape.match(request.path):
+                unknown = sorted(set(request.GET) - names)
+                if unknown:
+                    listed = ", ".join(repr(name) for name in unknown)
+                    detail = f"this operation takes no query parameter {listed}"
+                    return problem_response(ApiProblem("unknown_fields", detail, fields=unknown))
+                break
     return None
 
 

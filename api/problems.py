@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Literal
 
 from django.http import HttpResponse
+from ninja import Schema
+from pydantic import ConfigDict
 
 log = logging.getLogger(__name__)
 
@@ -64,3 +67,39 @@ def problem_response(problem: ApiProblem) -> HttpResponse:
         log.warning("%s answered %s %s: %s", problem.code, status, title, problem.detail)
         response._has_been_logged = True
     return response
+
+
+# What any call with a token can be answered, whatever it does: a malformed request, a bad token, a missing
+# scope, too large, a field not valid, too many calls.
+COMMON = (
+    "invalid_request", "unknown_fields", "unauthenticated", "token_revoked", "token_expired", "insufficient_scope",
+    "too_large", "validation_error", "rate_limited",
+)  # fmt: skip
+
+
+class Problem(Schema):
+    """An RFC 9457 problem: branch on ``code``; other members carry what a client needs to act."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    title: str
+    status: int
+    code: Literal[tuple(CODES)]  # type: ignore[valid-type]
+    detail: str
+
+
+def answers(ok, *codes: str) -> dict:
+    """An operation's documented answers: its successes (``ok``: a schema, or {status: schema}) and every problem
+    it can give (the common ones and ``codes``), each status described by the codes it carries. Spread into the
+    route's decorator: ``@router.get(path, **answers(Out, "not_found"))``."""
+    response = dict(ok) if isinstance(ok, dict) else {200: ok}
+    said: dict[int, list[str]] = {}
+    for code in (*COMMON, *codes):
+        status = CODES[code][0]
+        response.setdefault(status, Problem)
+        said.setdefault(status, []).append(code)
+    described = {
+        status: {"description": "; ".join(f"`{code}`: {CODES[code][1]}" for code in found)}
+        for status, found in said.items()
+    }
+    return {"response": response, "openapi_extra": {"responses": described}}

@@ -4,11 +4,15 @@ argv, path or name can hold one)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 from ninja import Schema
 from ninja.schema import DjangoGetter
-from pydantic import ConfigDict, model_validator
+from pydantic import ConfigDict, StringConstraints, model_validator
+
+# Text with no NUL byte, said in the schema (``pattern``) as well as held by :class:`Body`.
+NO_NUL = "^[^\x00]*$"
+Text = Annotated[str, StringConstraints(pattern=NO_NUL)]
 
 
 def nul_at(value, where: str = "") -> str | None:

@@ -33,8 +33,8 @@ from api.executions import (
 )
 from api.models import ApiInput, InputState, Scope
 from api.owner_calls import NotSent, ask
-from api.problems import ApiProblem
-from api.schemas import Body
+from api.problems import ApiProblem, answers
+from api.schemas import NO_NUL, Body
 from terminals import actions
 from terminals.models import ProcessState, TerminalSession
 from terminals.owner_client import owner_of_execution
@@ -87,7 +87,7 @@ def _session(request, session_id: uuid.UUID) -> TerminalSession:
     return session
 
 
-@router.get("", response=list[TerminalOut], summary="Your terminal sessions, newest first")
+@router.get("", **answers(list[TerminalOut]), summary="Your terminal sessions, newest first")
 def list_terminals(request, limit: int = Query(50, ge=1, le=200)):
     token = need(request, Scope.TERMINALS)
     sessions = TerminalSession.objects.select_related("machine", "execution__machine", "execution__resolved_by")
@@ -104,7 +104,11 @@ class OpenOut(Schema):
     terminal: TerminalOut
 
 
-@router.post("", response={200: OpenOut, 201: OpenOut}, summary="Open a shell, or reattach to the open one")
+@router.post(
+    "",
+    **answers({200: OpenOut, 201: OpenOut}, "not_found", "forbidden", "slot_taken", "state_conflict"),
+    summary="Open a shell, or reattach to the open one",
+)
 def open_terminal(request, body: OpenIn):
     token = need(request, Scope.TERMINALS)
     user = request.auth.user
@@ -118,13 +122,17 @@ def open_terminal(request, body: OpenIn):
     return Status(201 if created else 200, opened)
 
 
-@router.get("/{session_id}", response=TerminalOut, summary="A session's state")
+@router.get("/{session_id}", **answers(TerminalOut, "not_found"), summary="A session's state")
 def terminal_state(request, session_id: uuid.UUID):
     need(request, Scope.TERMINALS)
     return terminal_out(_session(request, session_id))
 
 
-@router.get("/{session_id}/output", response=OutputOut, summary="A shell's output by byte offset")
+@router.get(
+    "/{session_id}/output",
+    **answers(OutputOut, "not_found", "offset_out_of_range", "owner_unavailable"),
+    summary="A shell's output by byte offset",
+)
 async def terminal_output(
     request,
     session_id: uuid.UUID,
@@ -191,7 +199,9 @@ class InputIn(Body):
         pattern=r"^[A-Za-z0-9+/]*={0,2}$",
         description="Keys as base64, for bytes that are not text",
     )
-    client: str = Field("", max_length=100, description="Which of your programs sends it (numbers are per client)")
+    client: str = Field(
+        "", max_length=100, pattern=NO_NUL, description="Which of your programs sends it (numbers are per client)"
+    )
 
 
 class InputOut(Schema):
@@ -255,7 +265,20 @@ def _earlier(token, session, body: InputIn) -> ApiInput:
     return ApiInput.objects.get(token=token, session=session, client=body.client, seq=body.seq)
 
 
-@router.post("/{session_id}/input", response=InputOut, summary="Type into the shell (numbered, written once)")
+@router.post(
+    "/{session_id}/input",
+    **answers(
+        InputOut,
+        "not_found",
+        "state_conflict",
+        "input_unconfirmed",
+        "input_gap",
+        "input_conflict",
+        "not_writer",
+        "owner_unavailable",
+    ),
+    summary="Type into the shell (numbered, written once)",
+)
 async def terminal_input(request, session_id: uuid.UUID, body: InputIn):
     token = await db(need)(request, Scope.TERMINALS)
     session = await db(_session)(request, session_id)
@@ -317,7 +340,11 @@ class ResizeIn(Body):
     rows: int = Field(..., ge=1, le=MAX_ROWS)
 
 
-@router.post("/{session_id}/resize", response=TerminalOut, summary="Set the shell's grid")
+@router.post(
+    "/{session_id}/resize",
+    **answers(TerminalOut, "not_found", "state_conflict", "not_writer", "owner_unavailable"),
+    summary="Set the shell's grid",
+)
 async def terminal_resize(request, session_id: uuid.UUID, body: ResizeIn):
     token = await db(need)(request, Scope.TERMINALS)
     session = await db(_session)(request, session_id)
@@ -339,7 +366,7 @@ async def terminal_resize(request, session_id: uuid.UUID, body: ResizeIn):
 
 
 class ReasonIn(Body):
-    reason: str = Field("", max_length=500)
+    reason: str = Field("", max_length=500, pattern=NO_NUL)
 
 
 def _ask_owner_to(request, session_id, action: str, reason: str) -> dict:
@@ -349,13 +376,19 @@ def _ask_owner_to(request, session_id, action: str, reason: str) -> dict:
     return terminal_out(_session(request, session_id))
 
 
-@router.post("/{session_id}/reset", response={202: TerminalOut}, summary="End the shell and start a fresh one")
+@router.post(
+    "/{session_id}/reset",
+    **answers({202: TerminalOut}, "not_found", "state_conflict"),
+    summary="End the shell and start a fresh one",
+)
 def terminal_reset(request, session_id: uuid.UUID, body: ReasonIn):
     """Its owner ends the shell (its outcome recorded as it is known) and starts the next generation."""
     return Status(202, _ask_owner_to(request, session_id, Request.RESET, body.reason))
 
 
-@router.post("/{session_id}/close", response={202: TerminalOut}, summary="End the shell")
+@router.post(
+    "/{session_id}/close", **answers({202: TerminalOut}, "not_found", "state_conflict"), summary="End the shell"
+)
 def terminal_close(request, session_id: uuid.UUID, body: ReasonIn):
     """Its owner ends the shell; the session closes with its outcome (read the state until it is closed)."""
     return Status(202, _ask_owner_to(request, session_id, Request.COMPLETE, body.reason))

@@ -167,3 +167,22 @@ def test_the_constraints_are_in_the_schema_and_held(api):
         answer = api.get(f"/executions/{pk}/output?{query}")
         assert answer.status_code == 422, (query, answer.content)
     assert api.get(f"/executions/{pk}/await?timeout=1e9").status_code == 422
+
+
+@pytest.mark.django_db(transaction=True)  # the output endpoint is async: its own thread reaches the database
+def test_a_query_parameter_the_operation_does_not_take_is_refused_by_name(api):
+    """As the schema says (additionalProperties): `?wiat=30` was answered at once as if no wait was asked."""
+    pk = api.post("/executions", SUBMIT).json()["execution"]["id"]
+    for path, unknown in [
+        (f"/executions/{pk}/output?wiat=30", ["wiat"]),
+        (f"/executions/{pk}?since=0", ["since"]),
+        ("/terminals?=false", [""]),
+        ("/machines?x=1&y=2", ["x", "y"]),
+    ]:
+        answer = api.get(path)
+        assert answer.status_code == 400, (path, answer.content)
+        said = problem(answer)
+        assert (said["code"], said["fields"]) == ("unknown_fields", unknown), said
+    # What they do take is still taken (a fixed path is not mistaken for a templated one).
+    assert api.get("/executions/lookup?scope=ci&id=job-1").status_code == 200
+    assert api.get(f"/executions/{pk}/output?since=0&size=10&wait=0").status_code == 200
