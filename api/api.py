@@ -16,7 +16,7 @@ from ninja.security import HttpBearer
 from api.auth import bearer_of, check_rate, usable
 from api.models import ApiToken
 from api.problems import ApiProblem, problem_response
-from api.schemas import malformed
+from api.schemas import PATTERN_WORDS, malformed
 from api.tokens import find_token, note_used
 from executions.errors import IdentityConflict, NotFound, Refused, SlotTaken, TransitionRefused, UsageError
 from terminals.resolution import ResolveRefused
@@ -113,8 +113,17 @@ def _invalid(request, error: ValidationError):
     if unknown:
         names = ", ".join(repr(name) for name in unknown)
         return problem_response(ApiProblem("unknown_fields", f"this operation takes no field {names}", fields=unknown))
-    errors = [{"field": _field(item), "message": item.get("msg", "")} for item in error.errors]
-    return problem_response(ApiProblem("validation_error", "a field is not valid", errors=errors))
+    errors = [{"field": _field(item), "message": _message(item)} for item in error.errors]
+    detail = "; ".join(f"{e['field']}: {e['message']}" if e["field"] else e["message"] for e in errors)
+    return problem_response(ApiProblem("validation_error", detail or "a field is not valid", errors=errors))
+
+
+def _message(item: dict) -> str:
+    """pydantic's message, with a pattern said in words (IDENTITY's, a machine name's, an absolute path...)."""
+    pattern = (item.get("ctx") or {}).get("pattern")
+    if item.get("type") == "string_pattern_mismatch" and pattern in PATTERN_WORDS:
+        return f"must be {PATTERN_WORDS[pattern]}"
+    return item.get("msg", "")
 
 
 @api.exception_handler(AuthenticationError)

@@ -22,7 +22,7 @@ from api.auth import need, usable
 from api.models import ApiToken, Scope
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem, answers
-from api.schemas import NO_NUL, Body, Text
+from api.schemas import ABSOLUTE_PATH, ENV_NAME, MACHINE_NAME, NO_NUL, Body, Text
 from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.actions.common import IDENTITY
@@ -132,8 +132,7 @@ def _mine(request, pk: int) -> Execution:
     return execution
 
 
-MACHINE_NAME = r"^[-a-zA-Z0-9_]{1,100}$"
-EnvName = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern="^[^=\x00]+$")]
+EnvName = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=ENV_NAME)]
 MAX_WAIT = 3600  # a bound on what is asked; how long a call waits at most is TETHER_API_MAX_WAIT_SECONDS
 WAITS = "Seconds to wait (at most TETHER_API_MAX_WAIT_SECONDS, 60 by default, whatever is asked)"
 
@@ -155,7 +154,7 @@ class SubmitIn(Body):
         description="Names without '='",
         json_schema_extra={"additionalProperties": False},  # a name must match the pattern of names
     )
-    cwd: str = Field("", max_length=4096, pattern="^(/[^\x00]*)?$", description="An absolute path, or empty")
+    cwd: str = Field("", max_length=4096, pattern=ABSOLUTE_PATH, description="An absolute path, or empty")
     cols: int | None = Field(None, ge=1, le=MAX_COLS)
     rows: int | None = Field(None, ge=1, le=MAX_ROWS)
     session_seconds: int | None = Field(None, ge=0, le=MAX_INTEGER, description="0: no limit")

@@ -10,9 +10,22 @@ from ninja import Schema
 from ninja.schema import DjangoGetter
 from pydantic import ConfigDict, StringConstraints, model_validator
 
+from executions.actions.common import IDENTITY
+
 # Text with no NUL byte, said in the schema (``pattern``) as well as held by :class:`Body`.
 NO_NUL = "^[^\x00]*$"
 Text = Annotated[str, StringConstraints(pattern=NO_NUL)]
+MACHINE_NAME = r"^[-a-zA-Z0-9_]{1,100}$"
+ABSOLUTE_PATH = "^(/[^\x00]*)?$"
+ENV_NAME = "^[^=\x00]+$"
+# A pattern a field did not match, in words (the validation_error's message says these, not the pattern).
+PATTERN_WORDS = {
+    IDENTITY.pattern: "1-200 letters, digits and ._:@/- starting with a letter or digit",
+    NO_NUL: "text without a NUL byte",
+    MACHINE_NAME: "1-100 letters, digits, '-' or '_'",
+    ABSOLUTE_PATH: "an absolute path (or empty)",
+    ENV_NAME: "a name without '='",
+}
 
 
 def nul_at(value, where: str = "") -> str | None:

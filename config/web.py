@@ -8,9 +8,11 @@ choose()  # before daphne.server makes its loop
 
 from daphne.cli import CommandLineInterface  # noqa: E402
 
+from config.bad_requests import answer_bad_requests_as_problems  # noqa: E402
 from config.redact import redact_daphne_access_log  # noqa: E402
 
 redact_daphne_access_log()  # its access log names paths: a share link's token is one
+answer_bad_requests_as_problems()  # a 20 KB bearer token is answered, and what is refused is a problem
 
 if __name__ == "__main__":
     try:

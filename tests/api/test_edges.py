@@ -269,3 +269,20 @@ async def test_numbered_input_is_written_in_number_order_and_a_reused_number_wit
         ran = re.findall(rb"(?<!echo )n-(\d)\r\n", seen)  # what the commands printed, not their echo
         assert ran == [b"1", b"2", b"3", b"4", b"5"], seen[-600:]
         assert b"other-keys" not in seen
+
+
+async def test_a_20_kb_bearer_token_is_answered_as_a_problem_and_a_malformed_request_line_too(stack):
+    """A 20 KB Authorization header dropped the connection (Twisted's 16 KiB line limit, a bare 400 and no body)."""
+    base = f"http://127.0.0.1:{stack.ports[0]}"
+    async with httpx.AsyncClient(base_url=base, timeout=30) as web:
+        answer = await web.get("/api/v1/machines", headers={"Authorization": "Bearer " + "x" * 20_000})
+    assert answer.status_code == 401 and answer.headers["content-type"] == "application/problem+json"
+    assert answer.json()["code"] == "unauthenticated"
+    reader, writer = await asyncio.open_connection("127.0.0.1", stack.ports[0])
+    writer.write(b"GET /api/v1/machines HTTP/1.1 trailing-garbage\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    said = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    head, _, body = said.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"application/problem+json" in head, said[:300]
+    assert b'"code": "invalid_request"' in body
