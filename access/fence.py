@@ -11,9 +11,9 @@ transaction (:func:`decided_again`), on what is committed then, behind a fence t
 - the machine's row (its labels).
 
 The locks are taken in that order everywhere (a person's row, the token's, the fence, the machine's), so a
-change and an act wait for each other and never deadlock. Either the act commits first (and the change, when
-it commits, closes what the act opened, as it closes everything else it takes away), or the change does and the
-act is refused. Never an open after the revoke committed.
+change and an act wait for each other. Either the act commits first (and the change, when it commits, closes
+the sockets on what it took away, as for everything else: the shell or command itself runs on, for operators to
+keep or end), or the change does and the act is refused. Never an open after the revoke committed.
 
 On SQLite (the embedded mode, one process) the act still decides again on what is committed, without the locks.
 """

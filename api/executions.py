@@ -134,7 +134,7 @@ def _mine(request, pk: int) -> Execution:
 
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=ENV_NAME)]
 MAX_WAIT = 3600  # a bound on what is asked; how long a call waits at most is TETHER_API_MAX_WAIT_SECONDS
-WAITS = "Seconds to wait (at most TETHER_API_MAX_WAIT_SECONDS, 60 by default, whatever is asked)"
+WAITS = "Seconds to wait: up to 3600 may be asked; a call waits at most TETHER_API_MAX_WAIT_SECONDS (60 by default)"
 
 
 class SubmitIn(Body):
@@ -206,7 +206,7 @@ def submit(request, body: SubmitIn):
         raise ApiProblem("not_found", f"no machine {body.machine!r} you may use")
     with transaction.atomic():
         # Decided again behind the fence: a revoke (of the grant, the token, the person) that committed meanwhile
-        # refuses it; one after it finds the command and ends it with the rest (access/fence.py).
+        # refuses it; one after it ends the token's reads and sockets, the command runs on (access/fence.py).
         if not decided_again(token, Do.USE, machine):
             raise ApiProblem("not_found", f"no machine {body.machine!r} you may use")
         execution, created = exec_actions.submit_execution(

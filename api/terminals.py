@@ -36,6 +36,7 @@ from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem, answers
 from api.schemas import NO_NUL, Body
 from terminals import actions
+from terminals.actions.sessions import NoLongerAllowed
 from terminals.models import ProcessState, TerminalSession
 from terminals.owner_client import owner_of_execution
 from terminals.protocol import MAX_COLS, MAX_FRAME_BYTES, MAX_INTEGER, MAX_ROWS, ApiResize, ErrorCode, Request
@@ -115,7 +116,10 @@ def open_terminal(request, body: OpenIn):
     machine = machine_named(token, body.machine, Do.USE)  # the same work for a name nothing carries
     if machine is None:
         raise ApiProblem("not_found", f"no machine {body.machine!r} you may use")
-    session, created = actions.open_terminal(machine, user)
+    try:
+        session, created = actions.open_terminal(machine, user, token=token)
+    except NoLongerAllowed:  # lost while it was on its way: as for a machine that is not there
+        raise ApiProblem("not_found", f"no machine {body.machine!r} you may use") from None
     if session.user_id != user.pk:  # another user's open shell (watching it is the page's, where they see you)
         raise ApiProblem("forbidden", f"{machine.name} has another user's shell open")
     opened = {"created": created, "terminal": terminal_out(_session(request, session.pk))}

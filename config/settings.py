@@ -183,6 +183,8 @@ TETHER_OIDC_GROUPS_CLAIM = env_str("TETHER_OIDC_GROUPS_CLAIM", "groups")
 TETHER_OIDC_GROUP_MAP = env_str("TETHER_OIDC_GROUP_MAP", "")
 TETHER_OIDC_PASSWORDS = env_bool("TETHER_OIDC_PASSWORDS", True)  # local passwords stay on beside it
 TETHER_OIDC_SESSION_SECONDS = env_int("TETHER_OIDC_SESSION_SECONDS", 15 * 60, minimum=1)
+# How far the provider's clock may be from Tether's when its tokens' times (iat, nbf, exp) are checked.
+TETHER_OIDC_LEEWAY_SECONDS = env_int("TETHER_OIDC_LEEWAY_SECONDS", 60, minimum=0, maximum=600)
 if TETHER_OIDC_ISSUER:
     if not (TETHER_OIDC_CLIENT_ID and TETHER_OIDC_CLIENT_SECRET):
         raise ImproperlyConfigured("TETHER_OIDC_ISSUER needs TETHER_OIDC_CLIENT_ID and TETHER_OIDC_CLIENT_SECRET")

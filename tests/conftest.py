@@ -91,7 +91,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_teardown(item, nextitem):
     """Before a test's rows go (rolled back or flushed by its database fixture's teardown), the secrets they
     hold are remembered for the search of the run's logs (tests/run_secrets.py)."""
-    if "_django_db_helper" in getattr(item, "fixturenames", ()):
+    if item.get_closest_marker("django_db") or "_django_db_helper" in getattr(item, "fixturenames", ()):
         from django.db import DatabaseError
 
         try:

@@ -1,7 +1,9 @@
 """A close (or kill, or reset) asked by an operator or the API and the owner's own fenced transaction take the
 lease's row and the session's in one order (the lease first), so they wait for each other instead of
 deadlocking: a close took the session's row, then waited for the lease, which the owner held while it waited
-for the session's (seen once under two concurrent schemathesis runs: `terminal_close` → `request_process_action`)."""
+for the session's (seen once under two concurrent schemathesis runs: `terminal_close` → `request_process_action`).
+Only the close (complete) wrote the session's row first and deadlocked before (reproduced); kill and reset are
+here to keep them waiting, not deadlocking, as the order changes."""
 
 from __future__ import annotations
 

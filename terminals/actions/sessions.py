@@ -21,6 +21,10 @@ from terminals.actions.permissions import in_use_refusal, may_use_machine, may_v
 from terminals.models import ProcessState, SessionEvent, SnapshotKind, TerminalSession, ViewerPreference, Worker
 
 
+class NoLongerAllowed(Refused):
+    """The open's decision, taken again inside its transaction, says no (access changed while it was on its way)."""
+
+
 def session_event(session: TerminalSession, kind: str, actor: Actor, reason: str = "", **detail) -> None:
     SessionEvent.objects.create(
         session=session, kind=kind, actor=actor.label, user=actor.user, reason=reason, detail=detail
@@ -46,10 +50,13 @@ def _submit_terminal(
     return execution
 
 
-def open_terminal(machine: Machine, user, *, shell: list[str] | None = None) -> tuple[TerminalSession, bool]:
+def open_terminal(
+    machine: Machine, user, *, shell: list[str] | None = None, token=None
+) -> tuple[TerminalSession, bool]:
     """The machine's open terminal session, or a new one. Returns (session, created).
 
-    ``shell`` replaces the configured shell for a new session (the demo counts launches with it).
+    ``shell`` replaces the configured shell for a new session (the demo counts launches with it). ``token``: the
+    API token asking for ``user``, which the decision inside the transaction is asked of.
 
     One open session per machine: opening again reattaches. A closed session of
     this user on this machine is reopened under the same id (a fresh shell).
@@ -71,11 +78,13 @@ def open_terminal(machine: Machine, user, *, shell: list[str] | None = None) -> 
         with transaction.atomic():
             # The user's row is the lock: opens by one user queue here, so the count below holds until
             # this one commits (count-then-insert without it let six opens at once make six of five).
-            get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+            # FOR NO KEY UPDATE: it queues one person's opens, and leaves the foreign-key checks of rows naming them
+            # (a grant's or a machine's event, committed by a change holding the fence) free: no deadlock.
+            get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).first()
             # Decided again behind the fence: a revoke that committed while this open was on its way refuses
-            # it; one that commits after finds the session and closes it with the rest (access/fence.py).
-            if not decided_again(user, Do.USE, machine):
-                raise Refused(f"you may not open a shell on {machine.name}")
+            # it; one that commits after closes its sockets, the shell runs on for operators (access/fence.py).
+            if not decided_again(token or user, Do.USE, machine):  # an API token: as narrowed, and not revoked
+                raise NoLongerAllowed(f"you may not open a shell on {machine.name}")
             live_count = TerminalSession.objects.filter(user=user, process_state=ProcessState.LIVE).count()
             if live_count >= settings.TETHER_SESSIONS_PER_USER:
                 raise Refused(

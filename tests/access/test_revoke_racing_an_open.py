@@ -214,3 +214,28 @@ def test_a_command_submitted_while_the_grant_is_being_revoked_waits_and_is_refus
     status, body = submitting.result
     assert (status, body["code"]) == (404, "not_found"), body
     assert not Execution.objects.exists()
+
+
+def test_a_shell_opened_through_the_api_while_its_token_is_being_revoked_waits_and_is_refused(world):
+    """The API's open decides again as the token (narrowed, not revoked), not only as its person."""
+    alice, _, machine = world
+    grant(alice, machine, "use")
+    token, raw = create_token(alice, name="agent", scopes=["terminals"])
+
+    def open_shell():
+        answer = Client().post(
+            "/api/v1/terminals", {"machine": "pay-1"}, content_type="application/json",
+            headers={"Authorization": f"Bearer {raw}"},
+        )  # fmt: skip
+        return answer.status_code, answer.json()
+
+    with held(lambda: revoke_token(token.pk, by=alice, reason="leaked")):
+        opening = Side(open_shell)
+        opening.start()
+        opening.join(WAITS)
+        assert opening.is_alive(), f"the open did not wait: {opening.result or opening.error!r}"
+    opening.join(30)
+    assert opening.error is None, repr(opening.error)
+    status, body = opening.result
+    assert (status, body["code"]) == (404, "not_found"), body
+    assert not TerminalSession.objects.exists()
