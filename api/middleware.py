@@ -57,7 +57,10 @@ def audit_api_calls(get_response):
 
 
 API_PREFIX = "/api/"
-_CODE_OF_STATUS = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+_CODE_OF_STATUS = {
+    400: "invalid_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+    413: "too_large", 429: "rate_limited",
+}  # fmt: skip
 
 
 @functools.cache

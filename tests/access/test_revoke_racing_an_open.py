@@ -167,26 +167,32 @@ def test_the_change_waits_for_an_open_deciding_now(world, case):
     assert opening.result is True and changing.error is None, (opening.result, changing.error)
 
 
+def _called_while(change: Callable[[], object], raw: str, path: str, body: dict) -> tuple[int, dict]:
+    """An API call made while ``change`` is held uncommitted: it must wait for it. Its answer once it commits."""
+
+    def call():
+        answer = Client().post(path, body, content_type="application/json", headers={"Authorization": f"Bearer {raw}"})
+        return answer.status_code, answer.json()
+
+    with held(change):
+        calling = Side(call)
+        calling.start()
+        calling.join(WAITS)
+        assert calling.is_alive(), f"the call did not wait: {calling.result or calling.error!r}"
+    calling.join(30)
+    assert calling.error is None, repr(calling.error)
+    return calling.result
+
+
+SUBMIT = {"scope": "ci", "id": "race-1", "machine": "pay-1", "argv": ["true"]}
+
+
 def test_a_command_submitted_while_its_token_is_being_revoked_waits_and_is_refused(world):
     alice, _, machine = world
     grant(alice, machine, "use")
     token, raw = create_token(alice, name="agent", scopes=["run"])
-
-    def submit():
-        body = {"scope": "ci", "id": "race-1", "machine": "pay-1", "argv": ["true"]}
-        answer = Client().post(
-            "/api/v1/executions", body, content_type="application/json", headers={"Authorization": f"Bearer {raw}"}
-        )
-        return answer.status_code, answer.json()
-
-    with held(lambda: revoke_token(token.pk, by=alice, reason="leaked")):
-        submitting = Side(submit)
-        submitting.start()
-        submitting.join(WAITS)
-        assert submitting.is_alive(), f"the submission did not wait: {submitting.result or submitting.error!r}"
-    submitting.join(30)
-    assert submitting.error is None, repr(submitting.error)
-    status, body = submitting.result
+    revoking = lambda: revoke_token(token.pk, by=alice, reason="leaked")  # noqa: E731
+    status, body = _called_while(revoking, raw, "/api/v1/executions", SUBMIT)
     assert (status, body["code"]) == (404, "not_found"), body
     assert not Execution.objects.exists()
     assert ApiToken.objects.get(pk=token.pk).revoked_at is not None
@@ -196,22 +202,8 @@ def test_a_command_submitted_while_the_grant_is_being_revoked_waits_and_is_refus
     alice, _, machine = world
     grant(alice, machine, "use")
     _, raw = create_token(alice, name="agent", scopes=["run"])
-    staff = Actor.command("tests")
-
-    def submit():
-        body = {"scope": "ci", "id": "race-2", "machine": "pay-1", "argv": ["true"]}
-        answer = Client().post(
-            "/api/v1/executions", body, content_type="application/json", headers={"Authorization": f"Bearer {raw}"}
-        )
-        return answer.status_code, answer.json()
-
-    with held(lambda: access_actions.revoke(actor=staff, user=alice, machine=machine)):
-        submitting = Side(submit)
-        submitting.start()
-        submitting.join(WAITS)
-        assert submitting.is_alive(), f"the submission did not wait: {submitting.result or submitting.error!r}"
-    submitting.join(30)
-    status, body = submitting.result
+    revoking = lambda: access_actions.revoke(actor=Actor.command("tests"), user=alice, machine=machine)  # noqa: E731
+    status, body = _called_while(revoking, raw, "/api/v1/executions", SUBMIT)
     assert (status, body["code"]) == (404, "not_found"), body
     assert not Execution.objects.exists()
 
@@ -221,21 +213,7 @@ def test_a_shell_opened_through_the_api_while_its_token_is_being_revoked_waits_a
     alice, _, machine = world
     grant(alice, machine, "use")
     token, raw = create_token(alice, name="agent", scopes=["terminals"])
-
-    def open_shell():
-        answer = Client().post(
-            "/api/v1/terminals", {"machine": "pay-1"}, content_type="application/json",
-            headers={"Authorization": f"Bearer {raw}"},
-        )  # fmt: skip
-        return answer.status_code, answer.json()
-
-    with held(lambda: revoke_token(token.pk, by=alice, reason="leaked")):
-        opening = Side(open_shell)
-        opening.start()
-        opening.join(WAITS)
-        assert opening.is_alive(), f"the open did not wait: {opening.result or opening.error!r}"
-    opening.join(30)
-    assert opening.error is None, repr(opening.error)
-    status, body = opening.result
+    revoking = lambda: revoke_token(token.pk, by=alice, reason="leaked")  # noqa: E731
+    status, body = _called_while(revoking, raw, "/api/v1/terminals", {"machine": "pay-1"})
     assert (status, body["code"]) == (404, "not_found"), body
     assert not TerminalSession.objects.exists()
