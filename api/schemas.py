@@ -11,11 +11,12 @@ from ninja.schema import DjangoGetter
 from pydantic import ConfigDict, StringConstraints, model_validator
 
 from executions.actions.common import IDENTITY
+from executions.actions.common import MACHINE_NAME as MACHINE_PATTERN
 
 # Text with no NUL byte, said in the schema (``pattern``) as well as held by :class:`Body`.
 NO_NUL = "^[^\x00]*$"
 Text = Annotated[str, StringConstraints(pattern=NO_NUL)]
-MACHINE_NAME = r"^[-a-zA-Z0-9_]{1,100}$"
+MACHINE_NAME = MACHINE_PATTERN.pattern
 ABSOLUTE_PATH = "^(/[^\x00]*)?$"
 ENV_NAME = "^[^=\x00]+$"
 # A pattern a field did not match, in words (the validation_error's message says these, not the pattern).

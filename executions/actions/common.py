@@ -12,6 +12,7 @@ from executions.errors import NotFound, SlotTaken, TransitionRefused, UsageError
 from executions.models import Machine
 
 IDENTITY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}$")
+MACHINE_NAME = re.compile(r"^[-a-zA-Z0-9_]{1,100}$")  # the API's schema says it too (api/schemas.py)
 
 
 @dataclass(frozen=True)

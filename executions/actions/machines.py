@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from executions.actions.common import Actor, check_identity, raise_slot_refusal
+from executions.actions.common import MACHINE_NAME, Actor, check_identity, raise_slot_refusal
 from executions.errors import IdentityConflict, TransitionRefused, UsageError
 from executions.labels import parse_labels, said
 from executions.models import (
@@ -43,7 +41,7 @@ def add_machine(
 ) -> Machine:
     """Register a machine. One whose processes live on a host (local, tmux, docker on a unix socket) lives
     on ``host``, by default the one it is added on."""
-    if not re.match(r"^[-a-zA-Z0-9_]{1,100}$", name or ""):
+    if not MACHINE_NAME.match(name or ""):
         raise UsageError(f"machine name {name!r} must be 1-100 letters, digits, '-' or '_'")
     if backend not in Backend.values:
         raise UsageError(f"backend must be one of {', '.join(Backend.values)}, not {backend!r}")
