@@ -102,9 +102,12 @@ class Attacher:
         self.observing = False  # read-only, beside the writer: never a new shell, never the grid
         self.via = ""  # how an observer came: "share link", "staff", or "" (the shell's own user)
         self.refused_since: float | None = None  # when the worker first refused this attach, if it did
+        self.following = False  # the attach under way follows the session to a new owner (no one asked)
 
-    def start(self, delay: float = 0.0) -> None:
-        """(Re)attach in the background, replacing an attach still looking for the owner."""
+    def start(self, delay: float = 0.0, *, follow: bool = False) -> None:
+        """(Re)attach in the background, replacing an attach still looking for the owner. ``follow``: this
+        socket follows its session to a new owner by itself, and yields to a window attached there first."""
+        self.following = follow
         self.tasks.start(self._attach(delay), name="attach")
 
     def confirmed(self, end: int) -> None:
@@ -122,7 +125,7 @@ class Attacher:
         self.refused_since = self.refused_since or now
         if now - self.refused_since >= ATTACH_WAIT_SECONDS:
             return False
-        self.start(delay=0.2)
+        self.start(delay=0.2, follow=self.following)
         return True
 
     async def _attach(self, delay: float = 0.0) -> None:
@@ -144,7 +147,7 @@ class Attacher:
                     await self.owner.observe(owner, **fields, via=self.via)
                 else:
                     cols, rows = self.grid or (None, None)
-                    await self.owner.attach(owner, **fields, cols=cols, rows=rows)
+                    await self.owner.attach(owner, **fields, cols=cols, rows=rows, follow=self.following)
                 return
             if target["lost"]:  # its worker stopped beating: say so, and wait for whoever takes it over
                 status = {"process_state": "live", "code": StatusCode.OWNER_LOST, "text": target["lost"]}
@@ -213,7 +216,7 @@ class Attacher:
             if moved or owner is None or (owner.channel, owner.token) != (held.channel, self.stream.epoch):
                 log.info("session %s: its owner changed under this viewer; attaching again", self.session_id)
                 self.stream.leave()
-                self.start()
+                self.start(follow=True)
 
     async def _check_replay(self, end: int) -> None:
         """Make sure the replay up to ``end`` arrived: channels-redis can drop a message while another

@@ -377,6 +377,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         message = Refusal.decode(event)
         if message.code == ErrorCode.ATTACH_REFUSED and not self.stream.attached and self.attacher.retry_refused():
             return  # the page hears of it only if it never settles
+        if message.code == ErrorCode.SUPERSEDED and self.attacher.following and not self.stream.attached:
+            await self.superseded(None)  # followed its session to a new owner, where another window was first
+            return
         if message.code == ErrorCode.NOT_WATCHING and self.attacher.observing:
             self.stream.leave()  # observe again, from where this viewer's stream is
             self.attacher.start()

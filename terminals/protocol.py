@@ -203,6 +203,9 @@ class Attach(ToOwner):
     cols: int | None = None
     rows: int | None = None
     by: str | None = None  # the person attaching, told to the window this one supersedes
+    # The viewer's own socket following its session to a new owner, not a person's action: refused
+    # (SUPERSEDED) when another window attached there first, which it must not take back.
+    follow: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,6 +185,11 @@ class ViewerService:
         old = live.viewer
         if old and message.attach is not None and (old.viewer_id, old.attach_id) == (message.viewer, message.attach):
             return  # the same attach delivered twice: it was answered already
+        if message.follow and old and old.viewer_id != message.viewer:
+            # A socket following its session here after its owner changed, and another window attached
+            # first: that window, opened by a person, keeps it (CI, stop 49: the follower took it back).
+            await self._refuse(message, ErrorCode.SUPERSEDED, "another window attached while this one followed")
+            return
         if live.session_id:
             # Recorded first: a superseded window that misses the message below finds out from the
             # database on its next owner check, and the new one never sees itself as superseded.

@@ -13,6 +13,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from terminals.models import CommandRecord, CommandSource, TerminalSession
+from terminals.protocol import CloseCode
 from tests.bridge.harness import Stack, Viewer, open_viewer, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -316,7 +317,10 @@ async def test_a_line_pasted_into_busybox_sh_is_recorded_across_a_worker_kill(te
         await sync_to_async(wait_for)(lambda: _adopted(session), what="the adoption")
         again = await Viewer.open(stack.ports[0], session.id, cookie)
         await again.attach()
+        # The first window, left open, follows its shell to the adopter by itself; the second, opened by a
+        # person, keeps it (CI, stop 49: the first attached last and superseded the second mid-read).
         await again.read_until(b"END\r\n", timeout=120)
+        assert await viewer.wait_closed(timeout=30) == CloseCode.SUPERSEDED
         await _prompt(again, "after")
         records = await sync_to_async(_records_settle)(session.id, 3)
         assert records[1] == (line, "exited", 0), records  # there was none

@@ -98,6 +98,47 @@ async def test_worker_answers_a_repeated_attach_once_and_writes_repeated_input_o
         await layer.flush()
 
 
+async def _attached(layer, worker_channel: str, message: dict, reply: str) -> dict:
+    """Send an attach until the worker answers something other than "not registered yet"."""
+    for attach_id in range(1, 50):
+        await layer.send(worker_channel, {**message, "attach": attach_id})
+        answer = await asyncio.wait_for(layer.receive(reply), 10)
+        if answer.get("code") != "attach_refused":
+            return answer
+        await asyncio.sleep(0.2)
+    raise AssertionError("the worker never registered the process")
+
+
+async def test_a_socket_following_its_session_yields_to_a_window_attached_first(stack, terminal, operator):
+    """After a worker change, a window's socket follows its session to the new owner by itself. A window a
+    person opened meanwhile and attached first keeps the shell: the follower is refused (superseded) and
+    takes nothing over. In CI (stop 49) the follower's late attach superseded the new window."""
+    session, _cookie = await sync_to_async(terminal)(operator)
+    owner = await held_by_worker(session)
+    layer = layer_for(stack)
+    opened, follower = await layer.new_channel(), await layer.new_channel()
+    fresh = {"execution": owner.execution, "viewer": "opened-now", "reply": opened}
+    old = {"execution": owner.execution, "viewer": "following", "reply": follower}
+    attach = {"since": 0, "generation": session.generation, "cols": 80, "rows": 24}
+    answer = await _attached(layer, owner.channel, Attach(**fresh, **attach).encode(), opened)
+    assert answer["type"] == "terminal.attached", answer
+
+    answer = await _attached(layer, owner.channel, Attach(**old, **attach, follow=True).encode(), follower)
+    assert (answer["type"], answer.get("code")) == ("terminal.error", "superseded"), answer
+    await layer.send(owner.channel, Input(**fresh, seq=1, data=b"echo kept-$((40+2))\r").encode())
+    _, messages = await collect(layer, opened, until=b"kept-42\r\n")
+    assert "terminal.superseded" not in [m["type"] for m in messages], messages
+
+    # A person's own attach (no follow) still takes the shell over, and the other window is told.
+    answer = await _attached(layer, owner.channel, Attach(**old, **attach).encode(), follower)
+    assert answer["type"] == "terminal.attached", answer
+    told = await asyncio.wait_for(layer.receive(opened), 10)
+    while told["type"] != "terminal.superseded":
+        told = await asyncio.wait_for(layer.receive(opened), 10)
+    if hasattr(layer, "flush"):
+        await layer.flush()
+
+
 class RecordingConsumer(TerminalConsumer):
     """The real consumer, remembered so the test can deliver a message to its channel a second time."""
 
