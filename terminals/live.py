@@ -104,6 +104,9 @@ class LiveProcess:
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     acked: int = 0  # offset the last viewer confirmed rendering; kept while it is away
     viewer_gone_at: float | None = None
+    # Adopted: the window is kept at the holder's origin for whoever comes back (a viewer, an API reader), not
+    # knowing who; the first API reader back holds it at its own offset from then on.
+    kept_for_return: bool = False
     budget: FlowBudget | None = None  # the worker's, shared with its other sessions
     # Bytes at the buffer's start that are the screen as adopted: drawn for the grid it had then.
     adopted_screen: int = 0
@@ -191,6 +194,10 @@ class LiveProcess:
     def read_by(self, client: str, since: int) -> None:
         """An API client read from ``since``: it has what came before, and holds back what comes after."""
         self.readers[client] = (max(self.buffer.start, min(since, self.buffer.end)), time.monotonic())
+        if self.kept_for_return and self.viewer is None:
+            # The adoption's hold was for whoever came back, and one has: from now on the output waits at its
+            # offset, not at the origin it has read past (which held the stream for the whole grace: 60 s).
+            self.kept_for_return, self.viewer_gone_at = False, None
         self.update_flow()
 
     def forget_flow(self) -> None:
