@@ -25,19 +25,15 @@ from django.db import connection
 from django.db.models.functions import Now
 
 from access.policy import Do, Reach
+from executions.locks import Lock, held_until_commit
 from executions.models import Machine
-
-FENCE = 0x7E7E_0041  # the advisory lock's key: one for every change of access (they are rare; acts share it)
 
 
 def narrowing() -> None:
     """Inside the transaction of a change that may take access away: waits for the acts deciding now to
     commit; acts after this wait for it to commit, then decide on it."""
     assert connection.in_atomic_block, "narrowing() is taken inside the change's own transaction"
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [FENCE])
+    held_until_commit(Lock.FENCE)  # one for every change of access (they are rare; acts share it)
 
 
 def _locked_row(model, pk) -> bool:
@@ -61,9 +57,7 @@ def decided_again(who, do: Do, machine: Machine) -> bool:
         return False
     if token is not None and not _locked_row(type(token), token.pk):
         return False
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock_shared(%s)", [FENCE])
+    held_until_commit(Lock.FENCE, shared=True)
     fresh_machine = Machine.objects.select_for_update(no_key=True).filter(pk=machine.pk).first()
     fresh_user = get_user_model().objects.filter(pk=user.pk).first()  # no cached permissions, is_active as it is
     if fresh_machine is None or fresh_user is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import time
 from typing import Annotated
@@ -13,6 +14,7 @@ from channels.db import database_sync_to_async as db
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
+from django.http import StreamingHttpResponse
 from ninja import Field, Query, Router, Schema, Status
 from pydantic import StringConstraints
 
@@ -73,10 +75,16 @@ def machines(request):
 # --- executions ------------------------------------------------------------------------------------
 
 
+class AliasOut(Schema):
+    scope: str
+    id: str
+
+
 class ExecutionOut(Schema):
     id: int = Field(description="Tether's number for it: the address of every call about it")
     scope: str
     execution_id: str
+    aliases: list[AliasOut] = Field(description="Your other (scope, id) pairs that name it too")
     kind: str
     machine: str
     state: str = Field(description="pending, dispatched, running, completed, cancelled, unknown or resolved")
@@ -112,7 +120,7 @@ def visible(token):
     permissions widen the machines, never whose work: another user's output is theirs (docs/access.md)."""
     user = token.user
     reached = [machine.pk for machine in reach_of(token).machines(Do.SEE)]
-    executions = Execution.objects.select_related("machine", "resolved_by")
+    executions = Execution.objects.select_related("machine", "resolved_by").prefetch_related("aliases")
     return executions.filter(Q(requested_by=user) | Q(terminal_session__user=user), machine__in=reached)
 
 
@@ -133,8 +141,15 @@ def _mine(request, pk: int) -> Execution:
 
 
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=ENV_NAME)]
+Identity = Annotated[str, StringConstraints(max_length=200, pattern=IDENTITY.pattern)]
+MAX_ALIASES = 20  # given in one call
 MAX_WAIT = 3600  # a bound on what is asked; how long a call waits at most is TETHER_API_MAX_WAIT_SECONDS
 WAITS = "Seconds to wait: up to 3600 may be asked; a call waits at most TETHER_API_MAX_WAIT_SECONDS (60 by default)"
+
+
+class AliasIn(Body):
+    scope: Identity
+    id: Identity
 
 
 class SubmitIn(Body):
@@ -160,6 +175,12 @@ class SubmitIn(Body):
     session_seconds: int | None = Field(None, ge=0, le=MAX_INTEGER, description="0: no limit")
     idle_seconds: int | None = Field(None, ge=0, le=MAX_INTEGER, description="0: no limit")
     output_limit_bytes: int | None = Field(None, ge=0, le=MAX_INTEGER, description="0: no limit")
+    aliases: list[AliasIn] = Field(
+        default_factory=list,
+        max_length=MAX_ALIASES,
+        description="Other (scope, id) pairs of yours that name it too (added on a re-submission as well); "
+        "one that already names another execution refuses the whole submission (identity_conflict)",
+    )
 
 
 class SubmitOut(Schema):
@@ -213,6 +234,8 @@ def submit(request, body: SubmitIn):
             scope=body.scope, execution_id=body.id, machine_name=machine.name, spec=spec, actor=actor_of(token),
             namespace=namespace,
         )  # fmt: skip
+        for alias in body.aliases:  # one refused: nothing of this submission stands
+            exec_actions.add_alias(execution, alias.scope, alias.id, namespace=namespace, actor=actor_of(token))
     return Status(201 if created else 200, {"created": created, "execution": execution_out(execution)})
 
 
@@ -220,8 +243,10 @@ def submit(request, body: SubmitIn):
 def list_executions(
     request, scope: str = Query(..., max_length=200, pattern=IDENTITY.pattern), limit: int = Query(50, ge=1, le=500)
 ):
+    """Those named in ``scope`` by their own id or by one of your aliases, each once."""
     token = need(request, Scope.READ)
-    return [execution_out(e) for e in visible(token).filter(scope=scope)[:limit]]
+    aliased = Q(aliases__namespace=namespace_of(token), aliases__scope=scope)
+    return [execution_out(e) for e in visible(token).filter(Q(scope=scope) | aliased).distinct()[:limit]]
 
 
 @router.get("/executions/lookup", **answers(ExecutionOut, "not_found"), summary="An execution by your (scope, id)")
@@ -235,6 +260,22 @@ def lookup(
     if execution is None or not visible(token).filter(pk=execution.pk).exists():
         raise ApiProblem("not_found", f"no execution {scope}/{id} of yours")
     return execution_out(execution)
+
+
+@router.post(
+    "/executions/{pk}/aliases",
+    **answers({200: ExecutionOut, 201: ExecutionOut}, "not_found", "identity_conflict"),
+    summary="Name an execution by another (scope, id) of yours",
+)
+def add_alias(request, pk: int, body: AliasIn):
+    """Another producer's id for the same execution: a lookup or a submission under it then finds this one,
+    and a listing of its scope shows it once. 201 when added, 200 when it named this execution already."""
+    token = need(request, Scope.RUN)
+    execution = _mine(request, pk)
+    _, created = exec_actions.add_alias(
+        execution, body.scope, body.id, namespace=namespace_of(token), actor=actor_of(token)
+    )
+    return Status(201 if created else 200, execution_out(_mine(request, pk)))
 
 
 @router.get("/executions/{pk}", **answers(ExecutionOut, "not_found"), summary="One execution")
@@ -415,6 +456,113 @@ async def execution_output(
 def _still_mine(request, pk: int) -> Execution:
     still(request)
     return _mine(request, pk)
+
+
+# --- output as Server-Sent Events ----------------------------------------------------------------------------
+
+PING_SECONDS = 15  # a comment at least this often: proxies (HAProxy's `timeout server`) see a live stream
+TURN_SECONDS = 2  # each read waits at most this for news: a lost worker is said (`waiting`) this soon
+EVENT_STREAM = {
+    "description": (
+        "`text/event-stream`: `output` events (`id` = the offset to resume from; `data` = the JSON of an output "
+        "read: `data` base64, `text`, `offset`, `next`, `lost`, `first_kept`, `end`), `waiting` while no worker "
+        "holds the process, one `end` (the record, and what it awaits) or `error` (a problem), then the stream "
+        "closes. Resume with `Last-Event-ID`."
+    ),
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+}
+
+
+def _event(kind: str, data: dict, event_id: int | None = None) -> str:
+    said = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{said}event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def _resume_from(request, since: int) -> int:
+    """``Last-Event-ID`` (an EventSource's reconnect: the offset it read to) over ``since``."""
+    said = request.headers.get("Last-Event-ID")
+    if said is None or not said.strip():
+        return since
+    if not said.strip().isdigit() or int(said) > MAX_INTEGER:
+        raise ApiProblem("invalid_request", "Last-Event-ID must be a byte offset this stream gave (a whole number)")
+    return int(said)
+
+
+@router.get(
+    "/executions/{pk}/output/stream",
+    **answers(None, "not_found", "offset_out_of_range", raw={200: EVENT_STREAM}),
+    summary="Output as Server-Sent Events (resumable by Last-Event-ID)",
+)
+async def execution_output_stream(
+    request,
+    pk: int,
+    since: int = Query(0, ge=0, le=MAX_INTEGER, description="Where to start; a Last-Event-ID header wins"),
+    timeout: float = Query(
+        600, ge=1, le=MAX_WAIT, description="Seconds to keep the stream open, at most TETHER_API_STREAM_SECONDS"
+    ),
+):
+    """The output from ``since`` as it comes, then its end: the long poll's answers, pushed. Across a worker's
+    loss it says `waiting` and goes on from the same offset; bytes no longer kept are said (`lost`)."""
+    token = await db(need)(request, Scope.READ)
+    await db(_mine)(request, pk)
+    since = _resume_from(request, since)
+    viewer = f"api:{token.pk}"
+
+    def load():
+        return _still_mine(request, pk)
+
+    try:  # an offset past the end is refused as a status, before the stream starts
+        first = await read_output(load, since, READ_BYTES, 0.0, viewer)
+    except ApiProblem as problem:
+        if problem.code != "owner_unavailable":
+            raise
+        first = None
+    deadline = time.monotonic() + min(timeout, settings.TETHER_API_STREAM_SECONDS)
+    response = StreamingHttpResponse(
+        _output_events(load, since, first, deadline, viewer), content_type="text/event-stream"
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on as it comes
+    return response
+
+
+async def _output_events(load, since: int, answer: dict | None, deadline: float, viewer: str):
+    yield "retry: 1000\n\n"
+    waiting, quiet_since = False, time.monotonic()
+    while True:
+        if answer is not None:
+            waiting = False
+            if answer["data"] or answer["lost"]:
+                yield _event("output", answer, event_id=answer["next"])
+                quiet_since = time.monotonic()
+            since = answer["next"]
+            if answer["final"]:
+                try:
+                    execution = await db(load)()
+                except ApiProblem as problem:
+                    yield _event("error", {"code": problem.code, "detail": problem.detail})
+                    return
+                awaiting, detail = AWAITING.get(execution.state, ("nothing", execution.outcome_label))
+                said = {"awaiting": awaiting, "detail": detail, "complete": answer.get("complete", True)}
+                yield _event("end", {**said, "execution": execution_out(execution)}, event_id=since)
+                return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            yield ": the stream's time is up: reconnect with Last-Event-ID to go on\n\n"
+            return
+        if time.monotonic() - quiet_since >= PING_SECONDS:
+            yield ": still running\n\n"
+            quiet_since = time.monotonic()
+        try:
+            answer = await read_output(load, since, READ_BYTES, min(TURN_SECONDS, left), viewer)
+        except ApiProblem as problem:
+            if problem.code != "owner_unavailable":
+                yield _event("error", {"code": problem.code, "detail": problem.detail})
+                return
+            answer = None
+            if not waiting:
+                yield _event("waiting", {"detail": problem.detail, "since": since})
+                waiting, quiet_since = True, time.monotonic()
 
 
 class CancelIn(Body):

@@ -35,6 +35,7 @@ CODES: dict[str, tuple[int, str]] = {
     "input_gap": (409, "That input number skips one: send the expected one first"),
     "input_conflict": (409, "That input number was sent before with other keys"),
     "not_writer": (409, "Another window writes into this shell"),
+    "gone": (410, "It was kept for its retention period, which has passed"),
     "too_large": (413, "The request is too large"),
     "offset_out_of_range": (416, "That offset is past the end of the output"),
     "validation_error": (422, "A field is not valid"),
@@ -88,11 +89,13 @@ class Problem(Schema):
     detail: str
 
 
-def answers(ok, *codes: str) -> dict:
-    """An operation's documented answers: its successes (``ok``: a schema, or {status: schema}) and every problem
-    it can give (the common ones and ``codes``), each status described by the codes it carries. Spread into the
-    route's decorator: ``@router.get(path, **answers(Out, "not_found"))``."""
-    response = dict(ok) if isinstance(ok, dict) else {200: ok}
+def answers(ok, *codes: str, raw: dict[int, dict] | None = None) -> dict:
+    """An operation's documented answers: its successes (``ok``: a schema, or {status: schema}; ``raw``: {status:
+    OpenAPI response} for one that is not JSON) and every problem it can give (the common ones and ``codes``),
+    each status described by the codes it carries. Spread into the route's decorator:
+    ``@router.get(path, **answers(Out, "not_found"))``."""
+    response = dict(ok) if isinstance(ok, dict) else {200: ok} if ok is not None else {}
+    response |= dict.fromkeys(raw or {})
     said: dict[int, list[str]] = {}
     for code in (*COMMON, *codes):
         status = CODES[code][0]
@@ -102,4 +105,4 @@ def answers(ok, *codes: str) -> dict:
         status: {"description": "; ".join(f"`{code}`: {CODES[code][1]}" for code in found)}
         for status, found in said.items()
     }
-    return {"response": response, "openapi_extra": {"responses": described}}
+    return {"response": response, "openapi_extra": {"responses": {**(raw or {}), **described}}}

@@ -8,11 +8,13 @@ import base64
 import binascii
 import hashlib
 import uuid
+from datetime import datetime, timedelta
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
-from django.db.models import Max, Min
+from django.db import IntegrityError, transaction
+from django.db.models import Max, Min, Q
+from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 
 from access.policy import Do, machine_named, may
@@ -35,6 +37,7 @@ from api.models import ApiInput, InputState, Scope
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem, answers
 from api.schemas import NO_NUL, Body
+from executions.locks import Lock, held_until_commit
 from terminals import actions
 from terminals.actions.sessions import NoLongerAllowed
 from terminals.models import ProcessState, TerminalSession
@@ -77,23 +80,46 @@ def terminal_out(session: TerminalSession) -> dict:
 
 
 def _session(request, session_id: uuid.UUID) -> TerminalSession:
-    """The token's user's own session, while the token may still use its machine; else 404 as for none."""
+    """The token's user's own session, while the token may still use its machine; else 404 as for none. A
+    session closed longer ago than the retention period is 410, with when it was removed."""
     session = (
         TerminalSession.objects.select_related("machine", "execution__machine", "execution__resolved_by", "user")
+        .prefetch_related("execution__aliases")
         .filter(pk=session_id, user=request.auth.user)
         .first()
     )
     if session is None or not may(request.auth, Do.USE, session):
         raise ApiProblem("not_found", f"no terminal session {session_id} of yours")
+    if (removed := removed_at(session)) is not None:
+        hours = settings.TETHER_RETENTION_HOURS
+        raise ApiProblem(
+            "gone",
+            f"terminal session {session_id} closed more than {hours} h ago: its output is no longer kept",
+            removed_at=removed.isoformat(),
+            closed_at=session.closed_at.isoformat(),
+        )
     return session
+
+
+def removed_at(session: TerminalSession) -> datetime | None:
+    """When a closed session's output was removed (or is due to be: the cleanup runs every few minutes, and
+    the answer does not wait for it); None while it is kept."""
+    if session.process_state != ProcessState.CLOSED or session.closed_at is None:
+        return None
+    due = session.closed_at + timedelta(hours=settings.TETHER_RETENTION_HOURS)
+    if session.expired_at is not None:
+        return session.expired_at
+    return due if due <= timezone.now() else None
 
 
 @router.get("", **answers(list[TerminalOut]), summary="Your terminal sessions, newest first")
 def list_terminals(request, limit: int = Query(50, ge=1, le=200)):
     token = need(request, Scope.TERMINALS)
     sessions = TerminalSession.objects.select_related("machine", "execution__machine", "execution__resolved_by")
-    mine = sessions.filter(user=request.auth.user).order_by("-created_at")
-    return [terminal_out(s) for s in mine[: limit * 2] if may(token, Do.USE, s)][:limit]
+    mine = sessions.filter(user=request.auth.user).order_by("-created_at").prefetch_related("execution__aliases")
+    past = timezone.now() - timedelta(hours=settings.TETHER_RETENTION_HOURS)  # those answer 410 now
+    gone = Q(process_state=ProcessState.CLOSED) & (Q(expired_at__isnull=False) | Q(closed_at__lte=past))
+    return [terminal_out(s) for s in mine.exclude(gone)[: limit * 2] if may(token, Do.USE, s)][:limit]
 
 
 class OpenIn(Body):
@@ -214,17 +240,9 @@ class InputOut(Schema):
     seq: int
 
 
-INPUT_ORDER_LOCK = 0x7E7E_0042  # the advisory locks' class: one claim at a time per (token, session, client)
-
-
 def _in_order(token, session, client: str) -> None:
     """One claim at a time for this (token, session, client): the numbers they check stay true until it commits."""
-    if connection.vendor == "postgresql":
-        key = int.from_bytes(
-            hashlib.sha256(f"{token.pk}:{session.pk}:{client}".encode()).digest()[:4], "big", signed=True
-        )
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [INPUT_ORDER_LOCK, key])
+    held_until_commit(Lock.INPUT_ORDER, token.pk, session.pk, client)
 
 
 def _claim(token, session, body: InputIn, data: bytes) -> ApiInput | None:

@@ -327,14 +327,18 @@ class Execution(models.Model):
 
 
 class ExecutionAlias(models.Model):
-    """Another producer's id for the same logical execution, so it is listed once."""
+    """Another producer's id for the same logical execution, so it is listed once. It lives in the namespace of
+    whoever gave it (as an execution's own id does), where it names one execution, as an own id would."""
 
+    namespace = models.CharField(max_length=64, blank=True, default="")
     scope = models.CharField(max_length=200)
     alias_id = models.CharField(max_length=200)
     execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="aliases")
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["scope", "alias_id"], name="execution_alias_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["namespace", "scope", "alias_id"], name="execution_alias_identity_unique")
+        ]
 
     def __str__(self) -> str:
         return f"{self.scope}/{self.alias_id} → {self.execution_id}"
@@ -364,6 +368,10 @@ class AppendOnly(models.Model):
 
     def delete(self, *args, **kwargs):
         raise AppendOnlyError(f"{type(self).__name__} rows are append-only")
+
+
+# The evidence of an event that records a fact about an execution, not how its state is known.
+ALIASED = "aliased"  # another id of its producer's now names it
 
 
 class ExecutionEvent(AppendOnly):

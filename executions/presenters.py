@@ -13,6 +13,7 @@ def execution_json(execution: Execution) -> dict:
     return {
         "scope": execution.scope,
         "execution_id": execution.execution_id,
+        "aliases": [{"scope": a.scope, "id": a.alias_id} for a in execution.aliases.all()],
         "kind": execution.kind,
         "machine": execution.machine.name,
         "state": execution.state,
@@ -43,6 +44,8 @@ def execution_text(execution: Execution) -> str:
         if data[key] is not None and data[key] != "":
             lines.append(f"  {key}: {data[key]}")
     lines.append(f"  argv: {' '.join(data['spec']['argv'])}")
+    if data["aliases"]:
+        lines.append(f"  also named: {', '.join(f'{a["scope"]}/{a["id"]}' for a in data['aliases'])}")
     if data["resolution_note"]:
         by = f" by {data['resolved_by']}" if data["resolved_by"] else ""
         lines.append(f"  resolution: {data['resolution_note']} (at {data['resolved_at']}{by})")

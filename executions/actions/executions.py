@@ -12,7 +12,9 @@ from django.db.models.functions import Now
 
 from executions.actions.common import Actor, check_identity, get_machine, raise_slot_refusal
 from executions.errors import IdentityConflict, NotFound, TransitionRefused, UsageError
+from executions.locks import Lock, held_until_commit
 from executions.models import (
+    ALIASED,
     FINAL_STATES,
     SLOT_STATES,
     Evidence,
@@ -52,17 +54,23 @@ _STAMPS = {
 
 def find_execution(scope: str, execution_id: str, namespace: str = "") -> Execution | None:
     """The execution named by this identity in ``namespace`` (its owner's: "user:PK", or the shared ""),
-    directly or (in the shared one) through an alias."""
+    directly or through an alias given in that namespace."""
     found = Execution.objects.select_related("machine")
     execution = found.filter(namespace=namespace, scope=scope, execution_id=execution_id).first()
-    if execution is None and not namespace:
+    if execution is None:
         alias = (
             ExecutionAlias.objects.select_related("execution__machine")
-            .filter(scope=scope, alias_id=execution_id)
+            .filter(namespace=namespace, scope=scope, alias_id=execution_id)
             .first()
         )
         execution = alias.execution if alias else None
     return execution
+
+
+def _claiming(namespace: str, scope: str, execution_id: str) -> None:
+    """Inside a transaction that gives this identity a meaning (a submission, an alias): one at a time, so an
+    identity never comes to name two executions (one as its own id, one as an alias)."""
+    held_until_commit(Lock.IDENTITY, namespace, scope, execution_id)
 
 
 def get_execution(scope: str, execution_id: str) -> Execution:
@@ -109,6 +117,9 @@ def submit_execution(
     machine = get_machine(machine_name)
     try:
         with transaction.atomic():
+            _claiming(namespace, scope, execution_id)
+            if (aliased := find_execution(scope, execution_id, namespace)) is not None:  # given as an alias meanwhile
+                return _same_submission(aliased, spec, machine_name, kind), False
             execution = Execution.objects.create(
                 namespace=namespace,
                 scope=scope,
@@ -166,20 +177,29 @@ def _same_submission(existing: Execution, spec: ExecutionSpec, machine_name: str
     return existing
 
 
-def add_alias(execution: Execution, scope: str, alias_id: str) -> ExecutionAlias:
-    """Record another producer's id for ``execution``; the pair then resolves to it."""
+def add_alias(
+    execution: Execution, scope: str, alias_id: str, *, namespace: str | None = None, actor: Actor | None = None
+) -> tuple[ExecutionAlias | None, bool]:
+    """Let ``scope``/``alias_id`` name ``execution`` too, in ``namespace`` (the execution's own by default): a
+    lookup by it then finds the one execution, and a submission under it is a re-submission of that one.
+    Returns ``(alias, created)``; the alias is None when the pair is the execution's own id. An identity that
+    already names another execution is an ``IdentityConflict``. A new alias is an audit event."""
     check_identity(scope, "scope")
     check_identity(alias_id, "alias id")
-    other = find_execution(scope, alias_id)
-    if other is not None:
-        if other.pk == execution.pk:
-            return ExecutionAlias.objects.get_or_create(scope=scope, alias_id=alias_id, execution=execution)[0]
-        raise IdentityConflict(f"{scope}/{alias_id} already names {other.scope}/{other.execution_id}")
-    try:
-        with transaction.atomic():
-            return ExecutionAlias.objects.create(scope=scope, alias_id=alias_id, execution=execution)
-    except IntegrityError:
-        raise IdentityConflict(f"{scope}/{alias_id} was claimed concurrently") from None
+    namespace = execution.namespace if namespace is None else namespace
+    with transaction.atomic():
+        _claiming(namespace, scope, alias_id)
+        other = find_execution(scope, alias_id, namespace)
+        if other is not None and other.pk != execution.pk:
+            raise IdentityConflict(f"{scope}/{alias_id} already names another execution")
+        if other is not None:
+            existing = ExecutionAlias.objects.filter(namespace=namespace, scope=scope, alias_id=alias_id).first()
+            return existing, False
+        alias = ExecutionAlias.objects.create(namespace=namespace, scope=scope, alias_id=alias_id, execution=execution)
+        actor = actor or Actor("system")
+        record_fact(execution, actor=actor, evidence=ALIASED, reason=f"{scope}/{alias_id} names it too",
+                    detail={"scope": scope, "alias": alias_id})  # fmt: skip
+        return alias, True
 
 
 # --- transitions ---------------------------------------------------------------------------

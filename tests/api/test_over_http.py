@@ -9,6 +9,7 @@ import re
 import httpx
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import transaction
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
@@ -63,6 +64,7 @@ async def test_a_hundred_concurrent_retries_of_one_submit_make_one_execution_and
         # An unknown outcome is never final: the await says it waits for an operator.
         other = await sync_to_async(place)("docker", "held-box")
 
+        @transaction.atomic  # committed as unknown: the stack's worker never sees it pending (and dispatches it)
         def unknown():
             execution = make_execution(other, scope="agent-7", execution_id="lost", actor=Actor.for_user(operator))
             execution = transition(execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=Actor.command("t"))

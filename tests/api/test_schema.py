@@ -28,7 +28,7 @@ def world(django_db_setup, django_db_blocker):
     never on this host) that a user may use, and that user's token of every scope."""
     name, error = start_container()
     assert name is not None, f"dockerd or the test image is not available: {error}"
-    stack = Stack()
+    stack = Stack(extra_env={"TETHER_API_STREAM_SECONDS": "2"})  # an output stream generated here ends soon
     try:
         stack.start(backends="docker")
 

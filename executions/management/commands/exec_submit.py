@@ -1,6 +1,7 @@
 from django.core.management.base import CommandError
+from django.db import transaction
 
-from executions.actions import Actor, submit_execution
+from executions.actions import Actor, add_alias, submit_execution
 from executions.errors import UsageError
 from executions.management.base import ExecutionCommand, require_fits
 from executions.models import Execution, Kind
@@ -22,6 +23,10 @@ class Command(ExecutionCommand):
         parser.add_argument("--session-seconds", type=int)
         parser.add_argument("--idle-seconds", type=int)
         parser.add_argument("--output-limit", type=int, dest="output_limit_bytes")
+        parser.add_argument(
+            "--alias", action="append", default=[], metavar="SCOPE/ID",
+            help="Another id that names this execution too (repeatable); one naming another execution is refused",
+        )  # fmt: skip
         parser.add_argument("--json", action="store_true")
         parser.add_argument("argv", nargs="+", metavar="PROGRAM [ARGS...]")
 
@@ -47,14 +52,24 @@ class Command(ExecutionCommand):
             )
         except SpecError as error:
             raise UsageError(str(error)) from None
-        execution, created = submit_execution(
-            scope=options["scope"],
-            execution_id=options["execution_id"],
-            machine_name=options["machine"],
-            spec=spec,
-            kind=options["kind"],
-            actor=Actor.command("exec_submit"),
-        )
+        aliases = []
+        for alias in options["alias"]:
+            scope, sep, alias_id = alias.partition("/")
+            if not sep:
+                raise CommandError(f"--alias {alias!r} must look like SCOPE/ID", returncode=2)
+            aliases.append((scope, alias_id))
+        actor = Actor.command("exec_submit")
+        with transaction.atomic():  # an alias refused: nothing is submitted
+            execution, created = submit_execution(
+                scope=options["scope"],
+                execution_id=options["execution_id"],
+                machine_name=options["machine"],
+                spec=spec,
+                kind=options["kind"],
+                actor=actor,
+            )
+            for scope, alias_id in aliases:
+                add_alias(execution, scope, alias_id, actor=actor)
         if not created and not options["json"]:
             self.stderr.write("already submitted: returning the existing execution; nothing runs again")
         self.print_execution(execution, options["json"], created=created)
