@@ -27,3 +27,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
     echo "$want" > "$stamp"
 fi
+
+# The Python client (clients/python), installed as its users install it (editable: its tests run its source).
+stamp=.venv/.client.sha256
+want=$(sha256sum clients/python/pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! .venv/bin/python -c 'import tether_client' 2>/dev/null; then
+    echo "[setup] installing the Python client (clients/python)"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e clients/python
+    echo "$want" > "$stamp"
+fi

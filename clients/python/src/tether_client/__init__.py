@@ -1,0 +1,20 @@
+"""Tether's Python client: durable commands and shells over the HTTP API, with honest outcomes.
+
+    from tether_client import Client
+
+    with Client("https://tether.example.com", token) as tether:
+        run = tether.submit("agent-7", "task-42", machine="box", argv=["make", "test"]).execution
+        for piece in tether.stream(run.id):
+            ...
+
+See clients/python/README.md.
+"""
+
+from tether_client.client import Client, Retry, Terminal
+from tether_client.errors import GaveUp, InputUnconfirmed, Problem, TetherError
+from tether_client.models import Execution, Outcome, Output, Submission, TerminalState, Written
+
+__all__ = [
+    "Client", "Execution", "GaveUp", "InputUnconfirmed", "Outcome", "Output", "Problem", "Retry", "Submission",
+    "Terminal", "TerminalState", "TetherError", "Written",
+]  # fmt: skip
