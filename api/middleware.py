@@ -9,6 +9,8 @@ import re
 import time
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.conf import settings
+from django.core.exceptions import TooManyFieldsSent
 from django.utils.decorators import sync_and_async_middleware
 
 from api.models import ApiCall
@@ -83,6 +85,11 @@ def _refused_before(request):
     parameter the operation does not take (a typo such as ``?wiat=30`` answered at once): refused first."""
     if "\x00" in request.path:
         return problem_response(ApiProblem("invalid_request", "the path holds a NUL byte"))
+    try:
+        request.GET  # noqa: B018 -- parsed here, where a refusal can still be said as a problem
+    except TooManyFieldsSent:
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+        return problem_response(ApiProblem("invalid_request", f"more than {limit} query parameters"))
     for name, values in request.GET.lists():
         if "\x00" in name or any("\x00" in value for value in values):
             shown = name.replace("\x00", "\\0")
@@ -114,7 +121,7 @@ def _as_problem(request, response):
             detail = ""
     if code == "method_not_allowed":
         detail = f"{request.method} is not taken here; allowed: {response.get('Allow', '')}"
-    problem = problem_response(ApiProblem(code, detail or CODES[code][1]))
+    problem = problem_response(ApiProblem(code, detail or CODES[code][1], as_status=status))
     if response.has_header("Allow"):
         problem["Allow"] = response["Allow"]
     problem._has_been_logged = getattr(response, "_has_been_logged", False)

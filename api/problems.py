@@ -48,14 +48,17 @@ PROBLEM_TYPE = "https://tether.invalid/problems/"
 
 
 class ApiProblem(Exception):
-    def __init__(self, code: str, detail: str, *, retry_after: int | None = None, **extra):
+    def __init__(
+        self, code: str, detail: str, *, retry_after: int | None = None, as_status: int | None = None, **extra
+    ):
+        """``as_status``: another status than the code's (a refusal made elsewhere, said as a problem)."""
         super().__init__(detail)
         self.code, self.detail, self.retry_after, self.extra = code, detail, retry_after, extra
-        self.status = CODES[code][0]
+        self.status = as_status or CODES[code][0]
 
 
 def problem_response(problem: ApiProblem) -> HttpResponse:
-    status, title = CODES[problem.code]
+    status, title = problem.status, CODES[problem.code][1]
     body = {"type": PROBLEM_TYPE + problem.code, "title": title, "status": status, "code": problem.code}
     body |= {"detail": problem.detail, **problem.extra}
     response = HttpResponse(json.dumps(body), status=status, content_type="application/problem+json")

@@ -5,6 +5,7 @@ expected 503 logged as a warning with its code, not as django.request's ERROR.""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -187,3 +188,26 @@ def test_a_query_parameter_the_operation_does_not_take_is_refused_by_name(api):
     # What they do take is still taken (a fixed path is not mistaken for a templated one).
     assert api.get("/executions/lookup?scope=ci&id=job-1").status_code == 200
     assert api.get(f"/executions/{pk}/output?since=0&size=10&wait=0").status_code == 200
+
+
+def test_too_many_query_parameters_are_a_problem_not_an_html_page(api):
+    """Django refuses more than DATA_UPLOAD_MAX_NUMBER_FIELDS (1,000) fields: that was its HTML 400 page."""
+    query = "&".join(f"p{n}=1" for n in range(1500))
+    answer = api.get(f"/machines?{query}")
+    assert answer.status_code == 400 and problem(answer)["code"] == "invalid_request", answer.content[:200]
+    assert "1000" in problem(answer)["detail"]
+
+
+def test_a_non_problem_refusal_keeps_its_status_as_a_problem(rf):
+    """Any refusal under /api/ that is not a problem already is said as one, with its own status: a 409 or
+    a 503 was turned into a 400 or a 500."""
+    from django.http import HttpResponse
+
+    from api.middleware import problems_only
+
+    for status, code in ((409, "invalid_request"), (503, "internal_error"), (410, "invalid_request")):
+        answer = problems_only(lambda request, status=status: HttpResponse("no", status=status))(rf.get("/api/v1/x"))
+        assert answer["Content-Type"] == "application/problem+json"
+        said = json.loads(answer.content)
+        assert (answer.status_code, said["status"]) == (status, status), said
+        assert said["code"] == code
