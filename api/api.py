@@ -72,7 +72,31 @@ class TetherApi(NinjaAPI):
                 for status, answer in (operation.get("responses") or {}).items():
                     if int(status) >= 400 and "content" in answer:
                         answer["content"] = {"application/problem+json": answer["content"].pop("application/json")}
+        _link(schema, "api_executions_submit", "/executions/{pk}", pk="$response.body#/execution/id")
+        _link(
+            schema, "api_terminals_open_terminal", "/terminals/{session_id}", session_id="$response.body#/terminal/id"
+        )
         return schema
+
+
+def _link(schema: dict, producer: str, under: str, **parameters: str) -> None:
+    """OpenAPI links from ``producer``'s successes to every operation on a path under ``under`` (its id in
+    their path): what a generated client, or a stateful test, calls next with what it was given."""
+    consumers = {
+        operation["operationId"]: operation
+        for path, operations in schema.get("paths", {}).items()
+        if path.split("/api/v1", 1)[-1].startswith(under)
+        for operation in operations.values()
+    }
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            if operation.get("operationId") != producer:
+                continue
+            for status, answer in operation["responses"].items():
+                if 200 <= int(status) < 300:
+                    answer["links"] = {
+                        name: {"operationId": name, "parameters": parameters} for name in sorted(consumers)
+                    }
 
 
 api = TetherApi(

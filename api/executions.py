@@ -469,7 +469,20 @@ EVENT_STREAM = {
         "holds the process, one `end` (the record, and what it awaits) or `error` (a problem), then the stream "
         "closes. Resume with `Last-Event-ID`."
     ),
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    # Each event, as Open API 3.1 describes an event stream's items: its type, its id (an offset), its JSON.
+    "content": {
+        "text/event-stream": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "event": {"type": "string", "enum": ["output", "waiting", "end", "error"]},
+                    "id": {"type": "string", "pattern": "^[0-9]+$"},
+                    "data": {"type": "string", "contentMediaType": "application/json"},
+                },
+                "required": ["event", "data"],
+            }
+        }
+    },
 }
 
 
