@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 import pytest
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, Permission
 from django.db import connections, transaction
 from django.test import Client
 
@@ -108,10 +108,31 @@ def _change(case: str, alice, team, machine) -> Callable[[], object]:
     if case == "label taken off":
         grant(team, "team=payments", "use")
         return lambda: set_labels(Machine.objects.get(pk=machine.pk), {}, actor=staff)  # its own copy
+    if case in ("permission taken away", "group's permission taken away", "no longer staff"):
+        # Staff with access.use_every_workspace reach a machine no grant names: a person's, or a group's.
+        every = Permission.objects.get(codename="use_every_workspace", content_type__app_label="access")
+        type(alice).objects.filter(pk=alice.pk).update(is_staff=True)
+        alice.is_staff = True  # the open's own copy, as the portal's request would load it
+        if case == "group's permission taken away":
+            team.permissions.add(every)
+            return lambda: Group.objects.get(pk=team.pk).permissions.remove(every)
+        alice.user_permissions.add(every)
+        if case == "permission taken away":
+            return lambda: type(alice).objects.get(pk=alice.pk).user_permissions.remove(every)
+
+        def demote():
+            hers = type(alice).objects.get(pk=alice.pk)
+            hers.is_staff = False
+            hers.save()
+
+        return demote
     raise AssertionError(case)
 
 
-CASES = ["grant revoked", "lowered to watch", "out of the group", "deactivated", "label taken off"]
+CASES = [
+    "grant revoked", "lowered to watch", "out of the group", "deactivated", "label taken off",
+    "permission taken away", "group's permission taken away", "no longer staff",
+]  # fmt: skip
 
 
 def _open(alice, machine):
