@@ -7,14 +7,15 @@ import asyncio
 import base64
 import json
 import logging
+import re
 import time
 from typing import Annotated
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
-from django.http import StreamingHttpResponse
+from django.db.models import Prefetch, Q
+from django.http import HttpResponse, StreamingHttpResponse
 from ninja import Field, Query, Router, Schema, Status
 from pydantic import StringConstraints
 
@@ -29,7 +30,7 @@ from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.actions.common import IDENTITY
 from executions.errors import TransitionRefused
-from executions.models import ENDED_STATES, FINAL_STATES, Execution, State
+from executions.models import ENDED_STATES, FINAL_STATES, Execution, ExecutionAlias, State
 from executions.presenters import execution_json
 from executions.spec import MAX_ARGV_BYTES, MAX_COLS, MAX_ROWS, ExecutionSpec, SpecError
 from terminals.actions import request_process_action
@@ -120,7 +121,8 @@ def visible(token):
     permissions widen the machines, never whose work: another user's output is theirs (docs/access.md)."""
     user = token.user
     reached = [machine.pk for machine in reach_of(token).machines(Do.SEE)]
-    executions = Execution.objects.select_related("machine", "resolved_by").prefetch_related("aliases")
+    yours = Prefetch("aliases", queryset=ExecutionAlias.objects.filter(namespace=namespace_of(token)))  # never others'
+    executions = Execution.objects.select_related("machine", "resolved_by").prefetch_related(yours)
     return executions.filter(Q(requested_by=user) | Q(terminal_session__user=user), machine__in=reached)
 
 
@@ -230,12 +232,14 @@ def submit(request, body: SubmitIn):
         # refuses it; one after it ends the token's reads and sockets, the command runs on (access/fence.py).
         if not decided_again(token, Do.USE, machine):
             raise ApiProblem("not_found", f"no machine {body.machine!r} you may use")
+        exec_actions.claiming(namespace, [(body.scope, body.id), *((a.scope, a.id) for a in body.aliases)])
         execution, created = exec_actions.submit_execution(
             scope=body.scope, execution_id=body.id, machine_name=machine.name, spec=spec, actor=actor_of(token),
             namespace=namespace,
         )  # fmt: skip
         for alias in body.aliases:  # one refused: nothing of this submission stands
             exec_actions.add_alias(execution, alias.scope, alias.id, namespace=namespace, actor=actor_of(token))
+    execution = visible(token).get(pk=execution.pk)  # its aliases as this person gave them
     return Status(201 if created else 200, {"created": created, "execution": execution_out(execution)})
 
 
@@ -486,6 +490,12 @@ EVENT_STREAM = {
 }
 
 
+RESUMED_AT_THE_END = {
+    "description": "A reconnect (`Last-Event-ID`) at the end of output that is over: nothing more will come (an "
+    "`EventSource` stops reconnecting); ask `await` for the record"
+}
+
+
 def _event(kind: str, data: dict, event_id: int | None = None) -> str:
     said = f"id: {event_id}\n" if event_id is not None else ""
     return f"{said}event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
@@ -496,14 +506,14 @@ def _resume_from(request, since: int) -> int:
     said = request.headers.get("Last-Event-ID")
     if said is None or not said.strip():
         return since
-    if not said.strip().isdigit() or int(said) > MAX_INTEGER:
+    if not re.fullmatch(r"[0-9]{1,20}", said.strip()) or int(said) > MAX_INTEGER:
         raise ApiProblem("invalid_request", "Last-Event-ID must be a byte offset this stream gave (a whole number)")
     return int(said)
 
 
 @router.get(
     "/executions/{pk}/output/stream",
-    **answers(None, "not_found", "offset_out_of_range", raw={200: EVENT_STREAM}),
+    **answers(None, "not_found", "offset_out_of_range", raw={200: EVENT_STREAM, 204: RESUMED_AT_THE_END}),
     summary="Output as Server-Sent Events (resumable by Last-Event-ID)",
 )
 async def execution_output_stream(
@@ -530,6 +540,8 @@ async def execution_output_stream(
         if problem.code != "owner_unavailable":
             raise
         first = None
+    if request.headers.get("Last-Event-ID") and first and first["final"] and not (first["data"] or first["lost"]):
+        return HttpResponse(status=204)  # the reconnect of a stream that had ended: its end was sent before
     deadline = time.monotonic() + min(timeout, settings.TETHER_API_STREAM_SECONDS)
     response = StreamingHttpResponse(
         _output_events(load, since, first, deadline, viewer), content_type="text/event-stream"

@@ -27,7 +27,7 @@ def _record(request, response, started: float) -> None:
         ApiCall.objects.create(
             token=token,
             method=request.method[:8],
-            path=request.get_full_path()[:300],
+            path=request.get_full_path().replace("\x00", "\\0")[:300],  # PostgreSQL text holds no NUL
             status=response.status_code,
             problem=getattr(response, "api_problem", "")[:40],
             milliseconds=min(int((time.monotonic() - started) * 1000), 2**31 - 1),
@@ -61,7 +61,7 @@ def audit_api_calls(get_response):
 API_PREFIX = "/api/"
 _CODE_OF_STATUS = {
     400: "invalid_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
-    413: "too_large", 429: "rate_limited",
+    409: "state_conflict", 410: "gone", 413: "too_large", 429: "rate_limited",
 }  # fmt: skip
 
 
@@ -128,6 +128,17 @@ def _as_problem(request, response):
     return problem
 
 
+def _audit_refused(request, response, started: float) -> None:
+    """A call refused before its token was read (a NUL byte, an unknown query parameter) is audited as any other,
+    in its token's name when it carries one of ours."""
+    from api.auth import bearer_of
+    from api.tokens import find_token
+
+    raw = bearer_of(request)
+    request.api_token = find_token(raw) if raw else None
+    _record(request, response, started)
+
+
 @sync_and_async_middleware
 def problems_only(get_response):
     """Under /api/: a NUL byte in the path or query refused at once, and every refusal a problem."""
@@ -136,14 +147,21 @@ def problems_only(get_response):
         async def middleware(request):
             if not request.path.startswith(API_PREFIX):
                 return await get_response(request)
-            refused = _refused_before(request)
-            return refused or _as_problem(request, await get_response(request))
+            started = time.monotonic()
+            if refused := _refused_before(request):
+                await sync_to_async(_audit_refused)(request, refused, started)
+                return refused
+            return _as_problem(request, await get_response(request))
 
     else:
 
         def middleware(request):
             if not request.path.startswith(API_PREFIX):
                 return get_response(request)
-            return _refused_before(request) or _as_problem(request, get_response(request))
+            started = time.monotonic()
+            if refused := _refused_before(request):
+                _audit_refused(request, refused, started)
+                return refused
+            return _as_problem(request, get_response(request))
 
     return middleware

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Max, Min, Q
+from django.db.models import Max, Min, Prefetch, Q
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 
@@ -28,6 +28,7 @@ from api.executions import (
     OutputOut,
     actor_of,
     execution_out,
+    namespace_of,
     past_the_end,
     read_output,
     shaped,
@@ -38,6 +39,7 @@ from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem, answers
 from api.schemas import NO_NUL, Body
 from executions.locks import Lock, held_until_commit
+from executions.models import ExecutionAlias
 from terminals import actions
 from terminals.actions.sessions import NoLongerAllowed
 from terminals.models import ProcessState, TerminalSession
@@ -84,7 +86,7 @@ def _session(request, session_id: uuid.UUID) -> TerminalSession:
     session closed longer ago than the retention period is 410, with when it was removed."""
     session = (
         TerminalSession.objects.select_related("machine", "execution__machine", "execution__resolved_by", "user")
-        .prefetch_related("execution__aliases")
+        .prefetch_related(_aliases(request.auth))
         .filter(pk=session_id, user=request.auth.user)
         .first()
     )
@@ -99,6 +101,11 @@ def _session(request, session_id: uuid.UUID) -> TerminalSession:
             closed_at=session.closed_at.isoformat(),
         )
     return session
+
+
+def _aliases(token) -> Prefetch:
+    """The aliases the token's user gave its executions, never another person's."""
+    return Prefetch("execution__aliases", queryset=ExecutionAlias.objects.filter(namespace=namespace_of(token)))
 
 
 def removed_at(session: TerminalSession) -> datetime | None:
@@ -116,7 +123,7 @@ def removed_at(session: TerminalSession) -> datetime | None:
 def list_terminals(request, limit: int = Query(50, ge=1, le=200)):
     token = need(request, Scope.TERMINALS)
     sessions = TerminalSession.objects.select_related("machine", "execution__machine", "execution__resolved_by")
-    mine = sessions.filter(user=request.auth.user).order_by("-created_at").prefetch_related("execution__aliases")
+    mine = sessions.filter(user=request.auth.user).order_by("-created_at").prefetch_related(_aliases(token))
     past = timezone.now() - timedelta(hours=settings.TETHER_RETENTION_HOURS)  # those answer 410 now
     gone = Q(process_state=ProcessState.CLOSED) & (Q(expired_at__isnull=False) | Q(closed_at__lte=past))
     return [terminal_out(s) for s in mine.exclude(gone)[: limit * 2] if may(token, Do.USE, s)][:limit]
@@ -152,7 +159,7 @@ def open_terminal(request, body: OpenIn):
     return Status(201 if created else 200, opened)
 
 
-@router.get("/{session_id}", **answers(TerminalOut, "not_found"), summary="A session's state")
+@router.get("/{session_id}", **answers(TerminalOut, "not_found", "gone"), summary="A session's state")
 def terminal_state(request, session_id: uuid.UUID):
     need(request, Scope.TERMINALS)
     return terminal_out(_session(request, session_id))
@@ -160,7 +167,7 @@ def terminal_state(request, session_id: uuid.UUID):
 
 @router.get(
     "/{session_id}/output",
-    **answers(OutputOut, "not_found", "offset_out_of_range", "owner_unavailable"),
+    **answers(OutputOut, "not_found", "gone", "offset_out_of_range", "owner_unavailable"),
     summary="A shell's output by byte offset",
 )
 async def terminal_output(
@@ -292,6 +299,7 @@ def _earlier(token, session, body: InputIn) -> ApiInput:
     **answers(
         InputOut,
         "not_found",
+        "gone",
         "state_conflict",
         "input_unconfirmed",
         "input_gap",
@@ -364,7 +372,7 @@ class ResizeIn(Body):
 
 @router.post(
     "/{session_id}/resize",
-    **answers(TerminalOut, "not_found", "state_conflict", "not_writer", "owner_unavailable"),
+    **answers(TerminalOut, "not_found", "gone", "state_conflict", "not_writer", "owner_unavailable"),
     summary="Set the shell's grid",
 )
 async def terminal_resize(request, session_id: uuid.UUID, body: ResizeIn):
@@ -400,7 +408,7 @@ def _ask_owner_to(request, session_id, action: str, reason: str) -> dict:
 
 @router.post(
     "/{session_id}/reset",
-    **answers({202: TerminalOut}, "not_found", "state_conflict"),
+    **answers({202: TerminalOut}, "not_found", "gone", "state_conflict"),
     summary="End the shell and start a fresh one",
 )
 def terminal_reset(request, session_id: uuid.UUID, body: ReasonIn):
@@ -409,7 +417,7 @@ def terminal_reset(request, session_id: uuid.UUID, body: ReasonIn):
 
 
 @router.post(
-    "/{session_id}/close", **answers({202: TerminalOut}, "not_found", "state_conflict"), summary="End the shell"
+    "/{session_id}/close", **answers({202: TerminalOut}, "not_found", "gone", "state_conflict"), summary="End the shell"
 )
 def terminal_close(request, session_id: uuid.UUID, body: ReasonIn):
     """Its owner ends the shell; the session closes with its outcome (read the state until it is closed)."""

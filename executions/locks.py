@@ -19,12 +19,17 @@ class Lock(enum.IntEnum):
 
 
 def held_until_commit(kind: Lock, *parts: object, shared: bool = False) -> None:
-    """Take the ``kind`` lock on ``parts`` (none: the kind's one lock) until the transaction ends."""
+    """Take the ``kind`` lock on ``parts`` until the transaction ends. With no parts it is the kind's one lock, on
+    the single 64-bit key (PostgreSQL keeps those apart from the two-key ones: the fence was always taken so,
+    and processes of the last release still running in a rolling deploy must meet this one on it)."""
     assert connection.in_atomic_block, "an advisory lock is taken inside the transaction it guards"
     if connection.vendor != "postgresql":
         return
-    name = ":".join(str(part) for part in parts)
-    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big", signed=True)
     function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
     with connection.cursor() as cursor:
+        if not parts:
+            cursor.execute(f"SELECT {function}(%s)", [int(kind)])
+            return
+        name = ":".join(str(part) for part in parts)
+        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big", signed=True)
         cursor.execute(f"SELECT {function}(%s, %s)", [int(kind), key])

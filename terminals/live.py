@@ -104,8 +104,8 @@ class LiveProcess:
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     acked: int = 0  # offset the last viewer confirmed rendering; kept while it is away
     viewer_gone_at: float | None = None
-    # Adopted: the window is kept at the holder's origin for whoever comes back (a viewer, an API reader), not
-    # knowing who; the first API reader back holds it at its own offset from then on.
+    # An adopted command (no shell's page to come back): the window is kept at the holder's origin for its API
+    # reader to come back; the first reader back holds it at its own offset from then on.
     kept_for_return: bool = False
     budget: FlowBudget | None = None  # the worker's, shared with its other sessions
     # Bytes at the buffer's start that are the screen as adopted: drawn for the grid it had then.
@@ -212,7 +212,7 @@ class LiveProcess:
             self.update_flow()
 
     def viewer_left(self) -> None:
-        self.viewer = None
+        self.viewer, self.kept_for_return = None, False  # a window's own grace from now on
         self.viewer_gone_at = time.monotonic()
         self.update_flow()
 

@@ -73,6 +73,13 @@ def _claiming(namespace: str, scope: str, execution_id: str) -> None:
     held_until_commit(Lock.IDENTITY, namespace, scope, execution_id)
 
 
+def claiming(namespace: str, identities) -> None:
+    """Before a transaction gives several identities a meaning (a submission with its aliases): each one's lock,
+    in one order for everyone, so two producers naming each other's ids wait instead of deadlocking."""
+    for scope, execution_id in sorted(set(identities)):
+        _claiming(namespace, scope, execution_id)
+
+
 def get_execution(scope: str, execution_id: str) -> Execution:
     execution = find_execution(scope, execution_id)
     if execution is None:

@@ -120,6 +120,7 @@ def start_next_generation(session: TerminalSession, actor: Actor, reason: str) -
             snapshot_hidden=False,
             close_reason="",
             closed_at=None,
+            expired_at=None,  # the new shell's screen is kept for its own retention, once it closes
             output_offset=0,
             updated_at=Now(),
         )

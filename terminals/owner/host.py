@@ -90,7 +90,9 @@ class SessionHost:
             # for a viewer that just went away, so the holder's output waits for it instead of running past
             # its offset (a caught-up API reader lost 130 to 770 KB at each worker kill).
             live.viewer_gone_at = time.monotonic()
-            live.kept_for_return = True
+            # A shell's page may come back after an API reader: it keeps its window until the grace ends. A
+            # command has no page: its first reader back is who the window waited for.
+            live.kept_for_return = live.session_id is None
         self.context.live[execution.pk] = live
         live.pump_task = self.context.tasks.start(self._supervise(live, execution, screen))
 

@@ -18,7 +18,7 @@ from config import logs
 from terminals import actions, metrics
 from terminals.layers import MessageTooLarge
 from terminals.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Observer, Viewer
-from terminals.models import ProcessState, ends_with_worker
+from terminals.models import ProcessState, TerminalSession, ends_with_worker
 from terminals.owner.context import WorkerContext, receive_forever
 from terminals.owner.leases import LeaseKeeper
 from terminals.protocol import (
@@ -185,9 +185,10 @@ class ViewerService:
         old = live.viewer
         if old and message.attach is not None and (old.viewer_id, old.attach_id) == (message.viewer, message.attach):
             return  # the same attach delivered twice: it was answered already
-        if message.follow and old and old.viewer_id != message.viewer:
+        if message.follow and old and old.viewer_id != message.viewer and await self._recorded_as(live, old.viewer_id):
             # A socket following its session here after its owner changed, and another window attached
-            # first: that window, opened by a person, keeps it (CI, stop 49: the follower took it back).
+            # first (and is the session's viewer on record, not one whose leaving was lost on the way): that
+            # window, opened by a person, keeps it (CI, stop 49: the follower took it back).
             await self._refuse(message, ErrorCode.SUPERSEDED, "another window attached while this one followed")
             return
         if live.session_id:
@@ -226,6 +227,16 @@ class ViewerService:
         live.update_flow()
         if was_watching:
             await self.outbox.watchers(live)
+
+    async def _recorded_as(self, live: LiveProcess, viewer_id: str) -> bool:
+        """Whether ``viewer_id`` is the session's viewer on record (the database away: taken as it)."""
+        if not live.session_id:
+            return True
+        try:
+            return await db(_recorded_viewer)(live.session_id) == viewer_id
+        except Exception as error:
+            log.info("could not read the session's viewer: %r", error)
+            return True
 
     async def on_observe(self, message: Observe) -> None:
         live = self._held(message)
@@ -441,3 +452,7 @@ class ViewerService:
             return
         await self._regrid(live, message.cols, message.rows)
         await self.outbox.send(message.reply, Done(True))
+
+
+def _recorded_viewer(session_id: str) -> str | None:
+    return TerminalSession.objects.filter(pk=session_id).values_list("viewer_id", flat=True).first()

@@ -173,3 +173,50 @@ def test_a_closed_session_answers_for_its_retention_then_410_with_when_it_was_re
         assert api("GET", "/terminals", raw).json() == []
     # Still another person's answer to nobody: bob's token gets 404, not 410.
     assert api("GET", f"/terminals/{session.pk}", token(alice.__class__.objects.get(username="bob"))).status_code == 404
+
+    # A fresh shell in the same session (the page's auto-reset), closed in its turn: kept again for its retention.
+    cancel_execution(Execution.objects.get(pk=moved.get().execution_id), actor=TEST_ACTOR)  # its slot freed
+    again = actions.start_next_generation(moved.get(), TEST_ACTOR, "a fresh shell")
+    actions.close_session(again, reason=CloseReason.EXITED, actor=TEST_ACTOR, snapshot=b"second", output_offset=6)
+    state = api("GET", f"/terminals/{session.pk}", raw)
+    assert (state.status_code, state.json()["generation"]) == (200, 2), state.content
+    assert api("GET", f"/terminals/{session.pk}/output", raw, since=0).json()["text"] == "second"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_producers_naming_each_others_ids_at_once_get_one_execution_and_a_conflict_never_a_deadlock(alice):
+    """A submits ci/run-N aliased gh/N on one machine while B submits gh/N aliased ci/run-N on another: each took
+    its own id's lock, then waited for the other's (a deadlock: a 500). The identities are claimed in one order:
+    one is made, the other is told its ids name another execution. Five rounds."""
+    import threading
+
+    from django.db import connections
+
+    raw = token(alice)
+    for round in range(5):
+        machines = [add_machine(name=f"race-{side}-{round}", backend="docker", ref="c", actor=Actor.command("t"))
+                    for side in "ab"]  # fmt: skip
+        for machine in machines:
+            grant(alice, machine)
+        bodies = [
+            {"scope": "ci", "id": f"run-{round}", "aliases": [{"scope": "gh", "id": str(round)}]},
+            {"scope": "gh", "id": str(round), "aliases": [{"scope": "ci", "id": f"run-{round}"}]},
+        ]
+        answers, start = [None, None], threading.Barrier(2)
+
+        def submit_one(index, bodies=bodies, answers=answers, start=start, machines=machines):
+            try:
+                start.wait(10)
+                body = {**bodies[index], "machine": machines[index].name, "argv": ["true"]}
+                answers[index] = api("POST", "/executions", raw, body)
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=submit_one, args=(index,)) for index in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        said = sorted((answer.status_code, answer.json().get("code")) for answer in answers)
+        assert said == [(201, None), (409, "identity_conflict")], [a.content[:300] for a in answers]
+        assert Execution.objects.filter(machine__in=machines).count() == 1

@@ -205,9 +205,21 @@ def test_a_non_problem_refusal_keeps_its_status_as_a_problem(rf):
 
     from api.middleware import problems_only
 
-    for status, code in ((409, "invalid_request"), (503, "internal_error"), (410, "invalid_request")):
+    for status, code in ((409, "state_conflict"), (503, "internal_error"), (410, "gone"), (418, "invalid_request")):
         answer = problems_only(lambda request, status=status: HttpResponse("no", status=status))(rf.get("/api/v1/x"))
         assert answer["Content-Type"] == "application/problem+json"
         said = json.loads(answer.content)
         assert (answer.status_code, said["status"]) == (status, status), said
         assert said["code"] == code
+
+
+def test_a_call_refused_before_its_token_was_read_is_audited_in_its_tokens_name(api):
+    from api.models import ApiCall
+
+    assert api.get("/machines?wiat=30").status_code == 400
+    assert api.get("/machines?x=%00").status_code == 400
+    calls = list(ApiCall.objects.order_by("id").values_list("token__name", "path", "status", "problem"))
+    assert calls == [
+        ("strict", "/api/v1/machines?wiat=30", 400, "unknown_fields"),
+        ("strict", "/api/v1/machines?x=%00", 400, "invalid_request"),
+    ], calls

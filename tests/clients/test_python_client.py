@@ -6,10 +6,11 @@ outcome stays unknown. The answers are lost in the client's own transport: the s
 from __future__ import annotations
 
 import hashlib
+import uuid
 
 import httpx
 import pytest
-from tether_client import Client, Outcome, Output, Problem, Retry
+from tether_client import Client, GaveUp, Outcome, Output, Problem, Retry
 
 from api.tokens import create_token
 from tests.bridge.harness import Stack
@@ -62,7 +63,8 @@ class _Cut(httpx.SyncByteStream):
 
 
 def _client(stack: Stack, user, *scopes: str) -> tuple[Client, LosingAnswers]:
-    raw = create_token(user, name="client", scopes=list(scopes or ("read", "run", "terminals")))[1]
+    name = f"client-{uuid.uuid4().hex[:8]}"
+    raw = create_token(user, name=name, scopes=list(scopes or ("read", "run", "terminals")))[1]
     transport = LosingAnswers()
     return Client(f"http://127.0.0.1:{stack.ports[0]}", raw, retry=FAST, transport=transport), transport
 
@@ -139,6 +141,18 @@ def test_keys_whose_answers_were_lost_are_written_once(stack, place, operator):
         assert terminal.send(b"echo twice-$((1+1))\r").seq == 2
         seen = terminal.read_until(b"twice-2\r\n", timeout=30)
         assert seen.count(b"once-42\r\n") == 1, seen
+
+        # Given up (every try's answer lost): the keys are sent again, under their number, before the next ones.
+        impatient, lossy = _client(stack, operator, "terminals")
+        impatient.retry = Retry(attempts=2, first_delay=0.1, max_delay=0.1)
+        with impatient:
+            other = impatient.terminal(terminal.id)
+            lossy.lose[("POST", f"/terminals/{terminal.id}/input")] = 2
+            with pytest.raises(GaveUp):
+                other.send("echo thrice-$((2+1))\r")
+            assert other.send("echo four-$((2+2))\r").seq == 2
+            seen = other.read_until(b"four-4\r\n", timeout=30)
+            assert seen.count(b"thrice-3\r\n") == 1, seen
         assert terminal.close().process_state in ("closing", "closed")
 
 

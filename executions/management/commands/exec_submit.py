@@ -1,7 +1,7 @@
 from django.core.management.base import CommandError
 from django.db import transaction
 
-from executions.actions import Actor, add_alias, submit_execution
+from executions.actions import Actor, add_alias, claiming, submit_execution
 from executions.errors import UsageError
 from executions.management.base import ExecutionCommand, require_fits
 from executions.models import Execution, Kind
@@ -60,6 +60,7 @@ class Command(ExecutionCommand):
             aliases.append((scope, alias_id))
         actor = Actor.command("exec_submit")
         with transaction.atomic():  # an alias refused: nothing is submitted
+            claiming("", [(options["scope"], options["execution_id"]), *aliases])
             execution, created = submit_execution(
                 scope=options["scope"],
                 execution_id=options["execution_id"],

@@ -175,11 +175,17 @@ class Client:
     def stream(self, execution: int, *, since: int = 0) -> Iterator[Output | Outcome]:
         """Its output pushed (Server-Sent Events) from ``since``, then its ``Outcome``. A cut stream (a proxy,
         a daphne, a worker restarting) is resumed from the last offset received: nothing lost, nothing twice."""
-        failures = 0
+        failures, resumed = 0, False
         while True:
             try:
-                headers = {"Last-Event-ID": str(since), "Accept": "text/event-stream"}
-                with self._http.stream("GET", f"/executions/{execution}/output/stream", headers=headers) as answer:
+                headers = {"Accept": "text/event-stream"} | ({"Last-Event-ID": str(since)} if resumed else {})
+                params = {} if resumed else {"since": since}
+                path = f"/executions/{execution}/output/stream"
+                with self._http.stream("GET", path, headers=headers, params=params) as answer:
+                    resumed = True
+                    if answer.status_code == 204:  # resumed at the end of output that is over: how it ended
+                        yield self.wait(execution)
+                        return
                     if answer.status_code >= 400:
                         answer.read()
                         if answer.status_code not in RETRIED_STATUS:
@@ -236,6 +242,7 @@ class Terminal:
         self.id = state.id
         self.client_id = client_id or uuid.uuid4().hex[:16]
         self.seq = first_seq  # the number the next keys take
+        self._pending: dict[str, Any] | None = None  # keys sent whose answer never came
         self.since, self.generation, self.epoch = 0, state.generation, None
 
     def refresh(self) -> TerminalState:
@@ -243,21 +250,32 @@ class Terminal:
         return self.state
 
     def send(self, keys: str | bytes) -> Written:
-        """Type ``keys``. Raises ``InputUnconfirmed`` when they may or may not have arrived (they are never
-        written twice); the next keys take the next number either way."""
+        """Type ``keys``, under the next number. Keys whose answer never came (``GaveUp``) are sent again first,
+        under their own number: a number is written at most once, so nothing is typed twice. Raises
+        ``InputUnconfirmed`` when keys were taken and their writing never confirmed (never written again; read
+        the output to see); the next keys take the next number."""
+        if self._pending is not None:
+            self._deliver(self._pending)
         body: dict[str, Any] = {"seq": self.seq, "client": self.client_id}
         if isinstance(keys, str):
             body["data"] = keys
         else:
             body["data_b64"] = base64.b64encode(keys).decode()
+        return self._deliver(body)
+
+    def _deliver(self, body: dict[str, Any]) -> Written:
+        self._pending = body  # until an answer says what became of it
         try:
             answer = self._client._call("POST", f"/terminals/{self.id}/input", json=body)
-        except Problem as problem:
-            if problem.code == "input_unconfirmed":
-                self.seq += 1
-                raise InputUnconfirmed(problem.status, problem.code, problem.detail, problem.extra) from None
+        except GaveUp:
             raise
-        self.seq += 1
+        except Problem as problem:
+            self._pending = None  # answered: taken and unconfirmed, or refused (its number not taken)
+            if problem.code == "input_unconfirmed":
+                self.seq = body["seq"] + 1
+            raise
+        self._pending = None
+        self.seq = body["seq"] + 1
         return Written(answer["seq"], answer["repeated"])
 
     def read(self, *, wait: float = 0) -> Output:
