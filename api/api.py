@@ -15,7 +15,7 @@ from ninja.security import HttpBearer
 
 from api.auth import bearer_of, check_rate, usable
 from api.models import ApiToken
-from api.problems import ApiProblem, problem_response
+from api.problems import ApiProblem, field_error, problem_response
 from api.schemas import PATTERN_WORDS, malformed
 from api.tokens import find_token, note_used
 from executions.errors import IdentityConflict, NotFound, Refused, SlotTaken, TransitionRefused, UsageError
@@ -178,7 +178,7 @@ def _not_found(request, error):
 
 @api.exception_handler(UsageError)
 def _usage(request, error):
-    return _as("validation_error", error)
+    return _as("validation_error", error, errors=[field_error(str(error))])
 
 
 @api.exception_handler(IdentityConflict)

@@ -14,7 +14,7 @@ from typing import Annotated
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Prefetch, Q
+from django.db.models import OuterRef, Prefetch, Q, Subquery
 from django.http import HttpResponse, StreamingHttpResponse
 from ninja import Field, Query, Router, Schema, Status
 from pydantic import StringConstraints
@@ -24,13 +24,13 @@ from access.policy import Do, machine_named, may, reach_of
 from api.auth import need, usable
 from api.models import ApiToken, Scope
 from api.owner_calls import NotSent, ask
-from api.problems import ApiProblem, answers
+from api.problems import ApiProblem, answers, field_error
 from api.schemas import ABSOLUTE_PATH, ENV_NAME, MACHINE_NAME, NO_NUL, Body, Text
 from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.actions.common import IDENTITY
 from executions.errors import TransitionRefused
-from executions.models import ENDED_STATES, FINAL_STATES, Execution, ExecutionAlias, State
+from executions.models import ENDED_STATES, FINAL_STATES, Evidence, Execution, ExecutionAlias, ExecutionEvent, State
 from executions.presenters import execution_json
 from executions.spec import MAX_ARGV_BYTES, MAX_COLS, MAX_ROWS, ExecutionSpec, SpecError
 from terminals.actions import request_process_action
@@ -93,6 +93,10 @@ class ExecutionOut(Schema):
     exit_code: int | None
     exit_signal: int | None
     outcome: str = Field(description="How it ended, in words; 'unknown' is never made into an exit")
+    why: str = Field(
+        "",
+        description="Once it ended other than by its own exit: why, as recorded (why it did not start, what was lost)",
+    )
     close_reason: str
     spec: dict
     spec_digest: str
@@ -108,7 +112,32 @@ class ExecutionOut(Schema):
 def execution_out(execution: Execution) -> dict:
     data = execution_json(execution)
     data.pop("output"), data.pop("output_truncated")
-    return {"id": execution.pk, **data}
+    return {"id": execution.pk, **data, "why": why_of(execution)}
+
+
+OWN_ENDS = frozenset({Evidence.EXITED, Evidence.EXIT_STATUS, Evidence.SIGNALED})  # the program's own end says it
+
+
+def _why(executions):
+    """Each ended execution's reason, as the event that moved it to its state recorded it (one query for all)."""
+    ended = ExecutionEvent.objects.filter(execution=OuterRef("pk"), to_state=OuterRef("state")).order_by("-at", "-id")
+    return executions.annotate(why=Subquery(ended.values("reason")[:1]))
+
+
+def why_of(execution: Execution) -> str:
+    if execution.state not in ENDED_STATES or execution.evidence in OWN_ENDS:
+        return ""
+    if not hasattr(execution, "why"):
+        execution.why = _why(Execution.objects.filter(pk=execution.pk)).values_list("why", flat=True).first()
+    return execution.why or ""
+
+
+def said_of(execution: Execution) -> tuple[str, str]:
+    """What it awaits, and the detail said with it: how it ended (and why, when not by its own exit)."""
+    if execution.state in FINAL_STATES:
+        why = why_of(execution)
+        return "nothing", f"{execution.outcome_label}: {why}" if why else execution.outcome_label
+    return AWAITING[execution.state]
 
 
 def namespace_of(token) -> str:
@@ -122,7 +151,7 @@ def visible(token):
     user = token.user
     reached = [machine.pk for machine in reach_of(token).machines(Do.SEE)]
     yours = Prefetch("aliases", queryset=ExecutionAlias.objects.filter(namespace=namespace_of(token)))  # never others'
-    executions = Execution.objects.select_related("machine", "resolved_by").prefetch_related(yours)
+    executions = _why(Execution.objects.select_related("machine", "resolved_by").prefetch_related(yours))
     return executions.filter(Q(requested_by=user) | Q(terminal_session__user=user), machine__in=reached)
 
 
@@ -209,7 +238,7 @@ def submit(request, body: SubmitIn):
             output_limit_bytes=body.output_limit_bytes,
         )
     except SpecError as error:
-        raise ApiProblem("validation_error", str(error)) from None
+        raise ApiProblem("validation_error", str(error), errors=[field_error(str(error))]) from None
     namespace = namespace_of(token)
     existing = exec_actions.find_execution(body.scope, body.id, namespace)
     if existing is not None:
@@ -315,8 +344,8 @@ async def await_execution(request, pk: int, timeout: float = Query(30.0, ge=0, l
         await db(still)(request)
         execution = await db(_mine)(request, pk)
         if execution.state in FINAL_STATES:
-            said = {"awaiting": "nothing", "detail": execution.outcome_label}
-            return {"final": True, **said, "execution": execution_out(execution)}
+            awaiting, detail = said_of(execution)
+            return {"final": True, "awaiting": awaiting, "detail": detail, "execution": execution_out(execution)}
         if time.monotonic() >= deadline:
             awaiting, detail = AWAITING[execution.state]
             return {"final": False, "awaiting": awaiting, "detail": detail, "execution": execution_out(execution)}
@@ -541,7 +570,9 @@ async def execution_output_stream(
             raise
         first = None
     if request.headers.get("Last-Event-ID") and first and first["final"] and not (first["data"] or first["lost"]):
-        return HttpResponse(status=204)  # the reconnect of a stream that had ended: its end was sent before
+        ended = HttpResponse(status=204)  # the reconnect of a stream that had ended: its end was sent before
+        del ended["Content-Type"]  # no body, no type
+        return ended
     deadline = time.monotonic() + min(timeout, settings.TETHER_API_STREAM_SECONDS)
     response = StreamingHttpResponse(
         _output_events(load, since, first, deadline, viewer), content_type="text/event-stream"
@@ -567,7 +598,7 @@ async def _output_events(load, since: int, answer: dict | None, deadline: float,
                 except ApiProblem as problem:
                     yield _event("error", {"code": problem.code, "detail": problem.detail})
                     return
-                awaiting, detail = AWAITING.get(execution.state, ("nothing", execution.outcome_label))
+                awaiting, detail = said_of(execution)
                 said = {"awaiting": awaiting, "detail": detail, "complete": answer.get("complete", True)}
                 yield _event("end", {**said, "execution": execution_out(execution)}, event_id=since)
                 return

@@ -121,6 +121,8 @@ def _as_problem(request, response):
             detail = ""
     if code == "method_not_allowed":
         detail = f"{request.method} is not taken here; allowed: {response.get('Allow', '')}"
+    if code == "too_large":  # Django's words name its setting
+        detail = f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes"
     problem = problem_response(ApiProblem(code, detail or CODES[code][1], as_status=status))
     if response.has_header("Allow"):
         problem["Allow"] = response["Allow"]

@@ -57,6 +57,12 @@ class ApiProblem(Exception):
         self.status = as_status or CODES[code][0]
 
 
+def field_error(message: str) -> dict:
+    """A domain check's refusal ("argv: longer than …") as one of the ``errors`` a validation_error lists."""
+    field, colon, said = message.partition(": ")
+    return {"field": field, "message": said} if colon and " " not in field else {"field": "", "message": message}
+
+
 def problem_response(problem: ApiProblem) -> HttpResponse:
     status, title = problem.status, CODES[problem.code][1]
     body = {"type": PROBLEM_TYPE + problem.code, "title": title, "status": status, "code": problem.code}
@@ -77,7 +83,7 @@ def problem_response(problem: ApiProblem) -> HttpResponse:
 # scope, too large, a field not valid, too many calls.
 COMMON = (
     "invalid_request", "unknown_fields", "unauthenticated", "token_revoked", "token_expired", "insufficient_scope",
-    "too_large", "validation_error", "rate_limited",
+    "too_large", "validation_error", "rate_limited", "internal_error",
 )  # fmt: skip
 
 

@@ -93,10 +93,10 @@ def _session(request, session_id: uuid.UUID) -> TerminalSession:
     if session is None or not may(request.auth, Do.USE, session):
         raise ApiProblem("not_found", f"no terminal session {session_id} of yours")
     if (removed := removed_at(session)) is not None:
-        hours = settings.TETHER_RETENTION_HOURS
         raise ApiProblem(
             "gone",
-            f"terminal session {session_id} closed more than {hours} h ago: its output is no longer kept",
+            f"terminal session {session_id} closed at {session.closed_at.isoformat()}; what it kept was removed at "
+            f"{removed.isoformat()} (closed sessions are kept {settings.TETHER_RETENTION_HOURS} h)",
             removed_at=removed.isoformat(),
             closed_at=session.closed_at.isoformat(),
         )

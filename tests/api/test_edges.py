@@ -102,11 +102,21 @@ async def test_a_working_directory_the_machine_cannot_have_is_refused_or_ends_ne
         assert done["final"] and done["execution"]["state"] == "completed", done
         assert done["execution"]["evidence"] in ("spawn_failed", "never_started"), done
 
-        # The slot is free: the next command runs.
+        # A program the container does not have: it did not start, and it says why (it said only "Did not start").
+        absent = {"scope": "edges", "id": "absent", "machine": machine.name, "argv": ["make", "test"]}
+        pk = (await api.post("/executions", json=absent)).json()["execution"]["id"]
+        done = (await api.get(f"/executions/{pk}/await", params={"timeout": 30})).json()
+        assert done["final"] and done["execution"]["exit_code"] is None, done
+        assert "make" in done["execution"]["why"] and done["execution"]["why"] in done["detail"], done
+        listed = (await api.get("/executions", params={"scope": "edges"})).json()
+        assert next(e for e in listed if e["id"] == pk)["why"] == done["execution"]["why"]
+
+        # The slot is free: the next command runs, and its own exit needs no why.
         spec |= {"id": "after", "cwd": "/tmp"}
         pk = (await api.post("/executions", json=spec)).json()["execution"]["id"]
         done = (await api.get(f"/executions/{pk}/await", params={"timeout": 30})).json()
         assert (done["execution"]["state"], done["execution"]["exit_code"]) == ("completed", 0), done
+        assert (done["execution"]["why"], done["detail"]) == ("", "Exited with code 0"), done
         assert (await api.get(f"/executions/{pk}/output")).json()["text"] == "/tmp\r\n"  # a terminal's line end
 
 

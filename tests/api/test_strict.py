@@ -223,3 +223,10 @@ def test_a_call_refused_before_its_token_was_read_is_audited_in_its_tokens_name(
         ("strict", "/api/v1/machines?wiat=30", 400, "unknown_fields"),
         ("strict", "/api/v1/machines?x=%00", 400, "invalid_request"),
     ], calls
+
+
+def test_a_domain_refusal_of_a_field_lists_it_in_errors_as_the_schemas_do(api):
+    too_long = api.post("/executions", {**SUBMIT, "argv": ["x" * 70_000]})
+    said = problem(too_long)
+    assert (too_long.status_code, said["code"]) == (422, "validation_error"), said
+    assert said["errors"] == [{"field": "argv", "message": "longer than 65536 bytes"}], said

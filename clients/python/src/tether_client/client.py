@@ -55,7 +55,7 @@ class Client:
     ):
         self.retry = retry or Retry()
         self._http = httpx.Client(
-            base_url=url.rstrip("/") + "/api/v1",
+            base_url=url.rstrip("/").removesuffix("/api/v1") + "/api/v1",  # the site's address, or the API's
             headers={"Authorization": f"Bearer {token}", "User-Agent": "tether-client/0.1"},
             timeout=timeout,
             transport=transport,
