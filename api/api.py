@@ -15,7 +15,7 @@ from ninja.security import HttpBearer
 
 from api.auth import bearer_of, check_rate, usable
 from api.models import ApiToken
-from api.problems import ApiProblem, field_error, problem_response
+from api.problems import CODES, ApiProblem, field_error, problem_response
 from api.schemas import PATTERN_WORDS, malformed
 from api.tokens import find_token, note_used
 from executions.errors import IdentityConflict, NotFound, Refused, SlotTaken, TransitionRefused, UsageError
@@ -72,6 +72,13 @@ class TetherApi(NinjaAPI):
                 for status, answer in (operation.get("responses") or {}).items():
                     if int(status) >= 400 and "content" in answer:
                         answer["content"] = {"application/problem+json": answer["content"].pop("application/json")}
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                if "requestBody" in operation:  # a body that is not JSON: refused before it is read (api.middleware)
+                    operation["responses"][415] = {
+                        "description": f"`unsupported_media_type`: {CODES['unsupported_media_type'][1]}",
+                        "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+                    }
         _link(schema, "api_executions_submit", "/executions/{pk}", pk="$response.body#/execution/id")
         _link(
             schema, "api_terminals_open_terminal", "/terminals/{session_id}", session_id="$response.body#/terminal/id"

@@ -80,6 +80,23 @@ def _query_parameters() -> list[tuple[str, re.Pattern, frozenset[str]]]:
     return [entry[1:] for entry in sorted(found, key=lambda entry: entry[0])]
 
 
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def _has_body(request) -> bool:
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or 0) > 0
+    except ValueError:
+        return True
+
+
+def _is_json(content_type: str) -> bool:
+    """application/json, or a JSON-based type (application/problem+json); its parameters aside."""
+    return content_type == "application/json" or (
+        content_type.startswith("application/") and content_type.endswith("+json")
+    )
+
+
 def _refused_before(request):
     """A NUL byte in the path or a query parameter (PostgreSQL cannot hold one; it was a 500), or a query
     parameter the operation does not take (a typo such as ``?wiat=30`` answered at once): refused first."""
@@ -94,6 +111,10 @@ def _refused_before(request):
         if "\x00" in name or any("\x00" in value for value in values):
             shown = name.replace("\x00", "\\0")
             return problem_response(ApiProblem("invalid_request", f"query parameter {shown!r} holds a NUL byte"))
+    if request.method in BODY_METHODS and _has_body(request) and not _is_json(request.content_type):
+        said = request.content_type or "none"
+        detail = f"the body's Content-Type is {said}; send it as application/json"
+        return problem_response(ApiProblem("unsupported_media_type", detail))
     if request.GET:
         for method, shape, names in _query_parameters():
             if method == request.method and shape.match(request.path):

@@ -37,6 +37,7 @@ CODES: dict[str, tuple[int, str]] = {
     "not_writer": (409, "Another window writes into this shell"),
     "gone": (410, "It was kept for its retention period, which has passed"),
     "too_large": (413, "The request is too large"),
+    "unsupported_media_type": (415, "The body is not JSON: send it as application/json"),
     "offset_out_of_range": (416, "That offset is past the end of the output"),
     "validation_error": (422, "A field is not valid"),
     "rate_limited": (429, "Too many calls with this token"),

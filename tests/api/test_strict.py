@@ -121,8 +121,7 @@ def test_a_path_that_is_not_there_and_a_form_without_a_boundary_are_problems(api
     missing = api.get("/no-such-thing")
     assert missing.status_code == 404 and problem(missing)["code"] == "not_found"
     form = api.post("/executions", "x", content_type="multipart/form-data")
-    assert 400 <= form.status_code < 500
-    assert problem(form)["code"] in ("invalid_request", "validation_error")
+    assert (form.status_code, problem(form)["code"]) == (415, "unsupported_media_type")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -230,3 +229,17 @@ def test_a_domain_refusal_of_a_field_lists_it_in_errors_as_the_schemas_do(api):
     said = problem(too_long)
     assert (too_long.status_code, said["code"]) == (422, "validation_error"), said
     assert said["errors"] == [{"field": "argv", "message": "longer than 65536 bytes"}], said
+
+
+def test_a_body_that_is_not_sent_as_json_is_refused_and_runs_nothing(api):
+    """A body sent as text/plain or form-encoded was read as JSON, though the schema takes application/json only."""
+    import json as _json
+
+    body = _json.dumps(SUBMIT)
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "application/xml"):
+        answer = api.post("/executions", body, content_type=content_type)
+        said = problem(answer)
+        assert (answer.status_code, said["code"]) == (415, "unsupported_media_type"), said
+        assert content_type in said["detail"]
+    assert not Execution.objects.exists()
+    assert api.post("/executions", body, content_type="application/json; charset=utf-8").status_code == 201
