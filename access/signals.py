@@ -31,48 +31,36 @@ def _tell(users: set[int] | None) -> None:
         transaction.on_commit(lambda: access_changed.send_robust(Group, users=users))
 
 
-@receiver(m2m_changed, sender=get_user_model().groups.through)
-def groups_changed(sender, instance, action, reverse, pk_set, **kwargs) -> None:
-    """A user out of a group (``user.groups.remove``, or ``group.user_set.remove``)."""
-    if action in ("pre_remove", "pre_clear"):
-        narrowing()  # inside the removal's own transaction (Django's related managers open one)
-    if action == "pre_clear":
-        # Who is in it is known only before the clear.
-        instance._tether_cleared = members(instance.pk) if reverse else {instance.pk}
-    elif action == "post_clear":
-        _tell(getattr(instance, "_tether_cleared", set()))
-    elif action == "post_remove":
-        _tell(set(pk_set or ()) if reverse else {instance.pk})
+def _narrowed_by_removals(through, holder: str, far: str, people) -> None:
+    """A many-to-many that gives access (a person's groups, a person's or a group's permissions): a removal or a
+    clear is fenced (inside its own transaction: Django's related managers open one) and told to ``people(pks)``,
+    the people who held it through the ``holder`` side's rows, from either side of the relation."""
+
+    def changed(sender, instance, action, reverse, pk_set, **kwargs) -> None:
+        if action in ("pre_remove", "pre_clear"):
+            narrowing()
+        if action == "pre_clear":  # who held it is known only before the clear
+            held = (
+                sender.objects.filter(**{far: instance.pk}).values_list(holder, flat=True) if reverse else [instance.pk]
+            )
+            instance._tether_cleared = people(set(held))
+        elif action == "post_clear":
+            _tell(getattr(instance, "_tether_cleared", set()))
+        elif action == "post_remove":
+            _tell(people(set(pk_set or ()) if reverse else {instance.pk}))
+
+    m2m_changed.connect(changed, sender=through, weak=False)
 
 
-@receiver(m2m_changed, sender=get_user_model().user_permissions.through)
-def permissions_of_a_person_changed(sender, instance, action, reverse, pk_set, **kwargs) -> None:
-    """A permission taken from a person (``user.user_permissions.remove``, or ``permission.user_set.remove``):
-    staff reach every workspace through one, without a grant."""
-    if action in ("pre_remove", "pre_clear"):
-        narrowing()
-    if action == "pre_clear":
-        instance._tether_cleared = set(instance.user_set.values_list("pk", flat=True)) if reverse else {instance.pk}
-    elif action == "post_clear":
-        _tell(getattr(instance, "_tether_cleared", set()))
-    elif action == "post_remove":
-        _tell(set(pk_set or ()) if reverse else {instance.pk})
+def _members_of(groups: set[int]) -> set[int]:
+    return set().union(*(members(pk) for pk in groups))
 
 
-@receiver(m2m_changed, sender=Group.permissions.through)
-def permissions_of_a_group_changed(sender, instance, action, reverse, pk_set, **kwargs) -> None:
-    """A permission taken from a group (``group.permissions.remove``, or ``permission.group_set.remove``): its
-    members lose what it gave them."""
-    if action in ("pre_remove", "pre_clear"):
-        narrowing()
-    if action == "pre_clear":
-        groups = set(instance.group_set.values_list("pk", flat=True)) if reverse else {instance.pk}
-        instance._tether_cleared = set().union(*(members(pk) for pk in groups))
-    elif action == "post_clear":
-        _tell(getattr(instance, "_tether_cleared", set()))
-    elif action == "post_remove":
-        groups = set(pk_set or ()) if reverse else {instance.pk}
-        _tell(set().union(*(members(pk) for pk in groups)))
+# Out of a group (``user.groups.remove``, ``group.user_set.remove``); a permission taken from a person (staff reach
+# every workspace through one, without a grant) or from a group (its members lose what it gave them).
+_narrowed_by_removals(get_user_model().groups.through, "user_id", "group_id", set)
+_narrowed_by_removals(get_user_model().user_permissions.through, "user_id", "permission_id", set)
+_narrowed_by_removals(Group.permissions.through, "group_id", "permission_id", _members_of)
 
 
 @receiver(pre_delete, sender=Group)
