@@ -125,28 +125,29 @@ def _problem(request, error: ApiProblem):
     return problem_response(error)
 
 
-def _as(code: str, error: Exception, **extra):
-    return problem_response(ApiProblem(code, str(error), **extra))
-
-
 def _field(item: dict) -> str:
     """A field's name as the caller wrote it (ninja puts the body's parameter name before it)."""
     where = [str(part) for part in item.get("loc", ())]
     return ".".join(where[2:] if where[:1] == ["body"] and len(where) > 2 else where)
 
 
-@api.exception_handler(ValidationError)
-def _invalid(request, error: ValidationError):
-    for item in error.errors:  # a body that is no object, or holds a NUL: malformed, said as such
+def invalid(items: list[dict]) -> ApiProblem:
+    """The problem of a request that does not fit its schema (pydantic's errors, ninja's or a tool's)."""
+    for item in items:  # a body that is no object, or holds a NUL: malformed, said as such
         if malformed(cause := str((item.get("ctx") or {}).get("error", ""))):
-            return problem_response(ApiProblem("invalid_request", cause))
-    unknown = [_field(item) for item in error.errors if item.get("type") == "extra_forbidden"]
+            return ApiProblem("invalid_request", cause)
+    unknown = [_field(item) for item in items if item.get("type") == "extra_forbidden"]
     if unknown:
         names = ", ".join(repr(name) for name in unknown)
-        return problem_response(ApiProblem("unknown_fields", f"this operation takes no field {names}", fields=unknown))
-    errors = [{"field": _field(item), "message": _message(item)} for item in error.errors]
+        return ApiProblem("unknown_fields", f"this operation takes no field {names}", fields=unknown)
+    errors = [{"field": _field(item), "message": _message(item)} for item in items]
     detail = "; ".join(f"{e['field']}: {e['message']}" if e["field"] else e["message"] for e in errors)
-    return problem_response(ApiProblem("validation_error", detail or "a field is not valid", errors=errors))
+    return ApiProblem("validation_error", detail or "a field is not valid", errors=errors)
+
+
+@api.exception_handler(ValidationError)
+def _invalid(request, error: ValidationError):
+    return problem_response(invalid(error.errors))
 
 
 def _message(item: dict) -> str:
@@ -175,49 +176,44 @@ def _missing(request, error):
 
 @api.exception_handler(RequestDataTooBig)
 def _too_big(request, error):
-    return _as("too_large", error)
+    return problem_response(ApiProblem("too_large", str(error)))
 
 
-@api.exception_handler(NotFound)
-def _not_found(request, error):
-    return _as("not_found", error)
+def problem_of(error: Exception, token=None) -> ApiProblem | None:
+    """The problem a refusal answers with, on every surface that speaks problems (this API's handlers, the MCP
+    server's tools); None for an error that is no refusal. ``token``: whose call it was (a slot held by their
+    own command is named to them, another user's never is)."""
+    if isinstance(error, ApiProblem):
+        return error
+    if isinstance(error, NotFound):
+        return ApiProblem("not_found", str(error))
+    if isinstance(error, UsageError):
+        return ApiProblem("validation_error", str(error), errors=[field_error(str(error))])
+    if isinstance(error, IdentityConflict):
+        return ApiProblem("identity_conflict", str(error))
+    if isinstance(error, ResolveRefused):
+        checks = [{"name": check.name, "ok": check.ok, "detail": check.detail} for check in error.checks]
+        return ApiProblem("resolve_refused", str(error).splitlines()[0], checks=checks)
+    if isinstance(error, SlotTaken):
+        from api.executions import visible  # (a router module: it registers on ``api``)
+
+        if token is not None and visible(token).filter(pk=error.holder_pk).exists():
+            return ApiProblem("slot_taken", str(error), held_by=error.holder_label, held_state=error.holder_state)
+        # Another user's: said as such, never by its name (scope and id are theirs).
+        return ApiProblem("slot_taken", error.unnamed(), held_state=error.holder_state)
+    if isinstance(error, TransitionRefused):
+        return ApiProblem("state_conflict", str(error), state=error.current)
+    if isinstance(error, Refused):
+        return ApiProblem("forbidden", str(error))
+    return None
 
 
-@api.exception_handler(UsageError)
-def _usage(request, error):
-    return _as("validation_error", error, errors=[field_error(str(error))])
+def _refusal(request, error: Exception):
+    return problem_response(problem_of(error, getattr(request, "auth", None)))
 
 
-@api.exception_handler(IdentityConflict)
-def _conflict(request, error):
-    return _as("identity_conflict", error)
-
-
-@api.exception_handler(ResolveRefused)
-def _resolve_refused(request, error: ResolveRefused):
-    checks = [{"name": check.name, "ok": check.ok, "detail": check.detail} for check in error.checks]
-    return problem_response(ApiProblem("resolve_refused", str(error).splitlines()[0], checks=checks))
-
-
-@api.exception_handler(SlotTaken)
-def _slot(request, error: SlotTaken):
-    from api.executions import visible  # (a router module: it registers on ``api``)
-
-    token = getattr(request, "auth", None)
-    if token is not None and visible(token).filter(pk=error.holder_pk).exists():
-        return _as("slot_taken", error, held_by=error.holder_label, held_state=error.holder_state)
-    # Another user's: said as such, never by its name (scope and id are theirs).
-    return problem_response(ApiProblem("slot_taken", error.unnamed(), held_state=error.holder_state))
-
-
-@api.exception_handler(TransitionRefused)
-def _state(request, error: TransitionRefused):
-    return _as("state_conflict", error, state=error.current)
-
-
-@api.exception_handler(Refused)
-def _refused(request, error):
-    return _as("forbidden", error)
+for _refused in (NotFound, UsageError, IdentityConflict, ResolveRefused, SlotTaken, TransitionRefused, Refused):
+    api.add_exception_handler(_refused, _refusal)
 
 
 from api import executions, terminals  # noqa: E402  (routers register on ``api``)

@@ -379,6 +379,8 @@ class OutputOut(Schema):
     offsets_survive_owner: bool = Field(
         True, description="Offsets stay the same when another worker takes the process over (a held shell)"
     )
+    cols: int | None = Field(None, description="The grid its program draws for now (live reads): columns")
+    rows: int | None = Field(None, description="... and rows")
 
 
 def past_the_end(since: int, end: int, **where) -> ApiProblem:
@@ -421,7 +423,8 @@ def output_from_owner(answer: dict, since: int, state: str) -> dict:
     offset = answer["offset"]
     return shaped(data, offset, offset + len(data), answer["start"], answer["lost"], answer["end"], final=False,
                   source="live", state=state, generation=answer["generation"], epoch=answer["epoch"],
-                  offsets_survive_owner=answer["survives"])  # fmt: skip
+                  offsets_survive_owner=answer["survives"],
+                  cols=answer.get("cols"), rows=answer.get("rows"))  # fmt: skip
 
 
 async def read_output(load, since: int, size: int, wait: float, viewer: str) -> dict:

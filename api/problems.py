@@ -64,11 +64,16 @@ def field_error(message: str) -> dict:
     return {"field": field, "message": said} if colon and " " not in field else {"field": "", "message": message}
 
 
-def problem_response(problem: ApiProblem) -> HttpResponse:
+def problem_body(problem: ApiProblem) -> dict:
+    """Its RFC 9457 members (the API's answer, and what an MCP tool's error carries)."""
     status, title = problem.status, CODES[problem.code][1]
     body = {"type": PROBLEM_TYPE + problem.code, "title": title, "status": status, "code": problem.code}
-    body |= {"detail": problem.detail, **problem.extra}
-    response = HttpResponse(json.dumps(body), status=status, content_type="application/problem+json")
+    return body | {"detail": problem.detail, **problem.extra}
+
+
+def problem_response(problem: ApiProblem) -> HttpResponse:
+    status, title = problem.status, CODES[problem.code][1]
+    response = HttpResponse(json.dumps(problem_body(problem)), status=status, content_type="application/problem+json")
     if problem.retry_after is not None:
         response["Retry-After"] = str(problem.retry_after)
     response.api_problem = problem.code  # for the audit line (api.middleware)

@@ -1,4 +1,4 @@
-"""ASGI entry point: HTTP first, then WebSockets behind the Origin and auth checks."""
+"""ASGI entry point: HTTP first (with /mcp, the MCP server), then WebSockets behind the Origin and auth checks."""
 
 import os
 
@@ -12,6 +12,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from agents.asgi import with_mcp  # noqa: E402
 from api.ws import TokenAuthMiddleware  # noqa: E402
 from terminals.daphne_close import send_close_reasons  # noqa: E402
 from terminals.origins import SameOriginValidator  # noqa: E402
@@ -22,6 +23,7 @@ send_close_reasons()
 write_at_once()
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app
+http_app = with_mcp(http_app)  # /mcp: the MCP server for agents (agents/asgi.py)
 
 application = ProtocolTypeRouter(
     {

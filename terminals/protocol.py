@@ -363,6 +363,8 @@ class Peeked(Message):
     # How far the stream had gone when this owner attached (a holder's): offsets up to there are still coming
     # (read again from the holder), not past the end.
     written: int = 0
+    cols: int = 80  # the grid its program draws for now (a screen rebuilt from the bytes needs it)
+    rows: int = 24
 
 
 @dataclass(frozen=True, slots=True)

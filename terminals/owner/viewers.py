@@ -413,6 +413,8 @@ class ViewerService:
                 epoch=live.token,
                 survives=live.process.offsets_survive_owner,
                 written=live.process.written_at_attach,
+                cols=live.grid[0],
+                rows=live.grid[1],
             )
         await self.outbox.send(message.reply, peeked)
 

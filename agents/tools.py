@@ -1,0 +1,593 @@
+"""The MCP server's tools. Each one is a call of the HTTP API (api/executions.py, api/terminals.py), made with
+the caller's bearer token: the same scopes, the same access decision, the same refusals (a tool error carries
+the API's problem), the same audit trail (an ``ApiCall`` per tool call). Nothing here decides access itself.
+
+Honesty, in an agent's terms: a command's exit is said only when the program's own exit was observed or read
+back; otherwise it is ``unknown``, awaits an operator, and is never reported as completed or failed."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+import uuid
+from typing import Annotated, Any
+
+from channels.db import database_sync_to_async as db
+from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.fastmcp.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import McpError
+from mcp.types import (
+    INVALID_PARAMS,
+    CallToolRequest,
+    CallToolResult,
+    CreateTaskResult,
+    ErrorData,
+    Task,
+    TextContent,
+    ToolAnnotations,
+    ToolExecution,
+)
+from ninja import Status
+from pydantic import BaseModel, Field
+from pydantic import ValidationError as Invalid
+
+from access.policy import Do, reach_of
+from agents import tasks
+from agents.screen import Screen, render
+from api import executions as api_executions
+from api import terminals as api_terminals
+from api.api import invalid, problem_of
+from api.auth import need
+from api.executions import READ_BYTES, ExecutionOut, OutputOut, read_output, visible
+from api.models import ApiCall, ApiToken, Scope
+from api.problems import ApiProblem, problem_body
+from executions.actions.common import IDENTITY
+from executions.models import Execution
+from executions.spec import MAX_ARGV_BYTES
+from terminals.protocol import MAX_INTEGER
+
+log = logging.getLogger(__name__)
+
+HEAD_BYTES = 4 * 1024  # an output's text in a result: its first bytes ...
+TAIL_BYTES = 12 * 1024  # ... and its last, with how many between were left out
+SCREEN_BYTES = 256 * 1024  # a screen is rebuilt from at most this much of the output's end
+MAX_WAIT = 3600.0  # asked at most; a call waits at most TETHER_API_MAX_WAIT_SECONDS
+
+INSTRUCTIONS = """\
+Tether runs commands and shells on machines (docker containers and hosts) for you, durably.
+- run_command is idempotent by (scope, id): call it again after a lost answer and the same execution comes
+  back; nothing runs twice. Pick a new id for a new command.
+- An outcome is 'completed' with an exit code only when the program's own exit was seen. 'unknown' means
+  nobody can tell yet (its worker was lost): it awaits an operator, and the command may still be running.
+  Do not treat it as a failure or a success, and do not run it again under a new id unless that is safe.
+- Output is read by byte offset (read_output: since -> next); 'lost' counts bytes no longer kept.
+- Terminals: open_terminal, send_keys with your own increasing seq (a retry with the same seq is written
+  once), read_screen, close_terminal."""
+
+
+class _Call:
+    """What the API's calls read of a request: the token (and its user). No cookies, no headers."""
+
+    def __init__(self, token: ApiToken):
+        self.auth = token
+        self.user = token.user
+        self.headers: dict[str, str] = {}
+
+
+class _Server(FastMCP):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        handlers = self._mcp_server.request_handlers
+        answer_tool = handlers[CallToolRequest]
+
+        async def answer(request: CallToolRequest):
+            """A refused call made as a task is a JSON-RPC error (its caller waits for a task, not a result)."""
+            result = await answer_tool(request)
+            if request.params.task is not None and getattr(result.root, "isError", False):
+                raise McpError(ErrorData(code=INVALID_PARAMS, message=result.root.content[0].text))
+            return result
+
+        handlers[CallToolRequest] = answer
+
+    async def list_tools(self):
+        """``run_command`` may be called as a task (agents/tasks.py)."""
+        listed = await super().list_tools()
+        for tool in listed:
+            if tool.name == "run_command":
+                tool.execution = ToolExecution(taskSupport="optional")
+        return listed
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]):
+        """An argument a tool does not name is refused (as an unknown field of the API), never dropped."""
+        tool = self._tool_manager.get_tool(name)
+        unknown = sorted(set(arguments or {}) - set(tool.parameters.get("properties", {}))) if tool else []
+        if unknown:
+            names = ", ".join(repr(argument) for argument in unknown)
+            problem = ApiProblem("unknown_fields", f"{name} takes no argument {names}", fields=unknown)
+            await db(_audit)(_token(self.get_context()), name, problem.status, problem.code, time.monotonic())
+            raise ToolError(_said(problem))
+        try:
+            answer = await super().call_tool(name, arguments)
+        except ToolError as error:  # the SDK wraps what a tool raised in a sentence of its own
+            if isinstance(error.__cause__, ToolError):  # a refusal, said as its problem (_serve)
+                raise error.__cause__ from None
+            if isinstance(error.__cause__, Invalid):  # arguments that do not fit the tool's schema
+                problem = invalid(error.__cause__.errors())
+                await db(_audit)(_token(self.get_context()), name, problem.status, problem.code, time.monotonic())
+                raise ToolError(_said(problem)) from None
+            raise
+        if name == "run_command" and self._mcp_server.request_context.experimental.is_task:
+            # Called as a task: the execution is the task (agents/tasks.py); it was submitted, not waited for.
+            record = answer.structuredContent["execution"]
+            execution = await db(Execution.objects.select_related("machine").get)(pk=record["id"])
+            return CreateTaskResult(task=Task(**tasks.task_of(execution)))
+        return answer
+
+
+server = _Server(
+    "tether",
+    instructions=INSTRUCTIONS,
+    stateless_http=True,  # any daphne behind the load balancer answers any call
+    json_response=True,
+    streamable_http_path="/mcp",
+    # The Origin is checked before this (agents/asgi.py, as for the site's sockets): the SDK's own check
+    # allows only localhost names, which a deployment behind a proxy is not.
+    transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+)
+
+
+def _token(ctx: Context) -> ApiToken:
+    return ctx.request_context.request.scope["tether.token"]
+
+
+def _audit(token: ApiToken, tool: str, status: int, problem: str, started: float) -> None:
+    try:
+        ApiCall.objects.create(
+            token=token,
+            method="MCP",
+            path=(f"/mcp {tool}" if "/" in tool else f"/mcp tools/call {tool}")[:300],
+            status=status,
+            problem=problem[:40],
+            milliseconds=min(int((time.monotonic() - started) * 1000), 2**31 - 1),
+        )
+    except Exception:  # the answer stands; a lost audit line is logged, never raised at the caller
+        log.exception("could not audit the MCP call %s", tool)
+
+
+async def _serve(ctx: Context, tool: str, work):
+    """Run ``work(call)`` for the caller; a refusal becomes the tool's error, with the API's problem in it."""
+    token, started = _token(ctx), time.monotonic()
+    call = _Call(token)
+    try:
+        result = await work(call)
+    except Exception as error:
+        if isinstance(error, Invalid):
+            problem = invalid(error.errors())
+        else:
+            problem = await db(problem_of)(error, call.auth)
+        if problem is None:
+            log.exception("MCP tool %s failed", tool)
+            problem = ApiProblem("internal_error", "the server failed; the error is in its log")
+        await db(_audit)(token, tool, problem.status, problem.code, started)
+        raise ToolError(_said(problem)) from None
+    await db(_audit)(token, tool, 200, "", started)
+    return result
+
+
+def _said(problem: ApiProblem) -> str:
+    """A refusal as the tool's error text: the code first (what to branch on), then the API's problem."""
+    return f"{problem.code}: {problem.detail}\n{json.dumps(problem_body(problem), separators=(',', ':'))}"
+
+
+def _value(answer):
+    return answer.value if isinstance(answer, Status) else answer
+
+
+def _result(text: str, structured: BaseModel | dict) -> CallToolResult:
+    if isinstance(structured, BaseModel):
+        structured = structured.model_dump(mode="json")
+    return CallToolResult(content=[TextContent(type="text", text=text)], structuredContent=structured)
+
+
+# --- workspaces ------------------------------------------------------------------------------------------------
+
+
+class Slot(BaseModel):
+    held: bool = Field(description="A command or a shell holds the machine's one command slot")
+    by: str = Field(description="'you', 'another user' (never who, nor what), or '' when free")
+    execution: int | None = Field(None, description="Yours: the execution that holds it")
+    label: str = Field("", description="Yours: its (scope/id)")
+    state: str = Field("", description="The holder's state (pending, dispatched, running, unknown)")
+
+
+class Workspace(BaseModel):
+    name: str
+    backend: str = Field(description="docker, local (a host shell) or tmux (a host shell in tmux)")
+    state: str = Field(description="running, stopped, deleted or unknown")
+    scope: str
+    role: str = Field(description="Your role on it: watch, use or operate")
+    labels: dict[str, str]
+    slot: Slot
+
+
+class Workspaces(BaseModel):
+    workspaces: list[Workspace]
+
+
+def _workspaces(call: _Call) -> Workspaces:
+    token = need(call, Scope.READ)
+    reach = reach_of(token)
+    machines = list(reach.machines(Do.SEE))
+    holders = [m.active_execution_id for m in machines if m.active_execution_id]
+    yours = {e.pk: e for e in visible(token).filter(pk__in=holders)}
+    states = dict(Execution.objects.filter(pk__in=holders).values_list("pk", "state"))  # of another's: no name
+    found = []
+    for machine in machines:
+        pk = machine.active_execution_id
+        if pk is None:
+            slot = Slot(held=False, by="")
+        elif pk in yours:
+            mine = yours[pk]
+            slot = Slot(held=True, by="you", execution=pk, label=f"{mine.scope}/{mine.execution_id}", state=mine.state)
+        else:
+            slot = Slot(held=True, by="another user", state=states.get(pk, ""))
+        found.append(
+            Workspace(
+                name=machine.name,
+                backend=machine.backend,
+                state=machine.state,
+                scope=machine.scope,
+                role=reach.role(machine),
+                labels=machine.labels or {},
+                slot=slot,
+            )
+        )
+    return Workspaces(workspaces=found)
+
+
+@server.tool(
+    title="List workspaces",
+    annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True, destructiveHint=False, openWorldHint=False),
+)
+async def list_workspaces(ctx: Context) -> Annotated[CallToolResult, Workspaces]:
+    """The machines (docker containers, host shells) you may reach: backend, state, your role, and who holds
+    the command slot (you, or another user, never who)."""
+
+    async def work(call):
+        found = await db(_workspaces)(call)
+        lines = [
+            f"{w.name} ({w.backend}, {w.state}, you {w.role}): "
+            + (f"slot held by {w.slot.by}" + (f": execution {w.slot.execution} {w.slot.label}" if w.slot.execution
+               else "") + f" ({w.slot.state})" if w.slot.held else "slot free")
+            for w in found.workspaces
+        ]  # fmt: skip
+        return _result("\n".join(lines) or "no machine you may reach", found)
+
+    return await _serve(ctx, "list_workspaces", work)
+
+
+# --- commands -------------------------------------------------------------------------------------------------
+
+
+class OutputText(BaseModel):
+    available: bool = Field(True, description="False: no worker answered for the running command just now")
+    text: str = Field(description="The output as UTF-8: its first and last bytes, what was left out between said")
+    end: int = Field(description="Bytes of output known so far (read on from here with read_output)")
+    first_kept: int = Field(description="The first offset still kept")
+    lost: int = Field(description="Bytes at the start no longer kept")
+    omitted: int = Field(description="Bytes left out of `text` between its head and its tail (read_output has them)")
+
+
+class CommandOutcome(BaseModel):
+    created: bool | None = Field(None, description="run_command: False when this (scope, id) had been submitted")
+    final: bool = Field(description="The record will not change again (completed, cancelled, resolved)")
+    awaiting: str = Field(description="nothing (final), start, program (it runs) or operator (unknown outcome)")
+    detail: str
+    operator_must_check: str = Field("", description="For an unknown outcome: what an operator has to establish")
+    execution: ExecutionOut
+    output: OutputText
+
+
+async def _output_text(call: _Call, pk: int) -> OutputText:
+    viewer = f"api:{call.auth.pk}"
+
+    def load():
+        return api_executions._still_mine(call, pk)
+
+    try:
+        first = await read_output(load, 0, HEAD_BYTES, 0.0, viewer)
+        head = base64.b64decode(first["data"])
+        at, end, omitted, tail = first["next"], first["end"], 0, b""
+        if end - at > TAIL_BYTES:
+            omitted, at = end - TAIL_BYTES - at, end - TAIL_BYTES
+        while at < end:
+            piece = await read_output(load, at, min(READ_BYTES, end - at), 0.0, viewer)
+            if not (piece["data"] or piece["lost"]):
+                break
+            omitted += piece["lost"]
+            tail += base64.b64decode(piece["data"])
+            at = piece["next"]
+    except ApiProblem as problem:
+        if problem.code != "owner_unavailable":
+            raise
+        return OutputText(available=False, text=f"[{problem.detail}]", end=0, first_kept=0, lost=0, omitted=0)
+    text = head.decode("utf-8", "replace")
+    if first["lost"]:
+        text = f"[{first['lost']} bytes at the start are no longer kept]\n" + text
+    if omitted:
+        text += f"\n[... {omitted} bytes left out here: read_output has them ...]\n"
+    text += tail.decode("utf-8", "replace")
+    return OutputText(text=text, end=end, first_kept=first["first_kept"], lost=first["lost"], omitted=omitted)
+
+
+def _operator_check(execution) -> str:
+    return (
+        f"Whether the command still runs on machine {execution.machine.name}, or how it ended (its worker was "
+        "lost, so nobody saw its end). An operator checks the machine and resolves it (exec_resolve, or the "
+        "admin); until then no exit code is known. Do not run it again unless running it twice is safe."
+    )
+
+
+async def _outcome(call: _Call, pk: int, wait: float, created: bool | None = None) -> CallToolResult:
+    awaited = await api_executions.await_execution(call, pk, wait)
+    execution = await db(api_executions._mine)(call, pk)
+    output = await _output_text(call, pk)
+    check = _operator_check(execution) if awaited["awaiting"] == "operator" else ""
+    outcome = CommandOutcome(created=created, final=awaited["final"], awaiting=awaited["awaiting"],
+                             detail=awaited["detail"], operator_must_check=check, execution=awaited["execution"],
+                             output=output)  # fmt: skip
+    record = awaited["execution"]
+    said = f"execution {record['id']} ({record['scope']}/{record['execution_id']}) on {record['machine']}: "
+    said += record["state"].upper() if record["state"] == "unknown" else record["outcome"]
+    lines = [said, f"{'final' if outcome.final else 'not final'}: {outcome.detail}"]
+    if created is False:
+        lines.append("(submitted before under this scope and id: nothing ran again)")
+    if check:
+        lines.append(f"an operator must check: {check}")
+    lines.append(f"output ({output.end} bytes):" if output.available else "output:")
+    return _result("\n".join([*lines, output.text]), outcome)
+
+
+ARGV = f"The program and its arguments ({MAX_ARGV_BYTES} bytes at most); a shell line: ['sh', '-c', 'LINE']"
+IDENTITY_WORDS = "A letter or digit, then letters, digits and . _ : @ / -"
+Identity = Annotated[str, Field(min_length=1, max_length=200, pattern=IDENTITY.pattern, description=IDENTITY_WORDS)]
+
+
+@server.tool(
+    title="Run a command",
+    annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=True),
+)
+async def run_command(
+    ctx: Context,
+    machine: Annotated[str, Field(description="A workspace's name (list_workspaces)")],
+    scope: Annotated[Identity, Field(description="Your namespace for ids, e.g. 'agent-7'")],
+    id: Annotated[Identity, Field(description="Your id for this command: the same (scope, id) is one execution")],
+    argv: Annotated[list[str], Field(min_length=1, description=ARGV)],
+    cwd: Annotated[str, Field(description="An absolute path, or empty for the default")] = "",
+    env: Annotated[dict[str, str] | None, Field(description="Environment variables for it")] = None,
+    pty: Annotated[bool, Field(description="Run on a terminal (the only mode so far: false is refused)")] = True,
+    timeout_seconds: Annotated[
+        int | None, Field(ge=0, le=MAX_INTEGER, description="End it after this long (0 or none: no limit)")
+    ] = None,
+    wait_seconds: Annotated[
+        float, Field(ge=0, le=MAX_WAIT, description="Wait up to this long for its end before answering (0: at once)")
+    ] = 0.0,
+) -> Annotated[CallToolResult, CommandOutcome]:
+    """Run a command on a machine, once: the same (scope, id) again returns the same execution and runs
+    nothing. Answers at once, or after waiting up to wait_seconds, with its state, its exit when known, and
+    its output's head and tail."""
+
+    async def work(call):
+        await db(need)(call, Scope.RUN)
+        await db(need)(call, Scope.READ)  # what it answers is a read
+        if not pty:
+            message = "commands on pipes (pty: false) are not available yet; run it on a terminal (pty: true)"
+            raise ApiProblem("validation_error", message, errors=[{"field": "pty", "message": message}])
+        body = api_executions.SubmitIn(scope=scope, id=id, machine=machine, argv=argv, env=env or {}, cwd=cwd,
+                                       session_seconds=timeout_seconds)  # fmt: skip
+        answer = _value(await db(api_executions.submit)(call, body))
+        wait = 0.0 if ctx.request_context.experimental.is_task else wait_seconds  # a task answers at once
+        return await _outcome(call, answer["execution"]["id"], wait, created=answer["created"])
+
+    return await _serve(ctx, "run_command", work)
+
+
+ExecutionNumber = Annotated[int, Field(ge=1, le=MAX_INTEGER, description="The execution's number (execution.id)")]
+
+
+@server.tool(
+    title="Wait for a command",
+    annotations=ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True, openWorldHint=False),
+)
+async def await_command(
+    ctx: Context,
+    execution: ExecutionNumber,
+    timeout_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT, description="Wait at most this long")] = 30.0,
+) -> Annotated[CallToolResult, CommandOutcome]:
+    """Wait (bounded) for a command's end. Says 'unknown' and that it awaits an operator when that is the
+    truth: waiting longer will not change it."""
+
+    async def work(call):
+        return await _outcome(call, execution, timeout_seconds)
+
+    return await _serve(ctx, "await_command", work)
+
+
+@server.tool(
+    name="read_output",
+    title="Read output",
+    annotations=ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True, openWorldHint=False),
+)
+async def read_output_tool(
+    ctx: Context,
+    execution: ExecutionNumber,
+    since: Annotated[
+        int, Field(ge=0, le=MAX_INTEGER, description="The offset to read from (`next` of the last read)")
+    ] = 0,
+    size: Annotated[int, Field(ge=1, le=READ_BYTES, description="Bytes at most")] = READ_BYTES,
+    wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT, description="Wait up to this for output past since")] = 0.0,
+) -> Annotated[CallToolResult, OutputOut]:
+    """A command's output by byte offset: `next` is where to read on, `lost` bytes no longer kept (never a
+    silent gap), `final` when no more will come."""
+
+    async def work(call):
+        read = await api_executions.execution_output(call, execution, since, size, wait_seconds)
+        said = f"[offset {read['offset']}..{read['next']} of {read['end']}"
+        said += f", {read['lost']} bytes lost before it" if read["lost"] else ""
+        said += ", final]" if read["final"] else "]"
+        return _result(f"{said}\n{read['text']}", OutputOut(**read))
+
+    return await _serve(ctx, "read_output", work)
+
+
+class Cancelled(BaseModel):
+    ended: bool = Field(description="True: it had not started and is cancelled; False: its worker was asked to end it")
+    detail: str
+    execution: ExecutionOut
+
+
+@server.tool(
+    title="Cancel a command",
+    annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=False),
+)
+async def cancel_command(
+    ctx: Context,
+    execution: ExecutionNumber,
+    reason: Annotated[str, Field(max_length=500, description="Why (kept in its history)")] = "",
+) -> Annotated[CallToolResult, Cancelled]:
+    """Cancel a command. Not started: cancelled at once. Running: its worker ends its process tree; it ends
+    'completed' (killed) only when the tree is proven gone, else 'unknown'. await_command tells which."""
+
+    async def work(call):
+        answer = await db(api_executions.cancel)(call, execution, api_executions.CancelIn(reason=reason))
+        ended = answer.status_code == 200
+        detail = "cancelled before it started" if ended else "its worker was asked to end it: await_command"
+        cancelled = Cancelled(ended=ended, detail=detail, execution=answer.value)
+        return _result(f"execution {execution}: {detail}", cancelled)
+
+    return await _serve(ctx, "cancel_command", work)
+
+
+# --- terminals --------------------------------------------------------------------------------------------------
+
+
+class Opened(BaseModel):
+    created: bool = Field(description="False: the machine's open shell of yours was reattached")
+    terminal: api_terminals.TerminalOut
+
+
+Terminal = Annotated[uuid.UUID, Field(description="The terminal's id (terminal.id from open_terminal)")]
+
+
+@server.tool(
+    title="Open a terminal",
+    annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=True, openWorldHint=False),
+)
+async def open_terminal(
+    ctx: Context, machine: Annotated[str, Field(description="A workspace's name (list_workspaces)")]
+) -> Annotated[CallToolResult, Opened]:
+    """Open a shell on a machine, or reattach to your open one there. It lives on its own (a worker holds it),
+    across your disconnects, until you close it."""
+
+    async def work(call):
+        answer = await db(api_terminals.open_terminal)(call, api_terminals.OpenIn(machine=machine))
+        opened = Opened(**answer.value)
+        said = "opened" if opened.created else "reattached"
+        return _result(f"terminal {opened.terminal.id} on {machine}: {said}", opened)
+
+    return await _serve(ctx, "open_terminal", work)
+
+
+class Keys(BaseModel):
+    written: bool
+    repeated: bool = Field(description="This seq had been written before: not written again")
+    seq: int
+
+
+SEQ = "Your number for these keys: 1, 2, 3, ... A retry with the same seq and keys is written once"
+
+
+@server.tool(
+    title="Type into a terminal",
+    annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=False),
+)
+async def send_keys(
+    ctx: Context,
+    terminal: Terminal,
+    seq: Annotated[int, Field(ge=0, le=2**53, description=SEQ)],
+    keys: Annotated[str | None, Field(description="Keys as text; Enter is \\r")] = None,
+    keys_b64: Annotated[str | None, Field(description="Keys as base64 (bytes that are not text)")] = None,
+    client: Annotated[
+        str, Field(max_length=100, description="Which of your programs types (numbers are per client)")
+    ] = "mcp",
+) -> Annotated[CallToolResult, Keys]:
+    """Type keys into your terminal, at most once per seq: the next seq is one more than the last; a repeated
+    seq with the same keys is not written again (input_conflict with other keys, input_gap out of order)."""
+
+    async def work(call):
+        body = api_terminals.InputIn(seq=seq, data=keys, data_b64=keys_b64, client=client)
+        answer = Keys(**await api_terminals.terminal_input(call, terminal, body))
+        said = "written before (not again)" if answer.repeated else "written"
+        return _result(f"keys {seq}: {said}", answer)
+
+    return await _serve(ctx, "send_keys", work)
+
+
+@server.tool(
+    title="Read a terminal's screen",
+    annotations=ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True, openWorldHint=False),
+)
+async def read_screen(ctx: Context, terminal: Terminal) -> Annotated[CallToolResult, Screen]:
+    """The terminal's screen as text (its rows, the cursor), as a terminal would show it now."""
+
+    async def work(call):
+        screen = await render(call, terminal, SCREEN_BYTES)
+        return _result(screen.said(), screen)
+
+    return await _serve(ctx, "read_screen", work)
+
+
+@server.tool(
+    title="Close a terminal",
+    annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=False),
+)
+async def close_terminal(
+    ctx: Context,
+    terminal: Terminal,
+    reason: Annotated[str, Field(max_length=500, description="Why (kept in its history)")] = "",
+) -> Annotated[CallToolResult, api_terminals.TerminalOut]:
+    """End the terminal's shell; the session closes with its outcome."""
+
+    async def work(call):
+        answer = await db(api_terminals.terminal_close)(call, terminal, api_terminals.ReasonIn(reason=reason))
+        closed = api_terminals.TerminalOut(**answer.value)
+        return _result(f"terminal {terminal}: {closed.process_state}", closed)
+
+    return await _serve(ctx, "close_terminal", work)
+
+
+def _strict(tools: Any) -> None:
+    """Every tool's arguments are exactly those it names (an unknown one is refused, as the API's fields)."""
+    for tool in tools:
+        tool.parameters["additionalProperties"] = False
+
+
+_strict(server._tool_manager.list_tools())
+
+
+async def _serve_task(name: str, work):
+    """A tasks/… request: its caller's call, audited; a refusal is the request's error, with its problem."""
+    try:
+        return await _serve(server.get_context(), name, work)
+    except ToolError as error:
+        raise McpError(ErrorData(code=INVALID_PARAMS, message=str(error))) from None
+
+
+async def _cancel(call: _Call, pk: int) -> None:
+    await db(api_executions.cancel)(call, pk, api_executions.CancelIn(reason="cancelled as an MCP task"))
+
+
+tasks.register(server._mcp_server, _serve_task, _outcome, _cancel)
