@@ -10,24 +10,24 @@ import json
 import logging
 
 from channels.db import database_sync_to_async as db
+from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 
 from api.auth import check_rate, usable
 from api.models import ApiCall, ApiToken
 from api.problems import ApiProblem, problem_body
 from api.tokens import find_token, note_used
-from terminals.origins import origin_allowed
+from terminals.origins import header_of, origin_allowed
 
 log = logging.getLogger(__name__)
 
 PATH = "/mcp"
+START_SECONDS = 10.0
 
 
 def _bearer(scope) -> str:
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            kind, _, raw = value.decode("latin-1").partition(" ")
-            return raw.strip() if kind.lower() == "bearer" else ""
-    return ""
+    kind, _, raw = header_of(scope, b"authorization").partition(" ")
+    return raw.strip() if kind.lower() == "bearer" else ""
 
 
 def _authenticate(raw: str) -> tuple[ApiToken | None, ApiProblem | None]:
@@ -52,8 +52,10 @@ def _audit_refusal(token: ApiToken, method: str, problem: ApiProblem) -> None:
         log.exception("could not audit a refused MCP call")
 
 
-async def _refuse(send, problem: ApiProblem) -> None:
+async def _refuse(send, problem: ApiProblem, allow: bytes | None = None) -> None:
     headers = [(b"content-type", b"application/problem+json"), (b"cache-control", b"no-store")]
+    if allow:
+        headers.append((b"allow", allow))
     if problem.status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="tether"'))
     if problem.retry_after is not None:
@@ -61,6 +63,12 @@ async def _refuse(send, problem: ApiProblem) -> None:
     body = json.dumps(problem_body(problem)).encode()
     await send({"type": "http.response.start", "status": problem.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _host_allowed(scope) -> bool:
+    """The Host is one of the site's (ALLOWED_HOSTS), as Django checks it for every other request."""
+    host, _ = split_domain_port(header_of(scope, b"host"))
+    return bool(host) and validate_host(host, settings.ALLOWED_HOSTS)
 
 
 class McpEndpoint:
@@ -72,33 +80,52 @@ class McpEndpoint:
         self.manager = None
 
     async def __call__(self, scope, receive, send):
-        sent_origin = any(name == b"origin" for name, _ in scope.get("headers", ()))
-        if sent_origin and not origin_allowed(scope):  # a page of another site (DNS rebinding, a browser's fetch)
+        if not _host_allowed(scope):
+            return await _refuse(send, ApiProblem("invalid_request", "that Host is not this site's"))
+        if scope.get("method") != "POST":
+            # Stateless: every call is a POST. A GET would hold an empty event stream open (no server-sent
+            # messages exist here) that no revoke could end.
+            return await _refuse(send, ApiProblem("invalid_request", "the MCP endpoint takes POST", as_status=405),
+                                 allow=b"POST")  # fmt: skip
+        if header_of(scope, b"origin") and not origin_allowed(scope):  # another site's page (DNS rebinding, a fetch)
             return await _refuse(send, ApiProblem("forbidden", "this Origin may not call Tether's MCP server"))
         token, problem = await db(_authenticate)(_bearer(scope))
         if problem is not None:
             if token is not None:
                 await db(_audit_refusal)(token, scope.get("method", ""), problem)
             return await _refuse(send, problem)
-        await self._running()
+        if not await self._running():
+            text = "the MCP server is not running in this process (its log says why); try again"
+            return await _refuse(send, ApiProblem("internal_error", text, as_status=503, retry_after=1))
         await self.manager.handle_request({**scope, "tether.token": token}, receive, send)
 
-    async def _running(self) -> None:
+    async def _running(self) -> bool:
         """The SDK's session manager runs for the process's life, started by the first call (daphne sends no
-        ASGI lifespan events)."""
-        if self.ready is None:
+        ASGI lifespan events). False when it could not start (logged; the next call tries again)."""
+        if self.holder is None or self.holder.done():
             from agents.tools import server
 
+            server._session_manager = None  # a manager runs once: a new one for each start
             server.streamable_http_app()  # builds the session manager with the server's settings
             self.manager = server.session_manager
             self.ready = asyncio.Event()
             self.holder = asyncio.get_running_loop().create_task(self._hold(), name="mcp-session-manager")
-        await self.ready.wait()
+            self.holder.add_done_callback(self._ended)
+        try:
+            await asyncio.wait_for(self.ready.wait(), START_SECONDS)
+        except TimeoutError:
+            return False
+        return not self.holder.done()
 
     async def _hold(self) -> None:
         async with self.manager.run():
             self.ready.set()
             await asyncio.Event().wait()
+
+    def _ended(self, holder: asyncio.Task) -> None:
+        if not holder.cancelled() and holder.exception() is not None:
+            log.error("the MCP session manager stopped: %r", holder.exception(), exc_info=holder.exception())
+        self.ready.set()  # whoever waits is told at once (and the next call starts another)
 
 
 def with_mcp(http_app):

@@ -53,16 +53,22 @@ def _draw(data: bytes, cols: int, rows: int) -> tuple[list[str], pyte.screens.Cu
     return [line.rstrip() for line in screen.display], screen.cursor
 
 
-async def render(call, terminal: uuid.UUID, limit: int) -> Screen:
+async def render(call, terminal: uuid.UUID, limit: int, attempts: int = 3) -> Screen:
     """``terminal``'s screen (the caller's own session: the API's reads, with their refusals), rebuilt from at
-    most ``limit`` bytes of the end of its output."""
+    most ``limit`` bytes of the end of its output: all from one stream (a reset or an adoption that moves the
+    offsets meanwhile starts it again)."""
     first = await api_terminals.terminal_output(call, terminal, 0, None, None, 1, 0.0)
+    stream = first.get("generation"), first.get("epoch")
     end = first["end"]
     start = max(first["offset"], end - limit)
     data, at = bytearray(), start
     cols, rows = first.get("cols"), first.get("rows")
     while at < end:
-        piece = await api_terminals.terminal_output(call, terminal, at, None, None, READ_BYTES, 0.0)
+        piece = await api_terminals.terminal_output(call, terminal, at, *stream, READ_BYTES, 0.0)
+        if piece.get("restarted"):  # another stream now: what was read is not its screen
+            if attempts > 1:
+                return await render(call, terminal, limit, attempts - 1)
+            break
         if not (piece["data"] or piece["lost"]):
             break
         if piece["lost"]:  # gone while it was read: start again after it

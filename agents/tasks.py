@@ -3,11 +3,11 @@ called as a task answers at once with a task whose id names the execution (``exe
 the execution: durable (it outlives the call, the client, the web process and the worker), read back by any
 web process, and only ever its own user's.
 
-Statuses: running or waiting to start is ``working``; an end the program's own exit (or a cancel) settled is
-``completed`` (its result says the exit); an **unknown** outcome is ``input_required``: neither completed nor
-failed, it waits for someone's input, an operator's, and its ``statusMessage`` says what they must check. A
-resolved one is ``completed`` with a message saying its exit stays unknown. Every task carries the
-execution's own state as ``tetherState``."""
+Statuses: running or waiting to start is ``working``; an end the program's own exit (or a kill) settled
+is ``completed`` (its result says the exit), one cancelled before it started ``cancelled``; an **unknown**
+outcome is ``input_required``: neither completed nor failed, it waits for someone's input, an operator's, and
+its ``statusMessage`` says what they must check. A resolved one is ``completed`` with a message saying its
+exit stays unknown. Every task carries the execution's own state as ``tetherState``."""
 
 from __future__ import annotations
 
@@ -47,6 +47,8 @@ def status_of(execution: Execution) -> tuple[str, str]:
         )
     if execution.state == State.RESOLVED:
         return "completed", "resolved by an operator: its exit code stays unknown (none is made up)"
+    if execution.state == State.CANCELLED:
+        return "cancelled", execution.outcome_label
     if execution.state in ENDED_STATES:
         return "completed", execution.outcome_label
     return "working", api_executions.AWAITING[execution.state][1]
@@ -89,18 +91,33 @@ def register(lowlevel, serve, outcome, cancel) -> None:
             # Waits for the end as long as an await may; an unknown outcome waits for an operator: said at once.
             wait = 0.0 if execution.state == State.UNKNOWN else float("inf")
             result = await outcome(call, execution.pk, wait)
+            said = result.structuredContent
+            if not said["final"] and said["awaiting"] != "operator":  # a result is the task's last word
+                text = f"{request.params.taskId} is still working ({said['detail']}): ask tasks/get, then tasks/result"
+                raise api_executions.ApiProblem("state_conflict", text, state=said["execution"]["state"])
             return types.GetTaskPayloadResult(**result.model_dump(by_alias=True, exclude_none=True))
 
         return await serve("tasks/result", work)
 
     @features.list_tasks()
     async def list_tasks(request: types.ListTasksRequest) -> types.ListTasksResult:
+        cursor = request.params.cursor if request.params else None
+
         def listed(call):
+            """Your commands, newest first, a page at a time (the cursor: the last execution of the page before)."""
             api_executions.need(call, Scope.READ)
-            return [task_of(e) for e in api_executions.visible(call.auth).filter(kind=Kind.COMMAND)[:LISTED]]
+            commands = api_executions.visible(call.auth).filter(kind=Kind.COMMAND).order_by("-pk")
+            if cursor:
+                if not cursor.isascii() or not cursor.isdigit() or len(cursor) > 18:
+                    raise api_executions.ApiProblem("invalid_request", "that cursor is not one tasks/list gave")
+                commands = commands.filter(pk__lt=int(cursor))
+            page = list(commands[: LISTED + 1])
+            after = str(page[LISTED - 1].pk) if len(page) > LISTED else None
+            return [task_of(e) for e in page[:LISTED]], after
 
         async def work(call):
-            return types.ListTasksResult(tasks=[types.Task(**task) for task in await db(listed)(call)])
+            found, after = await db(listed)(call)
+            return types.ListTasksResult(tasks=[types.Task(**task) for task in found], nextCursor=after)
 
         return await serve("tasks/list", work)
 

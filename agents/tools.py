@@ -34,18 +34,17 @@ from ninja import Status
 from pydantic import BaseModel, Field
 from pydantic import ValidationError as Invalid
 
-from access.policy import Do, reach_of
 from agents import tasks
 from agents.screen import Screen, render
 from api import executions as api_executions
 from api import terminals as api_terminals
 from api.api import invalid, problem_of
 from api.auth import need
-from api.executions import READ_BYTES, ExecutionOut, OutputOut, read_output, visible
+from api.executions import MAX_WAIT, READ_BYTES, ExecutionOut, OutputOut, read_output, visible
 from api.models import ApiCall, ApiToken, Scope
 from api.problems import ApiProblem, problem_body
 from executions.actions.common import IDENTITY
-from executions.models import Execution
+from executions.models import Execution, Machine
 from executions.spec import MAX_ARGV_BYTES
 from terminals.protocol import MAX_INTEGER
 
@@ -54,7 +53,6 @@ log = logging.getLogger(__name__)
 HEAD_BYTES = 4 * 1024  # an output's text in a result: its first bytes ...
 TAIL_BYTES = 12 * 1024  # ... and its last, with how many between were left out
 SCREEN_BYTES = 256 * 1024  # a screen is rebuilt from at most this much of the output's end
-MAX_WAIT = 3600.0  # asked at most; a call waits at most TETHER_API_MAX_WAIT_SECONDS
 
 INSTRUCTIONS = """\
 Tether runs commands and shells on machines (docker containers and hosts) for you, durably.
@@ -103,21 +101,19 @@ class _Server(FastMCP):
     async def call_tool(self, name: str, arguments: dict[str, Any]):
         """An argument a tool does not name is refused (as an unknown field of the API), never dropped."""
         tool = self._tool_manager.get_tool(name)
-        unknown = sorted(set(arguments or {}) - set(tool.parameters.get("properties", {}))) if tool else []
+        if tool is None:
+            await self._refuse(name, ApiProblem("not_found", f"no tool {name[:100]!r} (tools/list names them)"))
+        unknown = sorted(set(arguments or {}) - set(tool.parameters.get("properties", {})))
         if unknown:
             names = ", ".join(repr(argument) for argument in unknown)
-            problem = ApiProblem("unknown_fields", f"{name} takes no argument {names}", fields=unknown)
-            await db(_audit)(_token(self.get_context()), name, problem.status, problem.code, time.monotonic())
-            raise ToolError(_said(problem))
+            await self._refuse(name, ApiProblem("unknown_fields", f"{name} takes no argument {names}", fields=unknown))
         try:
             answer = await super().call_tool(name, arguments)
         except ToolError as error:  # the SDK wraps what a tool raised in a sentence of its own
             if isinstance(error.__cause__, ToolError):  # a refusal, said as its problem (_serve)
                 raise error.__cause__ from None
             if isinstance(error.__cause__, Invalid):  # arguments that do not fit the tool's schema
-                problem = invalid(error.__cause__.errors())
-                await db(_audit)(_token(self.get_context()), name, problem.status, problem.code, time.monotonic())
-                raise ToolError(_said(problem)) from None
+                await self._refuse(name, invalid(error.__cause__.errors()))
             raise
         if name == "run_command" and self._mcp_server.request_context.experimental.is_task:
             # Called as a task: the execution is the task (agents/tasks.py); it was submitted, not waited for.
@@ -125,6 +121,10 @@ class _Server(FastMCP):
             execution = await db(Execution.objects.select_related("machine").get)(pk=record["id"])
             return CreateTaskResult(task=Task(**tasks.task_of(execution)))
         return answer
+
+    async def _refuse(self, tool: str, problem: ApiProblem):
+        await db(_audit)(_token(self.get_context()), tool[:100], problem.status, problem.code, time.monotonic())
+        raise ToolError(_said(problem)) from None
 
 
 server = _Server(
@@ -164,11 +164,8 @@ async def _serve(ctx: Context, tool: str, work):
     try:
         result = await work(call)
     except Exception as error:
-        if isinstance(error, Invalid):
-            problem = invalid(error.errors())
-        else:
-            problem = await db(problem_of)(error, call.auth)
-        if problem is None:
+        problem = await db(problem_of)(error, call.auth)
+        if problem is None:  # a bug of ours, never blamed on the caller's arguments
             log.exception("MCP tool %s failed", tool)
             problem = ApiProblem("internal_error", "the server failed; the error is in its log")
         await db(_audit)(token, tool, problem.status, problem.code, started)
@@ -180,6 +177,14 @@ async def _serve(ctx: Context, tool: str, work):
 def _said(problem: ApiProblem) -> str:
     """A refusal as the tool's error text: the code first (what to branch on), then the API's problem."""
     return f"{problem.code}: {problem.detail}\n{json.dumps(problem_body(problem), separators=(',', ':'))}"
+
+
+def _input(schema: type[BaseModel], **fields):
+    """The API's input schema, filled from a tool's arguments: what does not fit is the caller's, said so."""
+    try:
+        return schema(**fields)
+    except Invalid as error:
+        raise invalid(error.errors()) from None
 
 
 def _value(answer):
@@ -218,15 +223,14 @@ class Workspaces(BaseModel):
 
 
 def _workspaces(call: _Call) -> Workspaces:
-    token = need(call, Scope.READ)
-    reach = reach_of(token)
-    machines = list(reach.machines(Do.SEE))
-    holders = [m.active_execution_id for m in machines if m.active_execution_id]
-    yours = {e.pk: e for e in visible(token).filter(pk__in=holders)}
-    states = dict(Execution.objects.filter(pk__in=holders).values_list("pk", "state"))  # of another's: no name
+    """The API's machine listing (GET /machines), each with who holds its slot in words this person may see."""
+    listed = api_executions.machines(call)
+    holders = dict(Machine.objects.filter(name__in=[m["name"] for m in listed]).values_list("name", "active_execution"))
+    yours = {e.pk: e for e in visible(call.auth).filter(pk__in=[pk for pk in holders.values() if pk])}
+    states = dict(Execution.objects.filter(pk__in=holders.values()).values_list("pk", "state"))  # another's: no name
     found = []
-    for machine in machines:
-        pk = machine.active_execution_id
+    for machine in listed:
+        pk = holders.get(machine["name"])
         if pk is None:
             slot = Slot(held=False, by="")
         elif pk in yours:
@@ -234,17 +238,7 @@ def _workspaces(call: _Call) -> Workspaces:
             slot = Slot(held=True, by="you", execution=pk, label=f"{mine.scope}/{mine.execution_id}", state=mine.state)
         else:
             slot = Slot(held=True, by="another user", state=states.get(pk, ""))
-        found.append(
-            Workspace(
-                name=machine.name,
-                backend=machine.backend,
-                state=machine.state,
-                scope=machine.scope,
-                role=reach.role(machine),
-                labels=machine.labels or {},
-                slot=slot,
-            )
-        )
+        found.append(Workspace(**{k: v for k, v in machine.items() if k != "busy"}, slot=slot))
     return Workspaces(workspaces=found)
 
 
@@ -273,7 +267,7 @@ async def list_workspaces(ctx: Context) -> Annotated[CallToolResult, Workspaces]
 
 
 class OutputText(BaseModel):
-    available: bool = Field(True, description="False: no worker answered for the running command just now")
+    available: bool = Field(True, description="False: not read just now (`text` says why): read_output reads it")
     text: str = Field(description="The output as UTF-8: its first and last bytes, what was left out between said")
     end: int = Field(description="Bytes of output known so far (read on from here with read_output)")
     first_kept: int = Field(description="The first offset still kept")
@@ -310,10 +304,9 @@ async def _output_text(call: _Call, pk: int) -> OutputText:
             omitted += piece["lost"]
             tail += base64.b64decode(piece["data"])
             at = piece["next"]
-    except ApiProblem as problem:
-        if problem.code != "owner_unavailable":
-            raise
-        return OutputText(available=False, text=f"[{problem.detail}]", end=0, first_kept=0, lost=0, omitted=0)
+    except ApiProblem as problem:  # the record is still said: the output is read again with read_output
+        text = f"[output not read just now: {problem.code}: {problem.detail}]"
+        return OutputText(available=False, text=text, end=0, first_kept=0, lost=0, omitted=0)
     text = head.decode("utf-8", "replace")
     if first["lost"]:
         text = f"[{first['lost']} bytes at the start are no longer kept]\n" + text
@@ -323,19 +316,23 @@ async def _output_text(call: _Call, pk: int) -> OutputText:
     return OutputText(text=text, end=end, first_kept=first["first_kept"], lost=first["lost"], omitted=omitted)
 
 
-def _operator_check(execution) -> str:
+def _operator_check(machine: str) -> str:
     return (
-        f"Whether the command still runs on machine {execution.machine.name}, or how it ended (its worker was "
+        f"Whether the command still runs on machine {machine}, or how it ended (its worker was "
         "lost, so nobody saw its end). An operator checks the machine and resolves it (exec_resolve, or the "
         "admin); until then no exit code is known. Do not run it again unless running it twice is safe."
     )
 
 
-async def _outcome(call: _Call, pk: int, wait: float, created: bool | None = None) -> CallToolResult:
+async def _outcome(
+    call: _Call, pk: int, wait: float, created: bool | None = None, with_output: bool = True
+) -> CallToolResult:
     awaited = await api_executions.await_execution(call, pk, wait)
-    execution = await db(api_executions._mine)(call, pk)
-    output = await _output_text(call, pk)
-    check = _operator_check(execution) if awaited["awaiting"] == "operator" else ""
+    if with_output:
+        output = await _output_text(call, pk)
+    else:
+        output = OutputText(available=False, text="", end=0, first_kept=0, lost=0, omitted=0)
+    check = _operator_check(awaited["execution"]["machine"]) if awaited["awaiting"] == "operator" else ""
     outcome = CommandOutcome(created=created, final=awaited["final"], awaiting=awaited["awaiting"],
                              detail=awaited["detail"], operator_must_check=check, execution=awaited["execution"],
                              output=output)  # fmt: skip
@@ -370,7 +367,22 @@ async def run_command(
     env: Annotated[dict[str, str] | None, Field(description="Environment variables for it")] = None,
     pty: Annotated[bool, Field(description="Run on a terminal (the only mode so far: false is refused)")] = True,
     timeout_seconds: Annotated[
-        int | None, Field(ge=0, le=MAX_INTEGER, description="End it after this long (0 or none: no limit)")
+        int | None,
+        Field(
+            ge=0,
+            le=MAX_INTEGER,
+            description="End it after this long; 0: no limit; none: the site's default "
+            "(TETHER_SESSION_SECONDS, 12 h unless set)",
+        ),
+    ] = None,
+    idle_seconds: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            le=MAX_INTEGER,
+            description="End it after this long without output or input; 0: no limit; none: "
+            "the site's default (TETHER_IDLE_SECONDS, 30 min unless set): a quiet long build needs 0",
+        ),
     ] = None,
     wait_seconds: Annotated[
         float, Field(ge=0, le=MAX_WAIT, description="Wait up to this long for its end before answering (0: at once)")
@@ -386,11 +398,12 @@ async def run_command(
         if not pty:
             message = "commands on pipes (pty: false) are not available yet; run it on a terminal (pty: true)"
             raise ApiProblem("validation_error", message, errors=[{"field": "pty", "message": message}])
-        body = api_executions.SubmitIn(scope=scope, id=id, machine=machine, argv=argv, env=env or {}, cwd=cwd,
-                                       session_seconds=timeout_seconds)  # fmt: skip
+        body = _input(api_executions.SubmitIn, scope=scope, id=id, machine=machine, argv=argv, env=env or {},
+                      cwd=cwd, session_seconds=timeout_seconds, idle_seconds=idle_seconds)  # fmt: skip
         answer = _value(await db(api_executions.submit)(call, body))
-        wait = 0.0 if ctx.request_context.experimental.is_task else wait_seconds  # a task answers at once
-        return await _outcome(call, answer["execution"]["id"], wait, created=answer["created"])
+        if ctx.request_context.experimental.is_task:  # a task answers at once: the execution is the task
+            return await _outcome(call, answer["execution"]["id"], 0.0, answer["created"], with_output=False)
+        return await _outcome(call, answer["execution"]["id"], wait_seconds, created=answer["created"])
 
     return await _serve(ctx, "run_command", work)
 
@@ -462,7 +475,7 @@ async def cancel_command(
     'completed' (killed) only when the tree is proven gone, else 'unknown'. await_command tells which."""
 
     async def work(call):
-        answer = await db(api_executions.cancel)(call, execution, api_executions.CancelIn(reason=reason))
+        answer = await db(api_executions.cancel)(call, execution, _input(api_executions.CancelIn, reason=reason))
         ended = answer.status_code == 200
         detail = "cancelled before it started" if ended else "its worker was asked to end it: await_command"
         cancelled = Cancelled(ended=ended, detail=detail, execution=answer.value)
@@ -493,7 +506,7 @@ async def open_terminal(
     across your disconnects, until you close it."""
 
     async def work(call):
-        answer = await db(api_terminals.open_terminal)(call, api_terminals.OpenIn(machine=machine))
+        answer = await db(api_terminals.open_terminal)(call, _input(api_terminals.OpenIn, machine=machine))
         opened = Opened(**answer.value)
         said = "opened" if opened.created else "reattached"
         return _result(f"terminal {opened.terminal.id} on {machine}: {said}", opened)
@@ -521,14 +534,14 @@ async def send_keys(
     keys: Annotated[str | None, Field(description="Keys as text; Enter is \\r")] = None,
     keys_b64: Annotated[str | None, Field(description="Keys as base64 (bytes that are not text)")] = None,
     client: Annotated[
-        str, Field(max_length=100, description="Which of your programs types (numbers are per client)")
-    ] = "mcp",
+        str, Field(max_length=100, description="Which of your programs types (numbers are per client, as the API's)")
+    ] = "",
 ) -> Annotated[CallToolResult, Keys]:
     """Type keys into your terminal, at most once per seq: the next seq is one more than the last; a repeated
     seq with the same keys is not written again (input_conflict with other keys, input_gap out of order)."""
 
     async def work(call):
-        body = api_terminals.InputIn(seq=seq, data=keys, data_b64=keys_b64, client=client)
+        body = _input(api_terminals.InputIn, seq=seq, data=keys, data_b64=keys_b64, client=client)
         answer = Keys(**await api_terminals.terminal_input(call, terminal, body))
         said = "written before (not again)" if answer.repeated else "written"
         return _result(f"keys {seq}: {said}", answer)
@@ -562,7 +575,7 @@ async def close_terminal(
     """End the terminal's shell; the session closes with its outcome."""
 
     async def work(call):
-        answer = await db(api_terminals.terminal_close)(call, terminal, api_terminals.ReasonIn(reason=reason))
+        answer = await db(api_terminals.terminal_close)(call, terminal, _input(api_terminals.ReasonIn, reason=reason))
         closed = api_terminals.TerminalOut(**answer.value)
         return _result(f"terminal {terminal}: {closed.process_state}", closed)
 

@@ -28,7 +28,7 @@ def _origin(scheme: str, netloc: str) -> tuple[str, str, str] | None:
     return scheme, host, port or DEFAULT_PORTS[scheme]
 
 
-def _header(scope, name: bytes) -> str:
+def header_of(scope, name: bytes) -> str:
     for key, value in scope.get("headers", []):
         if key == name:
             return value.decode("latin-1")
@@ -36,14 +36,14 @@ def _header(scope, name: bytes) -> str:
 
 
 def site_scheme(scope) -> str:
-    """The scheme the browser used: https for wss, or when the trusted proxy says so."""
-    if scope.get("scheme") == "wss":
+    """The scheme the browser used: https for wss (and an HTTPS request), or when the trusted proxy says so."""
+    if scope.get("scheme") in ("wss", "https"):
         return "https"
     proxy = settings.SECURE_PROXY_SSL_HEADER
     if proxy:
         name, expected = proxy
         header = name.removeprefix("HTTP_").lower().replace("_", "-").encode()
-        if _header(scope, header).split(",")[0].strip() == expected:
+        if header_of(scope, header).split(",")[0].strip() == expected:
             return "https"
     return "http"
 
@@ -62,16 +62,16 @@ def _trusted(origin: tuple[str, str, str]) -> bool:
 
 
 def origin_allowed(scope) -> bool:
-    raw = _header(scope, b"origin")
+    raw = header_of(scope, b"origin")
     if not raw:
         # Browsers always send one, so a socket without it is no page's: only an API client's, which must
         # then carry its token (api.ws refuses it without a valid one), never a cookie alone.
-        return _header(scope, b"authorization").lower().startswith("bearer ")
+        return header_of(scope, b"authorization").lower().startswith("bearer ")
     parts = urlsplit(raw)
     origin = _origin(parts.scheme, parts.netloc)
     if origin is None:
         return False
-    host_header = _header(scope, b"host")
+    host_header = header_of(scope, b"host")
     site = _origin(site_scheme(scope), host_header)
     if site is not None and validate_host(site[1], settings.ALLOWED_HOSTS) and origin == site:
         return True

@@ -93,9 +93,10 @@ def test_an_agent_lists_runs_reads_awaits_and_cancels_over_mcp(stack, place, ope
             assert "hello-42" in ran.content[0].text
             seven = await a.call(
                 "run_command", machine="mcp-box", scope="agent", id="seven", argv=["sh", "-c", "exit 7"],
-                wait_seconds=30,
+                wait_seconds=30, idle_seconds=0,
             )  # fmt: skip
             assert seven.structuredContent["execution"]["exit_code"] == 7
+            assert seven.structuredContent["execution"]["spec"]["idle_seconds"] == 0  # a quiet build is not reaped
 
             # The same call again (an answer the agent never saw): the same execution, nothing ran again.
             again = await a.call("run_command", machine="mcp-box", scope="agent", id="one", argv=argv, wait_seconds=5)
@@ -154,6 +155,8 @@ def test_an_agent_lists_runs_reads_awaits_and_cancels_over_mcp(stack, place, ope
             assert code == "validation_error" and problem["errors"][0]["field"] == "pty"
             code, problem = await a.refused("read_output", execution=999999)
             assert (code, problem["status"]) == ("not_found", 404)
+            code, _ = await a.refused("format_disk")
+            assert code == "not_found"
             return pk
 
     pk = asyncio.run(agent())
@@ -213,6 +216,15 @@ def test_a_run_whose_answer_was_dropped_runs_once_and_a_revoked_token_is_refused
         headers={"Origin": "http://evil.example", "Authorization": f"Bearer {raw}"},
     )  # fmt: skip
     assert (evil.status_code, evil.json()["code"]) == (403, "forbidden")
+    listening = httpx.get(
+        f"http://127.0.0.1:{stack.ports[0]}/mcp", timeout=10,
+        headers={"Accept": "text/event-stream", "Authorization": f"Bearer {raw}"},
+    )  # fmt: skip
+    assert (listening.status_code, listening.headers["allow"]) == (405, "POST")  # no stream left open
+    elsewhere = httpx.post(
+        f"http://127.0.0.1:{stack.ports[0]}/mcp", json={}, timeout=10, headers={"Host": "evil.example"}
+    )
+    assert (elsewhere.status_code, elsewhere.json()["code"]) == (400, "invalid_request")
 
 
 def test_a_terminal_is_opened_typed_into_read_as_a_screen_and_closed(stack, place, operator):
@@ -315,7 +327,7 @@ def test_a_worker_killed_mid_command_gives_the_exit_read_back_never_a_made_up_on
 
 
 def test_a_long_command_as_an_mcp_task_follows_its_execution_and_an_unknown_one_is_neither_done_nor_failed(
-    stack, place, operator, bob
+    place, operator, bob
 ):
     from django.db import transaction
 
@@ -330,6 +342,9 @@ def test_a_long_command_as_an_mcp_task_follows_its_execution_and_an_unknown_one_
         lost = transition(lost, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=Actor("t"))
         lost = transition(lost, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=Actor("t"))
     raw, theirs = _token(operator), _token(bob)
+    stack = Stack()
+    stack.extra_env |= {"TETHER_API_MAX_WAIT_SECONDS": "2"}  # how long tasks/result waits for an end
+    stack.start("local")
 
     async def agent():
         async with agent_of(stack.ports[0], raw) as a:
@@ -351,6 +366,20 @@ def test_a_long_command_as_an_mcp_task_follows_its_execution_and_an_unknown_one_
             assert "task-done" in result.structuredContent["output"]["text"]
             assert task in [t.taskId for t in (await a.session.experimental.list_tasks()).tasks]
 
+            # A result is a task's last word: a running one's is refused (ask again), never given as its end.
+            slow = await a.session.experimental.call_tool_as_task(
+                "run_command", {"machine": "mcp-tasks", "scope": "agent", "id": "task-slow", "argv": ["sleep", "300"]}
+            )
+            with pytest.raises(McpError) as working:
+                await a.session.experimental.get_task_result(slow.task.taskId, CallToolResult)
+            assert "still working" in str(working.value)
+            await a.session.experimental.cancel_task(slow.task.taskId)
+            statuses = [status async for status in a.session.experimental.poll_task(slow.task.taskId)]
+            status = statuses[-1]
+            assert (status.status, status.model_extra["tetherState"]) == ("completed", "completed")
+            killed = await a.session.experimental.get_task_result(slow.task.taskId, CallToolResult)
+            assert killed.structuredContent["execution"]["evidence"] in ("signaled", "killed")
+
             unknown = await a.session.experimental.get_task(f"execution-{lost.pk}")
             assert unknown.status == "input_required" and unknown.model_extra["tetherState"] == "unknown"
             assert "operator" in unknown.statusMessage and "mcp-tasks-lost" in unknown.statusMessage
@@ -366,13 +395,16 @@ def test_a_long_command_as_an_mcp_task_follows_its_execution_and_an_unknown_one_
 
         return None
 
-    task = asyncio.run(agent())
+    try:
+        task = asyncio.run(agent())
 
-    async def stranger():
-        async with agent_of(stack.ports[0], theirs) as b:
-            with pytest.raises(McpError) as refused:
-                await b.session.experimental.get_task(task)
-            assert "not_found" in str(refused.value)
-            assert (await b.session.experimental.list_tasks()).tasks == []
+        async def stranger():
+            async with agent_of(stack.ports[0], theirs) as b:
+                with pytest.raises(McpError) as refused:
+                    await b.session.experimental.get_task(task)
+                assert "not_found" in str(refused.value)
+                assert (await b.session.experimental.list_tasks()).tasks == []
 
-    asyncio.run(stranger())
+        asyncio.run(stranger())
+    finally:
+        stack.stop()
