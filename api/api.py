@@ -217,6 +217,8 @@ for _refused in (NotFound, UsageError, IdentityConflict, ResolveRefused, SlotTak
 
 
 from api import executions, terminals  # noqa: E402  (routers register on ``api``)
+from files import api as files_api  # noqa: E402
 
 api.add_router("/", executions.router)
 api.add_router("/terminals", terminals.router)
+api.add_router("/", files_api.router)

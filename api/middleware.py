@@ -15,6 +15,7 @@ from django.utils.decorators import sync_and_async_middleware
 
 from api.models import ApiCall
 from api.problems import CODES, ApiProblem, problem_response
+from files.asgi import RAW_TYPES, is_upload
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,12 @@ def _refused_before(request):
         if "\x00" in name or any("\x00" in value for value in values):
             shown = name.replace("\x00", "\\0")
             return problem_response(ApiProblem("invalid_request", f"query parameter {shown!r} holds a NUL byte"))
-    if request.method in BODY_METHODS and _has_body(request) and not _is_json(request.content_type):
+    if is_upload(request.method, request.path):  # a file's bytes, not JSON
+        if request.content_type not in RAW_TYPES:
+            said = request.content_type or "none"
+            detail = f"the body's Content-Type is {said}; send application/octet-stream (a file) or application/x-tar"
+            return problem_response(ApiProblem("unsupported_media_type", detail))
+    elif request.method in BODY_METHODS and _has_body(request) and not _is_json(request.content_type):
         said = request.content_type or "none"
         detail = f"the body's Content-Type is {said}; send it as application/json"
         return problem_response(ApiProblem("unsupported_media_type", detail))

@@ -25,12 +25,15 @@ CODES: dict[str, tuple[int, str]] = {
     "token_expired": (401, "The API token has expired"),
     "insufficient_scope": (403, "The token's scopes do not allow this"),
     "forbidden": (403, "Not allowed"),
+    "path_refused": (403, "The machine does not allow files at that path"),
+    "permission_denied": (403, "The machine's user may not read or write there"),
     "not_found": (404, "No such thing, or not yours"),
     "method_not_allowed": (405, "This path does not take that method"),
     "identity_conflict": (409, "That identity names a different execution"),
     "slot_taken": (409, "The machine's command slot is held"),
     "state_conflict": (409, "Its state does not allow this"),
     "resolve_refused": (409, "A resolution check failed"),
+    "wrong_kind": (409, "A directory where a file is wanted, or the other way round"),
     "input_unconfirmed": (409, "That input's delivery is unconfirmed; it is not written again"),
     "input_gap": (409, "That input number skips one: send the expected one first"),
     "input_conflict": (409, "That input number was sent before with other keys"),
@@ -42,6 +45,7 @@ CODES: dict[str, tuple[int, str]] = {
     "validation_error": (422, "A field is not valid"),
     "rate_limited": (429, "Too many calls with this token"),
     "internal_error": (500, "Tether failed to answer; the failure is logged"),
+    "file_failed": (502, "The machine could not move the file (what it said is in detail)"),
     "owner_unavailable": (503, "No worker holds the process right now"),
 }
 

@@ -14,6 +14,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from agents.asgi import with_mcp  # noqa: E402
 from api.ws import TokenAuthMiddleware  # noqa: E402
+from files.asgi import limit_uploads  # noqa: E402
 from terminals.daphne_close import send_close_reasons  # noqa: E402
 from terminals.origins import SameOriginValidator  # noqa: E402
 from terminals.routing import websocket_urlpatterns  # noqa: E402
@@ -23,7 +24,7 @@ send_close_reasons()
 write_at_once()
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app
-http_app = with_mcp(http_app)  # /mcp: the MCP server for agents (agents/asgi.py)
+http_app = with_mcp(limit_uploads(http_app))  # /mcp: the MCP server for agents (agents/asgi.py)
 
 application = ProtocolTypeRouter(
     {

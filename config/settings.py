@@ -355,6 +355,8 @@ TETHER_API_TOKEN_MAX_DAYS = env_int("TETHER_API_TOKEN_MAX_DAYS", 365, minimum=1)
 TETHER_API_MAX_WAIT_SECONDS = env_int("TETHER_API_MAX_WAIT_SECONDS", 60, minimum=1)
 # The longest one output stream (Server-Sent Events) stays open; its client reconnects with Last-Event-ID.
 TETHER_API_STREAM_SECONDS = env_int("TETHER_API_STREAM_SECONDS", 600, minimum=1)
+# The largest file (or tar) one upload may send through the API (files/api.py).
+TETHER_FILE_MAX_BYTES = env_int("TETHER_FILE_MAX_BYTES", 256 * 1024 * 1024, minimum=1)
 # The largest request body anywhere (Django refuses a larger one): an API submit or input is well under it.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("TETHER_MAX_REQUEST_BYTES", 1024 * 1024, minimum=128 * 1024)
 # The worker runs inside the web process in embedded mode (make run).

@@ -9,7 +9,7 @@ from django.contrib import admin, messages
 from django.utils.html import format_html
 
 from executions import actions
-from executions.errors import ExecutionError
+from executions.errors import ExecutionError, UsageError
 from executions.models import Execution, ExecutionEvent, Machine, MachineEvent, MachineState, State
 
 
@@ -57,7 +57,7 @@ class ExecutionEventInline(ReadOnlyInline):
 
 class MachineEventInline(ReadOnlyInline):
     model = MachineEvent
-    fields = ["at", "from_state", "to_state", "actor", "reason"]
+    fields = ["at", "kind", "from_state", "to_state", "actor", "reason", "detail"]
     readonly_fields = fields
 
 
@@ -109,14 +109,15 @@ class MachineAdmin(NothingEditableOnChange, admin.ModelAdmin):
         if obj is None:
             return self.readonly_fields
         # Identity of an existing machine is fixed: a new container is a new machine.
-        return [*self.readonly_fields, "name", "backend", "ref", "engine", "host", "scope", "track_commands"]
+        return [*self.readonly_fields, "name", "backend", "ref", "engine", "host", "scope", "track_commands",
+                "file_roots"]  # fmt: skip
 
     def has_delete_permission(self, request, obj=None):
         return False  # machines are marked deleted through actions, never removed
 
     def save_model(self, request, obj, form, change):
         if change:
-            return  # nothing on an existing machine is editable here
+            return  # nothing on an existing machine is editable here (its file paths: manage.py machine_files)
         created = actions.add_machine(
             name=obj.name,
             backend=obj.backend,
@@ -128,8 +129,16 @@ class MachineAdmin(NothingEditableOnChange, admin.ModelAdmin):
             labels=obj.labels or {},
             actor=actions.Actor.for_user(request.user),
         )
+        if obj.file_roots:
+            self._file_roots(request, created, obj.file_roots)
         obj.pk = created.pk
         obj.refresh_from_db()
+
+    def _file_roots(self, request, machine: Machine, roots) -> None:
+        try:
+            actions.set_file_roots(machine, list(roots or []), actor=actions.Actor.for_user(request.user))
+        except UsageError as error:
+            self.message_user(request, str(error), level=messages.ERROR)
 
     @admin.action(description="Track the commands typed in their next shells", permissions=["change"])
     def track_commands(self, request, queryset):

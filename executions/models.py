@@ -154,6 +154,14 @@ class Machine(models.Model):
         help_text='What it is for, as key=value pairs ({"team": "payments"}): access granted to a label reaches '
         "every machine that carries it.",
     )
+    file_roots = models.JSONField(
+        "file paths",
+        default=list,
+        blank=True,
+        help_text="Absolute paths under which files may be listed, downloaded and uploaded through the API, e.g. "
+        '["/workspace", "/tmp"] ("/" for all); empty: no file transfers. Checked again on the machine with links '
+        "followed; the machine's own user permissions apply as in its shells.",
+    )
     track_commands = models.BooleanField(
         default=True,
         help_text="Start its shells with Tether's shell integration, so each typed command is kept on the record "
@@ -389,9 +397,14 @@ class ExecutionEvent(AppendOnly):
 
 
 class MachineEvent(AppendOnly):
+    """A machine's history: its state changes, and what was done to it that is not one (``kind``: a file
+    uploaded or downloaded, with ``detail``)."""
+
     machine = models.ForeignKey(Machine, on_delete=models.PROTECT, related_name="events")
     from_state = models.CharField(max_length=16, blank=True)
     to_state = models.CharField(max_length=16)
+    kind = models.CharField(max_length=32, default="state", help_text="state, file.uploaded or file.downloaded")
+    detail = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["at", "id"]

@@ -26,6 +26,8 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from config import logs
+from files.protocol import FilesAsk
+from files.service import FileService
 from terminals import actions, metrics
 from terminals.backends.procfs import ProcessIdentity, boot_id
 from terminals.models import WorkerState
@@ -55,7 +57,9 @@ class OwnerWorker:
         self.host = SessionHost(self.context, self.leases, outbox)
         self.launcher = Launcher(self.context, self.host)
         self.recoverer = Recoverer(self.context, self.leases, self.host)
-        self.viewers = ViewerService(self.context, self.leases, outbox, self.host)
+        self.files = FileService(self.context, outbox)
+        others = {FilesAsk.TYPE: self.files.take}
+        self.viewers = ViewerService(self.context, self.leases, outbox, self.host, others)
         self.http = WorkerHttp(self.context, self.leases, http) if http else None
         self.stop: asyncio.Event | None = None
         self.drain_requested = False
@@ -83,6 +87,7 @@ class OwnerWorker:
             started_at=me.start_time,
             boot_id=boot_id(),
             channel_name=self.context.channel,
+            backends=self.context.backends,
         )
         logs.bind(worker=self.worker.worker_id)  # every task it starts from here logs as this worker
         metrics.expose("worker")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import posixpath
+
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -135,6 +137,26 @@ def set_track_commands(machine: Machine, track: bool, *, actor: Actor) -> bool:
         machine.track_commands = track
         said = "on" if track else "off"
         note_machine(machine, actor, f"command tracking turned {said} for its next shells")
+    return True
+
+
+def set_file_roots(machine: Machine, roots: list[str], *, actor: Actor) -> bool:
+    """Let files be moved under exactly ``roots`` on the machine (absolute paths; "/" for all; none: no file
+    transfers), compare-and-set on the roots it had, with an event naming both. False when it had them already."""
+    clean = []
+    for root in roots:
+        if not root.startswith("/") or "\n" in root or "\x00" in root or len(root) > 4096:
+            raise UsageError(f"file path {root!r} must be an absolute path (at most 4096 bytes, one line)")
+        normal = "/" + posixpath.normpath(root).lstrip("/")
+        if normal not in clean:
+            clean.append(normal)
+    with transaction.atomic():
+        before = Machine.objects.select_for_update().values_list("file_roots", flat=True).get(pk=machine.pk)
+        if before == clean:
+            return False
+        Machine.objects.filter(pk=machine.pk).update(file_roots=clean, updated_at=Now())
+        machine.file_roots = clean
+        note_machine(machine, actor, f"file paths: {', '.join(clean) or 'none'} (were {', '.join(before) or 'none'})")
     return True
 
 

@@ -15,7 +15,9 @@ from terminals.actions.leases import lease_expiry
 from terminals.models import ProcessLease, Worker, WorkerEvent, WorkerState
 
 
-def register_worker(*, worker_id: str, host: str, pid: int, started_at: int, boot_id: str, channel_name: str) -> Worker:
+def register_worker(
+    *, worker_id: str, host: str, pid: int, started_at: int, boot_id: str, channel_name: str, backends=()
+) -> Worker:
     return Worker.objects.create(
         worker_id=worker_id,
         host=host,
@@ -23,6 +25,7 @@ def register_worker(*, worker_id: str, host: str, pid: int, started_at: int, boo
         process_started_at=started_at,
         boot_id=boot_id,
         channel_name=channel_name,
+        backends=sorted(backends),
         heartbeat_at=Now(),
         lease_until=lease_expiry(),
     )

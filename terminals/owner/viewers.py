@@ -117,8 +117,10 @@ class ViewerService:
     """``host`` is the session host (terminals.owner.host): it ends or lets go of what a viewer's message
     says must end."""
 
-    def __init__(self, context: WorkerContext, leases: LeaseKeeper, outbox: Outbox, host):
+    def __init__(self, context: WorkerContext, leases: LeaseKeeper, outbox: Outbox, host, others=None):
         self.context, self.leases, self.outbox, self.host = context, leases, outbox, host
+        # Messages on the worker's channel about no process ({type: take(raw)}): taken at once, answered apart.
+        self.others: dict = others or {}
         self.handlers = {
             Attach: self.on_attach,
             Observe: self.on_observe,
@@ -138,6 +140,9 @@ class ViewerService:
         await receive_forever(self.context.layer, self.context.channel, self.handle)
 
     async def handle(self, raw: dict) -> None:
+        if (take := self.others.get(raw.get("type"))) is not None:
+            take(raw)
+            return
         try:
             message = decode_to_owner(raw)
         except ProtocolError as error:

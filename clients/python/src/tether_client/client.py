@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -218,6 +218,72 @@ class Client:
     def resolve(self, execution: int, *, note: str) -> Execution:
         """An unknown outcome resolved by an operator (staff with the permission), with what shows it is gone."""
         return Execution.of(self._call("POST", f"/executions/{execution}/resolve", json={"note": note}, safe=False))
+
+    # --- files ----------------------------------------------------------------------------------------------
+
+    def list_files(self, machine: str, path: str) -> dict[str, Any]:
+        """A directory on ``machine``: ``{"path": as it resolved there, "entries": [{name, type, size, mode,
+        modified}]}``."""
+        return self._call("GET", f"/machines/{machine}/files", params={"path": path})
+
+    def download(self, machine: str, path: str, to: BinaryIO) -> int:
+        """The file at ``path`` on ``machine``, written to ``to``; how many bytes. A body shorter than its
+        Content-Length (the file changed while it was read, or the connection broke) is started again (the
+        bytes already written are written again: give a file you can truncate), then raised as ``GaveUp``."""
+        last: Exception | None = None
+        for attempt in range(self.retry.attempts):
+            start, written = to.tell(), 0
+            try:
+                with self._http.stream("GET", f"/machines/{machine}/files/content", params={"path": path}) as answer:
+                    if answer.status_code >= 400:
+                        answer.read()
+                        if answer.status_code not in RETRIED_STATUS:
+                            _answer(answer)  # raises its problem
+                        raise _problem(answer)
+                    size = int(answer.headers["Content-Length"])
+                    for chunk in answer.iter_bytes():
+                        to.write(chunk)
+                        written += len(chunk)
+                    if written == size:
+                        return written
+                    last = Problem(0, "incomplete", f"{written} of {size} bytes arrived")
+            except (httpx.TransportError, Problem) as error:
+                if isinstance(error, Problem) and error.status not in RETRIED_STATUS:
+                    raise
+                last = error
+            to.seek(start)
+            to.truncate()
+            if attempt + 1 < self.retry.attempts:
+                time.sleep(self.retry.delay(attempt))
+        raise GaveUp(f"download of {path} from {machine}: no whole file after {self.retry.attempts} tries") from last
+
+    def upload(self, machine: str, path: str, data: bytes | BinaryIO, *, tar: bool = False) -> dict[str, Any]:
+        """``data`` (bytes, or a file opened for reading in binary) to ``path`` on ``machine``, moved into place
+        once whole; ``tar``: a tar extracted into ``path``. ``{"path", "size", "sha256", "tar"}``. Sent again
+        after a lost answer (the same bytes to the same path are the same file)."""
+        kind = "application/x-tar" if tar else "application/octet-stream"
+        last: Exception | None = None
+        for attempt in range(self.retry.attempts):
+            if isinstance(data, bytes):
+                body, size = data, len(data)
+            else:  # read again from its start on each try
+                size = data.seek(0, 2)
+                data.seek(0)
+                body = data
+            headers = {"Content-Type": kind, "Content-Length": str(size)}
+            try:
+                answer = self._http.put(
+                    f"/machines/{machine}/files/content", params={"path": path}, content=body, headers=headers
+                )
+            except httpx.TransportError as error:
+                last = error
+            else:
+                if answer.status_code not in RETRIED_STATUS:
+                    return _answer(answer)
+                last = _problem(answer)
+            if attempt + 1 < self.retry.attempts:
+                time.sleep(self.retry.delay(attempt))
+        raise GaveUp(f"upload of {path} to {machine}: no answer after {self.retry.attempts} tries") from last
 
     # --- terminals ------------------------------------------------------------------------------------------
 

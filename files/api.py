@@ -1,0 +1,251 @@
+"""Files over the HTTP API: list a directory, download a file, upload a file or a tar (docs/api.md, Files).
+The web process streams, a chunk at a time, to or from the worker serving the machine (files/service.py),
+each chunk answered before the next: nothing is held whole, and a slow reader or writer slows the transfer."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import posixpath
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from channels.db import database_sync_to_async as db
+from django.conf import settings
+from django.http import StreamingHttpResponse
+from django.utils import timezone
+from ninja import Field, Path, Query, Router, Schema, Status
+
+from access.policy import Do, machine_named
+from api.auth import need
+from api.executions import actor_of, still
+from api.models import Scope
+from api.owner_calls import NotSent, question
+from api.problems import ApiProblem, answers
+from api.schemas import MACHINE_NAME
+from executions.models import Machine, MachineEvent
+from files.paths import MAX_PATH, PathRefused, allowed
+from files.protocol import CHUNK_BYTES, Failure, FilesAnswer, FilesAsk, Op
+from terminals.models import Worker, WorkerState
+
+log = logging.getLogger(__name__)
+router = Router(tags=["files"])
+
+ANSWER_SECONDS = 70.0  # a chunk's program may take up to a minute on the machine (files.scripts.SECONDS)
+TRIES = 3  # a chunk whose answer was lost is asked again (each one is safe to repeat)
+PROBLEM_OF = {
+    Failure.REFUSED: "path_refused",
+    Failure.MISSING: "not_found",
+    Failure.WRONG_KIND: "wrong_kind",
+    Failure.DENIED: "permission_denied",
+}
+PATH = Query(..., min_length=1, max_length=MAX_PATH, pattern="^/[^\x00]*$", description="An absolute path")
+NAME = Path(..., max_length=100, pattern=MACHINE_NAME, description="The machine's name")
+
+
+class Entry(Schema):
+    name: str
+    type: str = Field(description="file, dir, link or other")
+    size: int
+    mode: str = Field(description="Permission bits, octal")
+    modified: str = Field(description="When it was last modified (UTC)")
+
+
+class Listing(Schema):
+    path: str = Field(description="The directory, as it resolved on the machine (links followed)")
+    entries: list[Entry]
+
+
+class Uploaded(Schema):
+    path: str
+    size: int
+    sha256: str = Field(description="Of the bytes received, as read back on the machine")
+    tar: bool = Field(description="The body was a tar, extracted into path")
+
+
+def _place(request, name: str, path: str, scope: str) -> tuple[Machine, str]:
+    """The machine (one this token may use) and the path, when the machine allows it."""
+    token = need(request, scope)
+    machine = machine_named(token, name, Do.USE)
+    if machine is None:
+        raise ApiProblem("not_found", f"no machine {name!r} you may use")
+    try:
+        return machine, allowed(path, machine.file_roots or [])
+    except PathRefused as refused:
+        raise ApiProblem("path_refused", str(refused), allowed=machine.file_roots or []) from None
+
+
+def _still_allowed(request, machine: Machine) -> None:
+    """Between chunks: a revoked token or a grant taken away ends the transfer at once."""
+    still(request)
+    if machine_named(request.auth, machine.name, Do.USE) is None:
+        raise ApiProblem("not_found", f"no machine {machine.name!r} you may use")
+
+
+def _workers(machine: Machine) -> list[str]:
+    """The channels of live workers that serve the machine (its host's, with its backend), freshest first."""
+    fresh = timezone.now() - timedelta(seconds=settings.TETHER_LEASE_TTL_SECONDS)
+    workers = Worker.objects.filter(state=WorkerState.RUNNING, heartbeat_at__gte=fresh).exclude(channel_name="")
+    if machine.host:
+        workers = workers.filter(host=machine.host)
+    return [w.channel_name for w in workers.order_by("-heartbeat_at")[:20] if machine.backend in (w.backends or [])]
+
+
+def _audit(machine: Machine, request, kind: str, **detail) -> None:
+    actor = actor_of(request.auth)
+    MachineEvent.objects.create(
+        machine=machine, from_state=machine.state, to_state=machine.state, kind=kind, detail=detail,
+        actor=actor.label, user=actor.user, reason=f"{kind} {detail.get('path', '')} ({detail.get('size', 0)} bytes)",
+    )  # fmt: skip
+
+
+async def _ask(machine: Machine, op: Op, path: str, **fields) -> FilesAnswer:
+    """One question to a worker serving the machine, asked again (of the next one) when no answer came; a
+    failure said as the problem it is."""
+    channels = await db(_workers)(machine)
+    if not channels:
+        raise ApiProblem("owner_unavailable", f"no worker serving {machine.name} is running; try again", retry_after=1)
+    for attempt in range(TRIES):
+        channel = channels[attempt % len(channels)]
+        try:
+            raw = await question(
+                channel, lambda reply: FilesAsk(reply=reply, machine=machine.pk, op=op, path=path, **fields),
+                ANSWER_SECONDS,
+            )  # fmt: skip
+        except NotSent as error:
+            text = f"could not reach a worker ({error}); try again"
+            raise ApiProblem("owner_unavailable", text, retry_after=1) from None
+        if raw is None:
+            continue
+        answer = FilesAnswer.decode(raw)
+        if answer.ok or answer.failure == Failure.ELSEWHERE:
+            return answer
+        if answer.failure == Failure.NOT_HERE:
+            continue
+        if code := PROBLEM_OF.get(answer.failure):
+            raise ApiProblem(code, answer.text)
+        raise ApiProblem("file_failed", answer.text)
+    raise ApiProblem("owner_unavailable", f"no worker serving {machine.name} answered; try again", retry_after=1)
+
+
+@router.get(
+    "/machines/{name}/files",
+    **answers(Listing, "not_found", "path_refused", "wrong_kind", "permission_denied", "file_failed",
+              "owner_unavailable"),
+    summary="List a directory on a machine",
+)  # fmt: skip
+async def list_files(request, name: str = NAME, path: str = PATH):
+    """Its entries (not recursive), each with its type, size, mode and when it was modified."""
+    machine, clean = await db(_place)(request, name, path, Scope.READ)
+    answer = await _ask(machine, Op.LIST, clean)
+    entries = [
+        {"type": kind, "size": size, "mode": mode, "modified": _when(modified), "name": entry_name}
+        for kind, size, mode, modified, entry_name in answer.entries
+    ]
+    return {"path": answer.path, "entries": entries}
+
+
+def _when(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat()
+
+
+DOWNLOAD = {
+    "description": "The file's bytes (`Content-Length` is its size). A file that changes while it is read ends "
+    "the body early: the body is then shorter than Content-Length, which a client sees as a failed download.",
+    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+}
+
+
+@router.get(
+    "/machines/{name}/files/content",
+    **answers(None, "not_found", "path_refused", "wrong_kind", "permission_denied", "file_failed",
+              "owner_unavailable", raw={200: DOWNLOAD}),
+    summary="Download a file from a machine",
+)  # fmt: skip
+async def download(request, name: str = NAME, path: str = PATH):
+    machine, clean = await db(_place)(request, name, path, Scope.READ)
+    first = await _ask(machine, Op.READ, clean, offset=0)
+    await db(_audit)(machine, request, "file.downloaded", path=clean, size=first.size)
+
+    async def body():
+        yield first.data
+        at = len(first.data)
+        while at < first.size:
+            try:
+                await db(_still_allowed)(request, machine)
+                piece = await _ask(machine, Op.READ, clean, offset=at)
+            except ApiProblem as problem:
+                log.warning("download of %s from %s stopped at %d of %d: %s", clean, machine.name, at, first.size,
+                            problem.detail)  # fmt: skip
+                return
+            if (piece.size, piece.modified) != (first.size, first.modified) or not piece.data:
+                log.warning("download of %s from %s stopped at %d: the file changed", clean, machine.name, at)
+                return
+            yield piece.data
+            at += len(piece.data)
+
+    response = StreamingHttpResponse(body(), content_type="application/octet-stream")
+    response["Content-Length"] = str(first.size)
+    response["Content-Disposition"] = f"attachment; filename*=UTF-8''{_quoted(posixpath.basename(clean))}"
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _quoted(name: str) -> str:
+    from urllib.parse import quote
+
+    return quote(name, safe="")
+
+
+UPLOAD_BODY = {
+    "required": True,
+    "description": "The file's bytes (application/octet-stream), or a tar (application/x-tar) extracted into "
+    "the path, a directory made if needed. Send Content-Length; at most TETHER_FILE_MAX_BYTES.",
+    "content": {
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        "application/x-tar": {"schema": {"type": "string", "format": "binary"}},
+    },
+}
+
+
+UPLOAD_ANSWERS = answers({201: Uploaded}, "not_found", "path_refused", "wrong_kind", "permission_denied",
+                         "file_failed", "owner_unavailable", "unsupported_media_type")  # fmt: skip
+UPLOAD_ANSWERS["openapi_extra"]["requestBody"] = UPLOAD_BODY
+
+
+@router.put("/machines/{name}/files/content", **UPLOAD_ANSWERS, summary="Upload a file (or a tar) to a machine")
+async def upload(request, name: str = NAME, path: str = PATH):
+    """Written beside the path first and moved into place once every byte arrived (a reader never sees half a
+    file); a tar is extracted into the path. Answered with the SHA-256 of the bytes as read back there."""
+    machine, clean = await db(_place)(request, name, path, Scope.RUN)
+    tar = request.content_type == "application/x-tar"
+    transfer = uuid.uuid4().hex
+    digest, at = hashlib.sha256(), 0
+    try:
+        while data := await asyncio.to_thread(request.read, CHUNK_BYTES):
+            digest.update(data)
+            if at + len(data) > settings.TETHER_FILE_MAX_BYTES:
+                raise ApiProblem("too_large", f"at most {settings.TETHER_FILE_MAX_BYTES} bytes a file")
+            written = await _ask(machine, Op.WRITE, clean, transfer=transfer, offset=at, data=data)
+            if not written.ok:  # its bytes are not where they should be: another writer, or a lost temp file
+                raise ApiProblem("file_failed", f"the upload has {written.size} bytes there, not {at}; send it again")
+            at += len(data)
+            await db(_still_allowed)(request, machine)
+        done = await _ask(machine, Op.FINISH, clean, transfer=transfer, offset=at, tar=tar)
+        if not done.ok:
+            raise ApiProblem("file_failed", f"the machine has {done.size} bytes of the {at} sent; send it again")
+    except BaseException:
+        await _abort(machine, clean, transfer)
+        raise
+    if done.sha256 != digest.hexdigest():
+        raise ApiProblem("file_failed", "the bytes written there are not the bytes sent; send it again")
+    await db(_audit)(machine, request, "file.uploaded", path=clean, size=at, sha256=done.sha256, tar=tar)
+    return Status(201, {"path": clean, "size": at, "sha256": done.sha256, "tar": tar})
+
+
+async def _abort(machine: Machine, path: str, transfer: str) -> None:
+    try:
+        await _ask(machine, Op.ABORT, path, transfer=transfer)
+    except Exception as error:  # its temporary file stays (named .NAME.tether-upload-ID, beside the path)
+        log.warning("could not remove the partial upload %s of %s: %r", transfer, path, error)

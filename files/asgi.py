@@ -1,0 +1,45 @@
+"""An upload's size is checked before its body is read: Django reads a request's whole body (to a temporary
+file past a few MB) before any view or middleware runs, so a body over TETHER_FILE_MAX_BYTES is refused
+here, at its headers, and a body of unknown length is not taken."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from django.conf import settings
+
+from api.problems import ApiProblem, problem_body
+
+UPLOAD = re.compile(r"^/api/v1/machines/[^/]+/files/content/?$")
+RAW_TYPES = frozenset({"application/octet-stream", "application/x-tar"})  # the bodies an upload takes
+
+
+def is_upload(method: str, path: str) -> bool:
+    return method == "PUT" and UPLOAD.match(path) is not None
+
+
+def _length(scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            return int(value) if value.isdigit() else -1
+    return None
+
+
+def limit_uploads(http_app):
+    async def app(scope, receive, send):
+        if scope["type"] == "http" and is_upload(scope.get("method", ""), scope.get("path", "")):
+            length, limit = _length(scope), settings.TETHER_FILE_MAX_BYTES
+            if length is None or length < 0:
+                problem = ApiProblem("invalid_request", "send the upload with its Content-Length")
+            elif length > limit:
+                problem = ApiProblem("too_large", f"at most {limit} bytes a file", limit=limit)
+            else:
+                return await http_app(scope, receive, send)
+            headers = [(b"content-type", b"application/problem+json"), (b"connection", b"close")]
+            await send({"type": "http.response.start", "status": problem.status, "headers": headers})
+            await send({"type": "http.response.body", "body": json.dumps(problem_body(problem)).encode()})
+            return None
+        return await http_app(scope, receive, send)
+
+    return app

@@ -1,0 +1,136 @@
+"""The worker's side: it answers a web process's file questions about a machine it serves (its host's local
+and tmux machines, docker machines on its engine), each in a task of its own so a slow transfer never holds
+up the shells' messages, a few at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+
+import docker
+from channels.db import database_sync_to_async as db
+
+from executions.models import Backend, Machine
+from files import scripts
+from files.protocol import CHUNK_BYTES, Failure, FilesAnswer, FilesAsk, Op
+
+log = logging.getLogger(__name__)
+
+AT_ONCE = 8  # file questions answered at once by one worker (each holds at most one chunk)
+EXITS = {
+    scripts.REFUSED: Failure.REFUSED,
+    scripts.MISSING: Failure.MISSING,
+    scripts.WRONG_KIND: Failure.WRONG_KIND,
+    scripts.ELSEWHERE: Failure.ELSEWHERE,
+    scripts.DENIED: Failure.DENIED,
+}
+PROGRAMS = {Op.LIST: scripts.LIST, Op.READ: scripts.READ, Op.WRITE: scripts.WRITE, Op.FINISH: scripts.FINISH,
+            Op.ABORT: scripts.ABORT}  # fmt: skip
+KINDS = {"directory": "dir", "symbolic link": "link", "regular file": "file", "regular empty file": "file"}
+
+
+def _machine(pk: int) -> Machine | None:
+    return Machine.objects.filter(pk=pk).first()
+
+
+class FileService:
+    def __init__(self, context, outbox):
+        self.context, self.outbox = context, outbox
+        self.slots = asyncio.Semaphore(AT_ONCE)
+        self.engines: dict[str, docker.APIClient] = {}
+
+    def take(self, raw: dict) -> None:
+        """A question off the worker's channel: answered in a task of its own."""
+        try:
+            ask = FilesAsk.decode(raw)
+        except Exception as error:
+            log.warning("dropped a files question: %s", error)
+            return
+        self.context.tasks.start(self._answer(ask), name=f"files:{ask.reply}:{ask.op}:{ask.offset}")
+
+    async def _answer(self, ask: FilesAsk) -> None:
+        async with self.slots:
+            try:
+                answer = await self.answer(ask)
+            except Exception as error:
+                log.exception("files %s of %s failed", ask.op, ask.path)
+                answer = FilesAnswer(ok=False, failure=Failure.FAILED, text=f"the worker failed: {error}")
+        await self.outbox.send(ask.reply, answer)
+
+    async def answer(self, ask: FilesAsk) -> FilesAnswer:
+        machine = await db(_machine)(ask.machine)
+        worker = self.context.worker
+        if (
+            machine is None
+            or machine.backend not in self.context.backends
+            or (machine.host and worker is not None and machine.host != worker.host)
+        ):
+            return FilesAnswer(ok=False, failure=Failure.NOT_HERE, text="this worker does not serve that machine")
+        roots = "\n".join(machine.file_roots or [])
+        op = Op(ask.op)
+        arguments = {
+            Op.LIST: [ask.path],
+            Op.READ: [ask.path, str(ask.offset // CHUNK_BYTES), str(CHUNK_BYTES)],
+            Op.WRITE: [ask.path, ask.transfer, str(ask.offset), str(len(ask.data))],
+            Op.FINISH: [ask.path, ask.transfer, str(ask.offset), "tar" if ask.tar else "file"],
+            Op.ABORT: [ask.path, ask.transfer],
+        }[op]
+        argv = ["sh", "-c", PROGRAMS[op], "sh", roots, *arguments]
+        stdin = ask.data if op == Op.WRITE else None
+        try:
+            code, out, err = await self._run(machine, argv, stdin)
+        except scripts.RunFailed as error:
+            return FilesAnswer(ok=False, failure=Failure.FAILED, text=str(error))
+        said = (out or err).decode(errors="replace").strip()
+        if code != 0:
+            failure = EXITS.get(code, Failure.FAILED)
+            size = int(said) if failure == Failure.ELSEWHERE and said.isdigit() else 0
+            text = said.splitlines()[0][:500] if said else f"the file program ended with {code}"
+            return FilesAnswer(ok=False, failure=failure, text=text, size=size)
+        if op == Op.LIST:
+            return _listing(out)
+        if op == Op.READ:
+            head, _, data = out.partition(b"\n")
+            size, modified = (int(part) for part in head.split())
+            return FilesAnswer(ok=True, data=data, size=size, modified=modified)
+        if op == Op.FINISH:
+            return FilesAnswer(ok=True, sha256=out.decode().strip())
+        return FilesAnswer(ok=True)
+
+    async def _run(self, machine: Machine, argv: list[str], stdin: bytes | None) -> tuple[int, bytes, bytes]:
+        if machine.backend != Backend.DOCKER:
+            return await scripts.run_here(argv, stdin)
+        api = await self._engine(machine.engine)
+        try:
+            return await asyncio.to_thread(scripts.run_in_container, api, machine.ref, argv, stdin)
+        except docker.errors.NotFound:
+            raise scripts.RunFailed(f"container {shlex.quote(machine.ref)} is not there") from None
+        except (docker.errors.DockerException, OSError) as error:
+            raise scripts.RunFailed(f"docker exec failed: {error}") from None
+
+    async def _engine(self, engine: str) -> docker.APIClient:
+        if engine not in self.engines:
+
+            def connect() -> docker.APIClient:
+                if engine:
+                    return docker.APIClient(base_url=engine, version="auto", timeout=scripts.SECONDS)
+                return docker.APIClient(version="auto", timeout=scripts.SECONDS, **docker.utils.kwargs_from_env())
+
+            try:
+                self.engines[engine] = await asyncio.to_thread(connect)
+            except docker.errors.DockerException as error:
+                raise scripts.RunFailed(f"the docker engine is unreachable: {error}") from None
+        return self.engines[engine]
+
+
+def _listing(out: bytes) -> FilesAnswer:
+    lines = out.decode(errors="replace").split("\n")
+    entries = []
+    for line in lines[1:]:
+        parts = line.split("\t", 4)
+        if len(parts) != 5:
+            continue
+        kind, size, mode, modified, name = parts
+        entries.append([KINDS.get(kind, "other"), int(size), mode, int(modified), name])
+    return FilesAnswer(ok=True, path=lines[0], entries=entries)
