@@ -40,12 +40,12 @@ CODES: dict[str, tuple[int, str]] = {
     "not_writer": (409, "Another window writes into this shell"),
     "gone": (410, "It was kept for its retention period, which has passed"),
     "too_large": (413, "The request is too large"),
-    "unsupported_media_type": (415, "The body is not JSON: send it as application/json"),
+    "unsupported_media_type": (415, "The body's media type is not one this operation takes"),
     "offset_out_of_range": (416, "That offset is past the end of the output"),
     "validation_error": (422, "A field is not valid"),
+    "file_failed": (422, "The machine could not move the file (what it said is in detail)"),
     "rate_limited": (429, "Too many calls with this token"),
     "internal_error": (500, "Tether failed to answer; the failure is logged"),
-    "file_failed": (502, "The machine could not move the file (what it said is in detail)"),
     "owner_unavailable": (503, "No worker holds the process right now"),
 }
 

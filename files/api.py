@@ -22,11 +22,12 @@ from api.auth import need
 from api.executions import actor_of, still
 from api.models import Scope
 from api.owner_calls import NotSent, question
-from api.problems import ApiProblem, answers
+from api.problems import CODES, ApiProblem, answers
 from api.schemas import MACHINE_NAME
-from executions.models import Machine, MachineEvent
+from executions.actions import note_machine
+from executions.models import Machine, MachineState
 from files.paths import MAX_PATH, PathRefused, allowed
-from files.protocol import CHUNK_BYTES, Failure, FilesAnswer, FilesAsk, Op
+from files.protocol import CHUNK_BYTES, MAX_ENTRIES, Failure, FilesAnswer, FilesAsk, Op
 from terminals.models import Worker, WorkerState
 
 log = logging.getLogger(__name__)
@@ -34,12 +35,6 @@ router = Router(tags=["files"])
 
 ANSWER_SECONDS = 70.0  # a chunk's program may take up to a minute on the machine (files.scripts.SECONDS)
 TRIES = 3  # a chunk whose answer was lost is asked again (each one is safe to repeat)
-PROBLEM_OF = {
-    Failure.REFUSED: "path_refused",
-    Failure.MISSING: "not_found",
-    Failure.WRONG_KIND: "wrong_kind",
-    Failure.DENIED: "permission_denied",
-}
 PATH = Query(..., min_length=1, max_length=MAX_PATH, pattern="^/[^\x00]*$", description="An absolute path")
 NAME = Path(..., max_length=100, pattern=MACHINE_NAME, description="The machine's name")
 
@@ -55,12 +50,13 @@ class Entry(Schema):
 class Listing(Schema):
     path: str = Field(description="The directory, as it resolved on the machine (links followed)")
     entries: list[Entry]
+    truncated: bool = Field(description=f"It has more than {MAX_ENTRIES} entries: these are the first")
 
 
 class Uploaded(Schema):
     path: str
     size: int
-    sha256: str = Field(description="Of the bytes received, as read back on the machine")
+    sha256: str = Field(description="Of the bytes received, checked on the machine before they were put in place")
     tar: bool = Field(description="The body was a tar, extracted into path")
 
 
@@ -70,6 +66,9 @@ def _place(request, name: str, path: str, scope: str) -> tuple[Machine, str]:
     machine = machine_named(token, name, Do.USE)
     if machine is None:
         raise ApiProblem("not_found", f"no machine {name!r} you may use")
+    if machine.state != MachineState.RUNNING:  # a stopped machine is left as it is (resolution reads it)
+        raise ApiProblem("state_conflict", f"machine {name} is {machine.state}: files move on a running machine",
+                         state=machine.state)  # fmt: skip
     try:
         return machine, allowed(path, machine.file_roots or [])
     except PathRefused as refused:
@@ -92,12 +91,8 @@ def _workers(machine: Machine) -> list[str]:
     return [w.channel_name for w in workers.order_by("-heartbeat_at")[:20] if machine.backend in (w.backends or [])]
 
 
-def _audit(machine: Machine, request, kind: str, **detail) -> None:
-    actor = actor_of(request.auth)
-    MachineEvent.objects.create(
-        machine=machine, from_state=machine.state, to_state=machine.state, kind=kind, detail=detail,
-        actor=actor.label, user=actor.user, reason=f"{kind} {detail.get('path', '')} ({detail.get('size', 0)} bytes)",
-    )  # fmt: skip
+def _audit(machine: Machine, request, kind: str, said: str, **detail) -> None:
+    note_machine(machine, actor_of(request.auth), said, kind=kind, **detail)
 
 
 async def _ask(machine: Machine, op: Op, path: str, **fields) -> FilesAnswer:
@@ -123,16 +118,14 @@ async def _ask(machine: Machine, op: Op, path: str, **fields) -> FilesAnswer:
             return answer
         if answer.failure == Failure.NOT_HERE:
             continue
-        if code := PROBLEM_OF.get(answer.failure):
-            raise ApiProblem(code, answer.text)
-        raise ApiProblem("file_failed", answer.text)
+        raise ApiProblem(answer.failure if answer.failure in CODES else "file_failed", answer.text)
     raise ApiProblem("owner_unavailable", f"no worker serving {machine.name} answered; try again", retry_after=1)
 
 
 @router.get(
     "/machines/{name}/files",
     **answers(Listing, "not_found", "path_refused", "wrong_kind", "permission_denied", "file_failed",
-              "owner_unavailable"),
+              "owner_unavailable", "state_conflict"),
     summary="List a directory on a machine",
 )  # fmt: skip
 async def list_files(request, name: str = NAME, path: str = PATH):
@@ -143,7 +136,7 @@ async def list_files(request, name: str = NAME, path: str = PATH):
         {"type": kind, "size": size, "mode": mode, "modified": _when(modified), "name": entry_name}
         for kind, size, mode, modified, entry_name in answer.entries
     ]
-    return {"path": answer.path, "entries": entries}
+    return {"path": answer.path, "entries": entries, "truncated": answer.truncated}
 
 
 def _when(seconds: int) -> str:
@@ -152,7 +145,8 @@ def _when(seconds: int) -> str:
 
 DOWNLOAD = {
     "description": "The file's bytes (`Content-Length` is its size). A file that changes while it is read ends "
-    "the body early: the body is then shorter than Content-Length, which a client sees as a failed download.",
+    "the body early and closes the connection: the body is then shorter than Content-Length, which a client "
+    "sees as a failed download.",
     "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
 }
 
@@ -160,36 +154,46 @@ DOWNLOAD = {
 @router.get(
     "/machines/{name}/files/content",
     **answers(None, "not_found", "path_refused", "wrong_kind", "permission_denied", "file_failed",
-              "owner_unavailable", raw={200: DOWNLOAD}),
+              "owner_unavailable", "state_conflict", "too_large", raw={200: DOWNLOAD}),
     summary="Download a file from a machine",
 )  # fmt: skip
 async def download(request, name: str = NAME, path: str = PATH):
     machine, clean = await db(_place)(request, name, path, Scope.READ)
     first = await _ask(machine, Op.READ, clean, offset=0)
-    await db(_audit)(machine, request, "file.downloaded", path=clean, size=first.size)
+    limit = settings.TETHER_FILE_MAX_BYTES  # what a web process may come to hold of a reader that stops reading
+    if first.size > limit:
+        raise ApiProblem("too_large", f"{clean} is {first.size} bytes; at most {limit} are served", limit=limit)
+    said = f"download of {clean} ({first.size} bytes) started"
+    await db(_audit)(machine, request, "file.downloaded", said, path=clean, size=first.size)
 
     async def body():
-        yield first.data
-        at = len(first.data)
-        while at < first.size:
+        at = 0
+        piece = first
+        while True:
+            data = piece.data[: first.size - at]
+            if piece.version != first.version or (len(data) < CHUNK_BYTES and at + len(data) < first.size):
+                raise Interrupted(f"download of {clean} from {machine.name} stopped at {at}: the file changed")
+            yield data
+            at += len(data)
+            if at >= first.size:
+                return
             try:
                 await db(_still_allowed)(request, machine)
                 piece = await _ask(machine, Op.READ, clean, offset=at)
             except ApiProblem as problem:
-                log.warning("download of %s from %s stopped at %d of %d: %s", clean, machine.name, at, first.size,
-                            problem.detail)  # fmt: skip
-                return
-            if (piece.size, piece.modified) != (first.size, first.modified) or not piece.data:
-                log.warning("download of %s from %s stopped at %d: the file changed", clean, machine.name, at)
-                return
-            yield piece.data
-            at += len(piece.data)
+                where = f"download of {clean} from {machine.name} stopped at {at}"
+                raise Interrupted(f"{where}: {problem.detail}") from None
 
     response = StreamingHttpResponse(body(), content_type="application/octet-stream")
     response["Content-Length"] = str(first.size)
+    response["Connection"] = "close"  # a body cut short is then seen as such, never as the next answer
     response["Content-Disposition"] = f"attachment; filename*=UTF-8''{_quoted(posixpath.basename(clean))}"
     response["Cache-Control"] = "no-store"
     return response
+
+
+class Interrupted(Exception):
+    """A download ended before its Content-Length: its connection is dropped, which its client sees."""
 
 
 def _quoted(name: str) -> str:
@@ -210,7 +214,7 @@ UPLOAD_BODY = {
 
 
 UPLOAD_ANSWERS = answers({201: Uploaded}, "not_found", "path_refused", "wrong_kind", "permission_denied",
-                         "file_failed", "owner_unavailable", "unsupported_media_type")  # fmt: skip
+                         "file_failed", "owner_unavailable", "unsupported_media_type", "state_conflict")  # fmt: skip
 UPLOAD_ANSWERS["openapi_extra"]["requestBody"] = UPLOAD_BODY
 
 
@@ -227,25 +231,25 @@ async def upload(request, name: str = NAME, path: str = PATH):
             digest.update(data)
             if at + len(data) > settings.TETHER_FILE_MAX_BYTES:
                 raise ApiProblem("too_large", f"at most {settings.TETHER_FILE_MAX_BYTES} bytes a file")
-            written = await _ask(machine, Op.WRITE, clean, transfer=transfer, offset=at, data=data)
-            if not written.ok:  # its bytes are not where they should be: another writer, or a lost temp file
+            written = await _ask(machine, Op.WRITE, clean, transfer=transfer, offset=at, data=data, tar=tar)
+            if not written.ok:  # the chunks before it are not there (its temporary file was removed)
                 raise ApiProblem("file_failed", f"the upload has {written.size} bytes there, not {at}; send it again")
             at += len(data)
             await db(_still_allowed)(request, machine)
-        done = await _ask(machine, Op.FINISH, clean, transfer=transfer, offset=at, tar=tar)
+        sent = digest.hexdigest()
+        done = await _ask(machine, Op.FINISH, clean, transfer=transfer, offset=at, tar=tar, digest=sent)
         if not done.ok:
             raise ApiProblem("file_failed", f"the machine has {done.size} bytes of the {at} sent; send it again")
     except BaseException:
-        await _abort(machine, clean, transfer)
+        await _abort(machine, clean, transfer, tar)
         raise
-    if done.sha256 != digest.hexdigest():
-        raise ApiProblem("file_failed", "the bytes written there are not the bytes sent; send it again")
-    await db(_audit)(machine, request, "file.uploaded", path=clean, size=at, sha256=done.sha256, tar=tar)
-    return Status(201, {"path": clean, "size": at, "sha256": done.sha256, "tar": tar})
+    said = f"{'tar extracted into' if tar else 'upload of'} {clean} ({at} bytes)"
+    await db(_audit)(machine, request, "file.uploaded", said, path=clean, size=at, sha256=sent, tar=tar)
+    return Status(201, {"path": clean, "size": at, "sha256": sent, "tar": tar})
 
 
-async def _abort(machine: Machine, path: str, transfer: str) -> None:
+async def _abort(machine: Machine, path: str, transfer: str, tar: bool) -> None:
     try:
-        await _ask(machine, Op.ABORT, path, transfer=transfer)
+        await _ask(machine, Op.ABORT, path, transfer=transfer, tar=tar)
     except Exception as error:  # its temporary file stays (named .NAME.tether-upload-ID, beside the path)
         log.warning("could not remove the partial upload %s of %s: %r", transfer, path, error)

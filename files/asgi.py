@@ -1,6 +1,7 @@
-"""An upload's size is checked before its body is read: Django reads a request's whole body (to a temporary
-file past a few MB) before any view or middleware runs, so a body over TETHER_FILE_MAX_BYTES is refused
-here, at its headers, and a body of unknown length is not taken."""
+"""An upload's size is checked before Django reads its body: Django reads a request's whole body (to a
+temporary file past a few MB) before any view or middleware runs. Daphne has received the body by then (it
+takes a request whole before the application sees it, in memory): TETHER_FILE_MAX_BYTES bounds what that can
+be for an upload, and the proxy in front bounds every request (deploy/nginx.conf, deploy/haproxy.cfg)."""
 
 from __future__ import annotations
 

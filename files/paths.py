@@ -4,7 +4,7 @@ resolves there (symbolic links followed: files/scripts.py), so a link inside a r
 
 from __future__ import annotations
 
-import posixpath
+from executions.actions.common import normal_path
 
 MAX_PATH = 4096
 
@@ -19,8 +19,7 @@ def normalised(path: str) -> str:
         raise PathRefused("the path must be absolute (start with /)")
     if "\x00" in path or len(path.encode()) > MAX_PATH:
         raise PathRefused(f"the path must be at most {MAX_PATH} bytes, without NUL")
-    clean = posixpath.normpath(path)
-    return "/" + clean.lstrip("/")  # normpath keeps a leading //
+    return normal_path(path)
 
 
 def within(path: str, roots: list[str]) -> bool:

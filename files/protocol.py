@@ -8,7 +8,10 @@ from enum import StrEnum
 
 from terminals.protocol import Message
 
-CHUNK_BYTES = 256 * 1024  # bytes in one question or answer (the channel layer carries each whole)
+# Bytes in one question or answer: the channel layer carries each whole, and takes at least 128 KiB a message
+# (TETHER_LAYER_MESSAGE_BYTES); the rest is room for the message's other fields.
+CHUNK_BYTES = 112 * 1024
+MAX_ENTRIES = 5000  # a listing's entries at most (one answer carries them)
 
 
 class Op(StrEnum):
@@ -20,13 +23,15 @@ class Op(StrEnum):
 
 
 class Failure(StrEnum):
+    """Why a question failed: the API's problem code where the caller is told it as one."""
+
     REFUSED = "path_refused"
     MISSING = "not_found"
     WRONG_KIND = "wrong_kind"
-    ELSEWHERE = "offset_mismatch"
     DENIED = "permission_denied"
+    FAILED = "file_failed"
+    ELSEWHERE = "offset_mismatch"  # an upload's earlier chunks are not there (the web process says what to do)
     NOT_HERE = "not_served_here"  # this worker does not serve that machine (its host, its backend)
-    FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,7 @@ class FilesAsk(Message):
     offset: int = 0
     data: bytes = b""
     tar: bool = False
+    digest: str = ""  # a finish: the SHA-256 of every byte sent, checked before the file is put in place
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +57,8 @@ class FilesAnswer(Message):
     data: bytes = b""
     size: int = 0  # a read: the file's size; a failed write: the bytes the upload has
     modified: int = 0  # a read: the file's modification time (seconds)
+    version: str = ""  # a read: its modification and change times and inode (another version: another file)
     path: str = ""  # as it resolved on the machine (a listing)
     entries: list = field(default_factory=list)  # [type, size, mode, modified, name]
+    truncated: bool = False  # a listing of more than MAX_ENTRIES
     sha256: str = ""

@@ -15,30 +15,46 @@ import contextlib
 import socket
 import struct
 
-REFUSED, MISSING, WRONG_KIND, ELSEWHERE, DENIED = 20, 21, 22, 23, 24
+REFUSED, MISSING, WRONG_KIND, ELSEWHERE, DENIED, CORRUPTED = 20, 21, 22, 23, 24, 25
 SECONDS = 60.0  # one program's time at most: a chunk, a listing, a rename or an extraction
 
 PRELUDE = r"""
 roots=$1; shift
-inside() {
+inside() {  # is $1 (resolved) under one of the roots (each also as it resolves here)?
   while IFS= read -r root; do
     [ -n "$root" ] || continue
     [ "$root" = / ] && return 0
-    case "$1" in "$root"|"$root"/*) return 0 ;; esac
+    there=$(readlink -f -- "$root" 2>/dev/null) || there=$root
+    for r in "$root" "$there"; do
+      case "$1" in "$r"|"$r"/*) return 0 ;; esac
+    done
   done <<EOF
 $roots
 EOF
   return 1
 }
-resolved() {  # $1 -> $real (links followed), refused outside the roots
-  real=$(readlink -f -- "$1" 2>/dev/null) && [ -e "$real" ] || { echo "no such file or directory: $1"; exit 21; }
-  inside "$real" || { echo "$1 leads to $real, outside the paths this machine allows"; exit 20; }
+outside() { echo "$1 leads outside the paths this machine allows"; exit 20; }
+resolved() {  # $1 -> $real (links followed), refused outside the roots before its existence is said
+  real=$(readlink -f -- "$1" 2>/dev/null) || real=
+  if [ -n "$real" ]; then inside "$real" || outside "$1"; fi
+  [ -n "$real" ] && [ -e "$real" ] || { echo "no such file or directory: $1"; exit 21; }
 }
-upload_dir() {  # the directory an upload to $1 goes into -> $dir, and its temporary file for transfer $2 -> $tmp
-  parent=$(dirname -- "$1")
-  dir=$(readlink -f -- "$parent" 2>/dev/null) && [ -d "$dir" ] || { echo "no such directory: $parent"; exit 21; }
-  inside "$dir" || { echo "$parent leads to $dir, outside the paths this machine allows"; exit 20; }
+target() {  # an upload to $1 (transfer $2, kind $3): where it lands -> $dest, its temporary file -> $tmp
+  if [ "$3" = tar ] && { [ -e "$1" ] || [ -L "$1" ]; }; then  # into a directory there (links followed)
+    dest=$(readlink -f -- "$1" 2>/dev/null) || dest=
+    [ -n "$dest" ] && inside "$dest" || outside "$1"
+    [ -d "$dest" ] || { echo "not a directory: $1"; exit 22; }
+    dir=$dest
+    tmp="$dest/.tether-upload-$2"
+    return 0
+  fi
   name=$(basename -- "$1")
+  parent=$(dirname -- "$1")
+  dir=$(readlink -f -- "$parent" 2>/dev/null) || dir=
+  if [ -n "$dir" ]; then inside "$dir" || outside "$parent"; fi
+  [ -n "$dir" ] && [ -d "$dir" ] || { echo "no such directory: $parent"; exit 21; }
+  dest="$dir/$name"
+  [ "$3" = file ] && [ -d "$dest" ] && { echo "a directory is there: $1"; exit 22; }
   tmp="$dir/.$name.tether-upload-$2"
 }
 """
@@ -49,10 +65,13 @@ LIST = (
 resolved "$1"
 [ -d "$real" ] || { echo "not a directory: $1"; exit 22; }
 cd -- "$real" 2>/dev/null || { echo "permission denied: $1"; exit 24; }
-echo "$real"
+printf '%s\0' "$real"
+n=0
 for f in * .[!.]* ..?*; do
   [ -e "$f" ] || [ -L "$f" ] || continue
-  stat -c '%F	%s	%a	%Y	%n' -- "$f"
+  n=$((n + 1))
+  [ "$n" -gt "$2" ] && { printf 'more\0'; break; }
+  printf '%s\t%s\0' "$(stat -c '%F/%s/%a/%Y' -- "$f")" "$f"
 done
 """
 )
@@ -64,48 +83,61 @@ resolved "$1"
 [ -d "$real" ] && { echo "a directory, not a file: $1"; exit 22; }
 [ -f "$real" ] || { echo "not a regular file: $1"; exit 22; }
 [ -r "$real" ] || { echo "permission denied: $1"; exit 24; }
-stat -c '%s %Y' -- "$real"
+stat -c '%s %Y %Z %i' -- "$real"
 dd if="$real" bs="$3" skip="$2" count=1 2>/dev/null
 """
 )
 
+# Chunk $3 (of $6 bytes each) of upload $2 of kind $5, written in its place: a chunk sent twice lands on itself.
+# The chunks before it must be there ($4: their bytes).
 WRITE = (
     PRELUDE
     + r"""
-upload_dir "$1" "$2"
-[ -d "$dir/$name" ] && { echo "a directory is there: $1"; exit 22; }
+if [ "$5" = tar ] && [ ! -e "$1" ] && [ ! -L "$1" ]; then
+  target "$1" "$2" file
+  mkdir -p -- "$dest" || { cat > /dev/null; echo "cannot make $1"; exit 1; }
+fi
+target "$1" "$2" "$5"
 size=$(stat -c %s -- "$tmp" 2>/dev/null || echo 0)
-if [ "$size" = $(($3 + $4)) ] && [ "$4" != 0 ]; then cat > /dev/null; exit 0; fi
-[ "$size" = "$3" ] || { cat > /dev/null; echo "$size"; exit 23; }
-cat >> "$tmp" || { echo "cannot write in $dir"; exit 24; }
+[ "$size" -ge "$4" ] || { cat > /dev/null; echo "$size"; exit 23; }
+dd of="$tmp" bs="$6" seek="$3" conv=notrunc 2>/dev/null || { cat > /dev/null; echo "cannot write in $dir"; exit 1; }
 """
 )
 
+# Into place once whole and its digest is the one sent ($4). Done before (its answer lost): the same file is there.
 FINISH = (
     PRELUDE
     + r"""
-upload_dir "$1" "$2"
-[ -e "$tmp" ] || : >> "$tmp" || { echo "cannot write in $dir"; exit 24; }
+if [ "$5" = tar ] && [ ! -e "$1" ] && [ ! -L "$1" ]; then
+  target "$1" "$2" file
+  mkdir -p -- "$dest" || { echo "cannot make $1"; exit 1; }
+fi
+target "$1" "$2" "$5"
+if [ ! -e "$tmp" ]; then
+  if [ "$3" = 0 ]; then : >> "$tmp" || { echo "cannot write in $dir"; exit 1; }
+  elif [ "$5" = file ] && [ -f "$dest" ] && [ "$(sha256sum < "$dest")" = "$4  -" ]; then echo "$4"; exit 0
+  else echo 0; exit 23; fi
+fi
 size=$(stat -c %s -- "$tmp")
 [ "$size" = "$3" ] || { rm -f -- "$tmp"; echo "$size"; exit 23; }
 sum=$(sha256sum < "$tmp") || exit 1
-if [ "$4" = tar ]; then
-  mkdir -p -- "$dir/$name" && tar -xf "$tmp" -C "$dir/$name"
+[ "$sum" = "$4  -" ] || { rm -f -- "$tmp"; echo "the bytes there are not the bytes sent"; exit 25; }
+if [ "$5" = tar ]; then
+  out=$(tar -xf "$tmp" -C "$dest" 2>&1)
   done=$?
   rm -f -- "$tmp"
-  [ "$done" = 0 ] || { echo "the tar could not be extracted into $1"; exit 1; }
+  [ "$done" = 0 ] || { echo "the tar could not be extracted into $1: $out"; exit 1; }
 else
-  [ -d "$dir/$name" ] && { rm -f -- "$tmp"; echo "a directory is there: $1"; exit 22; }
-  mv -f -- "$tmp" "$dir/$name" || { rm -f -- "$tmp"; echo "cannot write $1"; exit 24; }
+  mv -f -- "$tmp" "$dest" || { rm -f -- "$tmp"; echo "cannot write $1"; exit 1; }
 fi
-echo "${sum%% *}"
+echo "$4"
 """
 )
 
 ABORT = (
     PRELUDE
     + r"""
-upload_dir "$1" "$2"
+target "$1" "$2" "$3" 2>/dev/null
 rm -f -- "$tmp"
 """
 )

@@ -7,17 +7,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import shlex
+from concurrent.futures import ThreadPoolExecutor
 
 import docker
 from channels.db import database_sync_to_async as db
 
 from executions.models import Backend, Machine
 from files import scripts
-from files.protocol import CHUNK_BYTES, Failure, FilesAnswer, FilesAsk, Op
+from files.protocol import CHUNK_BYTES, MAX_ENTRIES, Failure, FilesAnswer, FilesAsk, Op
+from terminals.backends.docker import engine_client
 
 log = logging.getLogger(__name__)
 
-AT_ONCE = 8  # file questions answered at once by one worker (each holds at most one chunk)
+AT_ONCE = 4  # file questions answered at once by one worker (each holds at most one chunk)
 EXITS = {
     scripts.REFUSED: Failure.REFUSED,
     scripts.MISSING: Failure.MISSING,
@@ -39,6 +41,8 @@ class FileService:
         self.context, self.outbox = context, outbox
         self.slots = asyncio.Semaphore(AT_ONCE)
         self.engines: dict[str, docker.APIClient] = {}
+        # Its own threads for docker exec: a transfer never waits for, nor holds up, the shells' engine calls.
+        self.threads = ThreadPoolExecutor(AT_ONCE, thread_name_prefix="files")
 
     def take(self, raw: dict) -> None:
         """A question off the worker's channel: answered in a task of its own."""
@@ -53,9 +57,9 @@ class FileService:
         async with self.slots:
             try:
                 answer = await self.answer(ask)
-            except Exception as error:
+            except Exception:
                 log.exception("files %s of %s failed", ask.op, ask.path)
-                answer = FilesAnswer(ok=False, failure=Failure.FAILED, text=f"the worker failed: {error}")
+                answer = FilesAnswer(ok=False, failure=Failure.FAILED, text="the worker failed (its log says why)")
         await self.outbox.send(ask.reply, answer)
 
     async def answer(self, ask: FilesAsk) -> FilesAnswer:
@@ -69,12 +73,13 @@ class FileService:
             return FilesAnswer(ok=False, failure=Failure.NOT_HERE, text="this worker does not serve that machine")
         roots = "\n".join(machine.file_roots or [])
         op = Op(ask.op)
+        kind, chunk = "tar" if ask.tar else "file", str(ask.offset // CHUNK_BYTES)
         arguments = {
-            Op.LIST: [ask.path],
-            Op.READ: [ask.path, str(ask.offset // CHUNK_BYTES), str(CHUNK_BYTES)],
-            Op.WRITE: [ask.path, ask.transfer, str(ask.offset), str(len(ask.data))],
-            Op.FINISH: [ask.path, ask.transfer, str(ask.offset), "tar" if ask.tar else "file"],
-            Op.ABORT: [ask.path, ask.transfer],
+            Op.LIST: [ask.path, str(MAX_ENTRIES)],
+            Op.READ: [ask.path, chunk, str(CHUNK_BYTES)],
+            Op.WRITE: [ask.path, ask.transfer, chunk, str(ask.offset), kind, str(CHUNK_BYTES)],
+            Op.FINISH: [ask.path, ask.transfer, str(ask.offset), ask.digest, kind],
+            Op.ABORT: [ask.path, ask.transfer, kind],
         }[op]
         argv = ["sh", "-c", PROGRAMS[op], "sh", roots, *arguments]
         stdin = ask.data if op == Op.WRITE else None
@@ -92,8 +97,9 @@ class FileService:
             return _listing(out)
         if op == Op.READ:
             head, _, data = out.partition(b"\n")
-            size, modified = (int(part) for part in head.split())
-            return FilesAnswer(ok=True, data=data, size=size, modified=modified)
+            size, modified, *rest = head.decode().split()
+            version = " ".join([modified, *rest])
+            return FilesAnswer(ok=True, data=data, size=int(size), modified=int(modified), version=version)
         if op == Op.FINISH:
             return FilesAnswer(ok=True, sha256=out.decode().strip())
         return FilesAnswer(ok=True)
@@ -102,8 +108,9 @@ class FileService:
         if machine.backend != Backend.DOCKER:
             return await scripts.run_here(argv, stdin)
         api = await self._engine(machine.engine)
+        loop = asyncio.get_running_loop()
         try:
-            return await asyncio.to_thread(scripts.run_in_container, api, machine.ref, argv, stdin)
+            return await loop.run_in_executor(self.threads, scripts.run_in_container, api, machine.ref, argv, stdin)
         except docker.errors.NotFound:
             raise scripts.RunFailed(f"container {shlex.quote(machine.ref)} is not there") from None
         except (docker.errors.DockerException, OSError) as error:
@@ -111,26 +118,26 @@ class FileService:
 
     async def _engine(self, engine: str) -> docker.APIClient:
         if engine not in self.engines:
-
-            def connect() -> docker.APIClient:
-                if engine:
-                    return docker.APIClient(base_url=engine, version="auto", timeout=scripts.SECONDS)
-                return docker.APIClient(version="auto", timeout=scripts.SECONDS, **docker.utils.kwargs_from_env())
-
             try:
-                self.engines[engine] = await asyncio.to_thread(connect)
+                self.engines[engine] = await asyncio.to_thread(engine_client, engine, scripts.SECONDS)
             except docker.errors.DockerException as error:
                 raise scripts.RunFailed(f"the docker engine is unreachable: {error}") from None
         return self.engines[engine]
 
 
 def _listing(out: bytes) -> FilesAnswer:
-    lines = out.decode(errors="replace").split("\n")
-    entries = []
-    for line in lines[1:]:
-        parts = line.split("\t", 4)
-        if len(parts) != 5:
+    """The LIST program's answer: the directory, then an entry a NUL-ended record ("TYPE/SIZE/MODE/MTIME<tab>NAME":
+    a name may hold any byte but NUL and /), then "more" when there were more."""
+    records = out.split(b"\0")
+    entries, truncated = [], False
+    for record in records[1:]:
+        if record == b"more":
+            truncated = True
+            break
+        meta, _, name = record.partition(b"\t")
+        try:
+            kind, size, mode, modified = meta.decode(errors="replace").rsplit("/", 3)
+            entries.append([KINDS.get(kind, "other"), int(size), mode, int(modified), name.decode(errors="replace")])
+        except ValueError:
             continue
-        kind, size, mode, modified, name = parts
-        entries.append([KINDS.get(kind, "other"), int(size), mode, int(modified), name])
-    return FilesAnswer(ok=True, path=lines[0], entries=entries)
+    return FilesAnswer(ok=True, path=records[0].decode(errors="replace"), entries=entries, truncated=truncated)

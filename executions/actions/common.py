@@ -3,6 +3,7 @@ command slot gets, the machine lookup."""
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 
@@ -55,3 +56,8 @@ def get_machine(name: str) -> Machine:
         return Machine.objects.select_related("active_execution").get(name=name)
     except Machine.DoesNotExist:
         raise NotFound(f"no machine named {name!r}") from None
+
+
+def normal_path(path: str) -> str:
+    """An absolute path with its ``.``, ``..`` and repeated slashes resolved as written (links are not)."""
+    return "/" + posixpath.normpath(path).lstrip("/")

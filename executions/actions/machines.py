@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import posixpath
-
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from executions.actions.common import MACHINE_NAME, Actor, check_identity, raise_slot_refusal
+from executions.actions.common import MACHINE_NAME, Actor, check_identity, normal_path, raise_slot_refusal
 from executions.errors import IdentityConflict, TransitionRefused, UsageError
 from executions.labels import parse_labels, said
 from executions.models import (
@@ -67,11 +65,12 @@ def add_machine(
     return machine
 
 
-def note_machine(machine: Machine, actor: Actor, reason: str) -> None:
-    """A machine event that changes no state (what it stands for, where it lives)."""
+def note_machine(machine: Machine, actor: Actor, reason: str, *, kind: str = "state", **detail) -> None:
+    """A machine event that changes no state (what it stands for, where it lives; ``kind``: what was done to it,
+    a file moved, with its ``detail``)."""
     MachineEvent.objects.create(
         machine=machine, from_state=machine.state, to_state=machine.state, actor=actor.label, user=actor.user,
-        reason=reason,
+        reason=reason, kind=kind, detail=detail,
     )  # fmt: skip
 
 
@@ -147,7 +146,7 @@ def set_file_roots(machine: Machine, roots: list[str], *, actor: Actor) -> bool:
     for root in roots:
         if not root.startswith("/") or "\n" in root or "\x00" in root or len(root) > 4096:
             raise UsageError(f"file path {root!r} must be an absolute path (at most 4096 bytes, one line)")
-        normal = "/" + posixpath.normpath(root).lstrip("/")
+        normal = normal_path(root)
         if normal not in clean:
             clean.append(normal)
     with transaction.atomic():

@@ -80,6 +80,13 @@ async def _our_process(pid: int, marker: str) -> procfs.ProcessIdentity | None:
     return None
 
 
+def engine_client(engine: str, timeout: float) -> docker.APIClient:
+    """A client of the docker engine at ``engine`` (a URL; "" for the local one, as the environment says)."""
+    if engine:
+        return docker.APIClient(base_url=engine, version="auto", timeout=timeout)
+    return docker.APIClient(version="auto", timeout=timeout, **docker.utils.kwargs_from_env())
+
+
 class DockerBackend(Backend):
     name = "docker"
 
@@ -97,14 +104,8 @@ class DockerBackend(Backend):
 
     async def _client(self, engine: str) -> docker.APIClient:
         if engine not in self._clients:
-
-            def connect() -> docker.APIClient:
-                if engine:
-                    return docker.APIClient(base_url=engine, version="auto", timeout=self.timeout)
-                return docker.APIClient(version="auto", timeout=self.timeout, **docker.utils.kwargs_from_env())
-
             try:
-                self._clients[engine] = await asyncio.to_thread(connect)
+                self._clients[engine] = await asyncio.to_thread(engine_client, engine, self.timeout)
             except ENGINE_ERRORS as error:
                 raise BackendError(f"{self._where(engine)} is unreachable: {error}") from None
         return self._clients[engine]

@@ -326,6 +326,7 @@ def test_a_worker_killed_mid_command_gives_the_exit_read_back_never_a_made_up_on
         stack.stop()
 
 
+@pytest.mark.filterwarnings("ignore:The experimental tasks API is deprecated:DeprecationWarning")  # docs/mcp.md
 def test_a_long_command_as_an_mcp_task_follows_its_execution_and_an_unknown_one_is_neither_done_nor_failed(
     place, operator, bob
 ):

@@ -16,8 +16,8 @@ import pytest
 from tether_client import Client, Problem
 
 from api.tokens import create_token
-from executions.actions import Actor, set_file_roots
-from executions.models import MachineEvent
+from executions.actions import Actor, set_file_roots, set_machine_state
+from executions.models import MachineEvent, MachineState
 from tests.bridge.harness import Stack
 from tests.factories import grant
 
@@ -87,6 +87,9 @@ def test_a_host_machine_s_files_go_in_and_out_whole_and_only_where_it_allows(pla
                        kind="application/x-tar")  # fmt: skip
             assert put.status_code == 201 and put.json()["tar"] is True, put.text
             assert (inside / "tree" / "d" / "b.txt").read_bytes() == b"beta\n"
+            put = _put(client, "files-box", str(inside), _tar({"top.txt": b"top\n"}), kind="application/x-tar")
+            assert put.status_code == 201, put.text  # into an allowed path itself
+            assert (inside / "top.txt").read_bytes() == b"top\n"
 
             # Refused: outside the allowed paths as written, through a link that leads outside, a directory as
             # a file, nothing there, a body that is not a file's type, one over the limit.
@@ -98,7 +101,10 @@ def test_a_host_machine_s_files_go_in_and_out_whole_and_only_where_it_allows(pla
             assert "outside the paths" in got.json()["detail"]
             put = _put(client, "files-box", f"{inside}/escape/planted", b"x")
             assert (put.status_code, put.json()["code"]) == (403, "path_refused")
-            assert not (outside / "planted").exists()
+            put = _put(client, "files-box", f"{inside}/escape", _tar({"planted": b"x"}), kind="application/x-tar")
+            assert (put.status_code, put.json()["code"]) == (403, "path_refused")  # a tar through the link
+            assert list(outside.iterdir()) == [outside / "key"]
+            assert str(outside) not in put.text  # where the link leads is not said
             got = client.get("/machines/files-box/files/content", params={"path": str(inside)})
             assert (got.status_code, got.json()["code"]) == (409, "wrong_kind")
             got = client.get("/machines/files-box/files/content", params={"path": f"{inside}/nothing"})
@@ -121,7 +127,8 @@ def test_a_host_machine_s_files_go_in_and_out_whole_and_only_where_it_allows(pla
         said = [(e.kind, e.detail.get("path"), e.user_id) for e in events.order_by("at", "id")]
         assert said == [("file.uploaded", f"{inside}/blob.bin", operator.pk),
                         ("file.downloaded", f"{inside}/blob.bin", operator.pk),
-                        ("file.uploaded", f"{inside}/tree", operator.pk)]  # fmt: skip
+                        ("file.uploaded", f"{inside}/tree", operator.pk),
+                        ("file.uploaded", str(inside), operator.pk)]  # fmt: skip
         assert events.order_by("at", "id").first().detail["sha256"] == hashlib.sha256(data).hexdigest()
 
         # The Python client: a file object up, a file object down, a listing.
@@ -135,6 +142,18 @@ def test_a_host_machine_s_files_go_in_and_out_whole_and_only_where_it_allows(pla
             with pytest.raises(Problem) as refused:
                 client.download("files-box", "/etc/passwd", io.BytesIO())
             assert refused.value.code == "path_refused"
+            assert client.upload("files-box", f"{inside}/empty", b"")["size"] == 0
+            assert (inside / "empty").read_bytes() == b""
+            exact = os.urandom(2 * 112 * 1024)  # a whole number of chunks
+            client.upload("files-box", f"{inside}/exact", exact)
+            received = io.BytesIO()
+            assert client.download("files-box", f"{inside}/exact", received) == len(exact)
+            assert received.getvalue() == exact
+
+            set_machine_state(machine, MachineState.STOPPED, actor=Actor.command("tests"))
+            with pytest.raises(Problem) as stopped:
+                client.list_files("files-box", str(inside))
+            assert (stopped.value.status, stopped.value.code) == (409, "state_conflict")
     finally:
         stack.stop()
 
