@@ -408,6 +408,7 @@ async def run_command(
     return await _serve(ctx, "run_command", work)
 
 
+Reason = Annotated[str, Field(max_length=500, description="Why (kept in its history)")]
 ExecutionNumber = Annotated[int, Field(ge=1, le=MAX_INTEGER, description="The execution's number (execution.id)")]
 
 
@@ -469,7 +470,7 @@ class Cancelled(BaseModel):
 async def cancel_command(
     ctx: Context,
     execution: ExecutionNumber,
-    reason: Annotated[str, Field(max_length=500, description="Why (kept in its history)")] = "",
+    reason: Reason = "",
 ) -> Annotated[CallToolResult, Cancelled]:
     """Cancel a command. Not started: cancelled at once. Running: its worker ends its process tree; it ends
     'completed' (killed) only when the tree is proven gone, else 'unknown'. await_command tells which."""
@@ -570,7 +571,7 @@ async def read_screen(ctx: Context, terminal: Terminal) -> Annotated[CallToolRes
 async def close_terminal(
     ctx: Context,
     terminal: Terminal,
-    reason: Annotated[str, Field(max_length=500, description="Why (kept in its history)")] = "",
+    reason: Reason = "",
 ) -> Annotated[CallToolResult, api_terminals.TerminalOut]:
     """End the terminal's shell; the session closes with its outcome."""
 

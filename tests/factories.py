@@ -39,6 +39,19 @@ def make_execution(
     return execution
 
 
+def make_unknown_execution(machine: Machine, user, execution_id: str) -> Execution:
+    """``user``'s command on ``machine``, committed as unknown (its worker lost): no worker ever sees it pending."""
+    from django.db import transaction
+
+    from executions.actions import Actor, transition
+    from executions.models import Evidence, State
+
+    with transaction.atomic():
+        execution = make_execution(machine, execution_id=execution_id, actor=Actor.for_user(user))
+        execution = transition(execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=Actor("t"))
+        return transition(execution, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=Actor("t"))
+
+
 def mark_resolved(execution: Execution, note: str, actor: Actor = TEST_ACTOR) -> Execution:
     """What ``terminals.resolution.resolve`` writes once its checks pass, for tests of the records alone."""
     return transition(

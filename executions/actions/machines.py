@@ -150,13 +150,23 @@ def set_file_roots(machine: Machine, roots: list[str], *, actor: Actor) -> bool:
         if normal not in clean:
             clean.append(normal)
     with transaction.atomic():
-        before = Machine.objects.select_for_update().values_list("file_roots", flat=True).get(pk=machine.pk)
-        if before == clean:
+        if (before := _replace(machine, "file_roots", clean)) is _SAME:
             return False
-        Machine.objects.filter(pk=machine.pk).update(file_roots=clean, updated_at=Now())
-        machine.file_roots = clean
         note_machine(machine, actor, f"file paths: {', '.join(clean) or 'none'} (were {', '.join(before) or 'none'})")
     return True
+
+
+_SAME = object()
+
+
+def _replace(machine: Machine, field: str, value):
+    """Compare-and-set ``field`` to ``value`` (in the caller's transaction): what it was, or _SAME."""
+    before = Machine.objects.select_for_update().values_list(field, flat=True).get(pk=machine.pk)
+    if before == value:
+        return _SAME
+    Machine.objects.filter(pk=machine.pk).update(**{field: value}, updated_at=Now())
+    setattr(machine, field, value)
+    return before
 
 
 def set_labels(machine: Machine, labels: dict[str, str], *, actor: Actor) -> bool:
@@ -164,11 +174,8 @@ def set_labels(machine: Machine, labels: dict[str, str], *, actor: Actor) -> boo
     False when it had them already. Access granted through a label it loses ends with it."""
     labels = parse_labels([f"{key}={value}" for key, value in labels.items()])
     with transaction.atomic():
-        before = Machine.objects.select_for_update().values_list("labels", flat=True).get(pk=machine.pk)
-        if before == labels:
+        if (before := _replace(machine, "labels", labels)) is _SAME:
             return False
-        Machine.objects.filter(pk=machine.pk).update(labels=labels, updated_at=Now())
-        machine.labels = labels
         note_machine(machine, actor, f"labels: {said(labels)} (were {said(before)})")
         transaction.on_commit(lambda: machine_labels_changed.send_robust(Machine, machine=machine, before=before))
     return True

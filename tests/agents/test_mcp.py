@@ -21,6 +21,7 @@ from mcp.types import CallToolResult
 from api.models import ApiCall
 from api.tokens import create_token, revoke_token
 from tests.bridge.harness import Stack
+from tests.factories import make_unknown_execution
 
 pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
 
@@ -264,17 +265,7 @@ def test_a_terminal_is_opened_typed_into_read_as_a_screen_and_closed(stack, plac
 
 
 def test_an_unknown_outcome_is_said_as_unknown_and_what_an_operator_must_check(stack, place, operator):
-    from django.db import transaction
-
-    from executions.actions import Actor, transition
-    from executions.models import Evidence, State
-    from tests.factories import make_execution
-
-    machine = place("local", "mcp-unknown")
-    with transaction.atomic():  # committed as unknown: the worker never sees it pending
-        execution = make_execution(machine, execution_id="lost", actor=Actor.for_user(operator))
-        execution = transition(execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=Actor("t"))
-        execution = transition(execution, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=Actor("t"))
+    execution = make_unknown_execution(place("local", "mcp-unknown"), operator, "lost")
     raw = _token(operator, "read")
 
     async def agent():
@@ -330,18 +321,8 @@ def test_a_worker_killed_mid_command_gives_the_exit_read_back_never_a_made_up_on
 def test_a_long_command_as_an_mcp_task_follows_its_execution_and_an_unknown_one_is_neither_done_nor_failed(
     place, operator, bob
 ):
-    from django.db import transaction
-
-    from executions.actions import Actor, transition
-    from executions.models import Evidence, State
-    from tests.factories import make_execution
-
-    place("local", "mcp-tasks")
-    with transaction.atomic():  # on a machine of its own: an unknown outcome holds its machine's slot
-        elsewhere = place("local", "mcp-tasks-lost")
-        lost = make_execution(elsewhere, execution_id="lost-task", actor=Actor.for_user(operator))
-        lost = transition(lost, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=Actor("t"))
-        lost = transition(lost, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=Actor("t"))
+    place("local", "mcp-tasks")  # the unknown one on a machine of its own: it holds its machine's slot
+    lost = make_unknown_execution(place("local", "mcp-tasks-lost"), operator, "lost-task")
     raw, theirs = _token(operator), _token(bob)
     stack = Stack()
     stack.extra_env |= {"TETHER_API_MAX_WAIT_SECONDS": "2"}  # how long tasks/result waits for an end

@@ -14,6 +14,7 @@ from tether_client import Client, GaveUp, Outcome, Output, Problem, Retry
 
 from api.tokens import create_token
 from tests.bridge.harness import Stack
+from tests.factories import make_unknown_execution
 
 pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
 
@@ -157,17 +158,7 @@ def test_keys_whose_answers_were_lost_are_written_once(stack, place, operator):
 
 
 def test_an_unknown_outcome_is_waited_for_as_unknown(stack, place, operator):
-    from django.db import transaction
-
-    from executions.actions import Actor, transition
-    from executions.models import Evidence, State
-    from tests.factories import make_execution
-
-    machine = place("local", "client-unknown")
-    with transaction.atomic():  # committed as unknown: the worker never sees it pending
-        execution = make_execution(machine, execution_id="lost", actor=Actor.for_user(operator))
-        execution = transition(execution, State.DISPATCHED, evidence=Evidence.CLAIMED, actor=Actor("t"))
-        execution = transition(execution, State.UNKNOWN, evidence=Evidence.CONTROLLER_LOST, actor=Actor("t"))
+    execution = make_unknown_execution(place("local", "client-unknown"), operator, "lost")
     client, _ = _client(stack, operator, "read")
     with client:
         outcome = client.wait(execution.pk, timeout=5)
