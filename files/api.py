@@ -27,7 +27,7 @@ from api.schemas import MACHINE_NAME
 from executions.actions import note_machine
 from executions.models import Machine, MachineState
 from files.paths import MAX_PATH, PathRefused, allowed
-from files.protocol import CHUNK_BYTES, MAX_ENTRIES, Failure, FilesAnswer, FilesAsk, Op
+from files.protocol import MAX_ENTRIES, Failure, FilesAnswer, FilesAsk, Op, chunk_bytes
 from terminals.models import Worker, WorkerState
 
 log = logging.getLogger(__name__)
@@ -95,10 +95,10 @@ def _audit(machine: Machine, request, kind: str, said: str, **detail) -> None:
     note_machine(machine, actor_of(request.auth), said, kind=kind, **detail)
 
 
-async def _ask(machine: Machine, op: Op, path: str, **fields) -> FilesAnswer:
-    """One question to a worker serving the machine, asked again (of the next one) when no answer came; a
-    failure said as the problem it is."""
-    channels = await db(_workers)(machine)
+async def _ask(machine: Machine, op: Op, path: str, channels: list[str] | None = None, **fields) -> FilesAnswer:
+    """One question to a worker serving the machine (one of ``channels``, found when not given), asked again
+    (of the next one) when no answer came; a failure said as the problem it is."""
+    channels = channels or await db(_workers)(machine)
     if not channels:
         raise ApiProblem("owner_unavailable", f"no worker serving {machine.name} is running; try again", retry_after=1)
     for attempt in range(TRIES):
@@ -159,7 +159,8 @@ DOWNLOAD = {
 )  # fmt: skip
 async def download(request, name: str = NAME, path: str = PATH):
     machine, clean = await db(_place)(request, name, path, Scope.READ)
-    first = await _ask(machine, Op.READ, clean, offset=0)
+    chunk, channels = chunk_bytes(), await db(_workers)(machine)
+    first = await _ask(machine, Op.READ, clean, channels, offset=0, chunk=chunk)
     limit = settings.TETHER_FILE_MAX_BYTES  # what a web process may come to hold of a reader that stops reading
     if first.size > limit:
         raise ApiProblem("too_large", f"{clean} is {first.size} bytes; at most {limit} are served", limit=limit)
@@ -171,7 +172,7 @@ async def download(request, name: str = NAME, path: str = PATH):
         piece = first
         while True:
             data = piece.data[: first.size - at]
-            if piece.version != first.version or (len(data) < CHUNK_BYTES and at + len(data) < first.size):
+            if piece.version != first.version or (len(data) < chunk and at + len(data) < first.size):
                 raise Interrupted(f"download of {clean} from {machine.name} stopped at {at}: the file changed")
             yield data
             at += len(data)
@@ -179,7 +180,7 @@ async def download(request, name: str = NAME, path: str = PATH):
                 return
             try:
                 await db(_still_allowed)(request, machine)
-                piece = await _ask(machine, Op.READ, clean, offset=at)
+                piece = await _ask(machine, Op.READ, clean, channels, offset=at, chunk=chunk)
             except ApiProblem as problem:
                 where = f"download of {clean} from {machine.name} stopped at {at}"
                 raise Interrupted(f"{where}: {problem.detail}") from None
@@ -224,20 +225,22 @@ async def upload(request, name: str = NAME, path: str = PATH):
     file); a tar is extracted into the path. Answered with the SHA-256 of the bytes as read back there."""
     machine, clean = await db(_place)(request, name, path, Scope.RUN)
     tar = request.content_type == "application/x-tar"
-    transfer = uuid.uuid4().hex
+    transfer, chunk, channels = uuid.uuid4().hex, chunk_bytes(), await db(_workers)(machine)
     digest, at = hashlib.sha256(), 0
     try:
-        while data := await asyncio.to_thread(request.read, CHUNK_BYTES):
+        while data := await asyncio.to_thread(request.read, chunk):
             digest.update(data)
             if at + len(data) > settings.TETHER_FILE_MAX_BYTES:
                 raise ApiProblem("too_large", f"at most {settings.TETHER_FILE_MAX_BYTES} bytes a file")
-            written = await _ask(machine, Op.WRITE, clean, transfer=transfer, offset=at, data=data, tar=tar)
+            written = await _ask(
+                machine, Op.WRITE, clean, channels, transfer=transfer, offset=at, data=data, tar=tar, chunk=chunk
+            )
             if not written.ok:  # the chunks before it are not there (its temporary file was removed)
                 raise ApiProblem("file_failed", f"the upload has {written.size} bytes there, not {at}; send it again")
             at += len(data)
             await db(_still_allowed)(request, machine)
         sent = digest.hexdigest()
-        done = await _ask(machine, Op.FINISH, clean, transfer=transfer, offset=at, tar=tar, digest=sent)
+        done = await _ask(machine, Op.FINISH, clean, channels, transfer=transfer, offset=at, tar=tar, digest=sent)
         if not done.ok:
             raise ApiProblem("file_failed", f"the machine has {done.size} bytes of the {at} sent; send it again")
     except BaseException:

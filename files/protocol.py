@@ -8,15 +8,25 @@ from enum import StrEnum
 
 from terminals.protocol import Message
 
-# Bytes in one question or answer: the channel layer carries each whole, and takes at least 128 KiB a message
-# (TETHER_LAYER_MESSAGE_BYTES); the rest is room for the message's other fields.
-CHUNK_BYTES = 112 * 1024
+# A chunk: the bytes of one question or answer, which the channel layer carries whole (at most
+# TETHER_LAYER_MESSAGE_BYTES a message, 1 MiB by default, 128 KiB at the least): that, less room for the
+# message's other fields. The web process chooses it and says it in each question (``chunk``).
+ROOM_BYTES = 64 * 1024
+SMALLEST_CHUNK = 4096
+
+
+def chunk_bytes() -> int:
+    from django.conf import settings
+
+    return max(SMALLEST_CHUNK, settings.TETHER_LAYER_MESSAGE_BYTES - ROOM_BYTES)
+
+
 MAX_ENTRIES = 5000  # a listing's entries at most (one answer carries them)
 
 
 class Op(StrEnum):
     LIST = "list"
-    READ = "read"  # chunk number ``offset // CHUNK_BYTES``
+    READ = "read"  # chunk number ``offset // chunk``
     WRITE = "write"  # ``data`` at ``offset`` of upload ``transfer``
     FINISH = "finish"  # ``offset`` bytes in all: into place (``tar``: extracted into the path)
     ABORT = "abort"
@@ -46,6 +56,7 @@ class FilesAsk(Message):
     data: bytes = b""
     tar: bool = False
     digest: str = ""  # a finish: the SHA-256 of every byte sent, checked before the file is put in place
+    chunk: int = 0  # bytes a chunk (``offset`` is a whole number of them)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from channels.db import database_sync_to_async as db
 
 from executions.models import Backend, Machine
 from files import scripts
-from files.protocol import CHUNK_BYTES, MAX_ENTRIES, Failure, FilesAnswer, FilesAsk, Op
+from files.protocol import MAX_ENTRIES, SMALLEST_CHUNK, Failure, FilesAnswer, FilesAsk, Op, chunk_bytes
 from terminals.backends.docker import engine_client
 
 log = logging.getLogger(__name__)
@@ -73,11 +73,14 @@ class FileService:
             return FilesAnswer(ok=False, failure=Failure.NOT_HERE, text="this worker does not serve that machine")
         roots = "\n".join(machine.file_roots or [])
         op = Op(ask.op)
-        kind, chunk = "tar" if ask.tar else "file", str(ask.offset // CHUNK_BYTES)
+        size = ask.chunk
+        if op in (Op.READ, Op.WRITE) and not (SMALLEST_CHUNK <= size <= chunk_bytes() and ask.offset % size == 0):
+            return FilesAnswer(ok=False, failure=Failure.FAILED, text=f"chunks of {size} bytes are not taken here")
+        kind, chunk = "tar" if ask.tar else "file", str(ask.offset // size if size else 0)
         arguments = {
             Op.LIST: [ask.path, str(MAX_ENTRIES)],
-            Op.READ: [ask.path, chunk, str(CHUNK_BYTES)],
-            Op.WRITE: [ask.path, ask.transfer, chunk, str(ask.offset), kind, str(CHUNK_BYTES)],
+            Op.READ: [ask.path, chunk, str(size)],
+            Op.WRITE: [ask.path, ask.transfer, chunk, str(ask.offset), kind, str(size)],
             Op.FINISH: [ask.path, ask.transfer, str(ask.offset), ask.digest, kind],
             Op.ABORT: [ask.path, ask.transfer, kind],
         }[op]

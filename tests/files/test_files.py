@@ -18,6 +18,7 @@ from tether_client import Client, Problem
 from api.tokens import create_token
 from executions.actions import Actor, set_file_roots, set_machine_state
 from executions.models import MachineEvent, MachineState
+from files.protocol import chunk_bytes
 from tests.bridge.harness import Stack
 from tests.factories import grant
 
@@ -61,7 +62,7 @@ def test_a_host_machine_s_files_go_in_and_out_whole_and_only_where_it_allows(pla
         (outside / "key").write_text("not for you")
         (inside / "escape").symlink_to(outside)
         set_file_roots(machine, [str(inside)], actor=Actor.command("tests"))
-        data = os.urandom(3 * MiB + 12345)  # 13 chunks, the last a short one
+        data = os.urandom(3 * MiB + 12345)  # 4 chunks, the last a short one
         with _http(stack, operator) as client:
             put = _put(client, "files-box", f"{inside}/sub/blob.bin", data)
             assert put.status_code == 404 and put.json()["code"] == "not_found", put.text  # no sub/ there
@@ -144,7 +145,7 @@ def test_a_host_machine_s_files_go_in_and_out_whole_and_only_where_it_allows(pla
             assert refused.value.code == "path_refused"
             assert client.upload("files-box", f"{inside}/empty", b"")["size"] == 0
             assert (inside / "empty").read_bytes() == b""
-            exact = os.urandom(2 * 112 * 1024)  # a whole number of chunks
+            exact = os.urandom(2 * chunk_bytes())  # a whole number of chunks
             client.upload("files-box", f"{inside}/exact", exact)
             received = io.BytesIO()
             assert client.download("files-box", f"{inside}/exact", received) == len(exact)
