@@ -159,19 +159,29 @@ class Host:
                 time.sleep(0.05)
 
     def start_worker(self, backends: str = "local,tmux,docker") -> subprocess.Popen:
-        self.worker_http = self.worker_http or free_port()
-        log = self.stack._log(f"{self.name}-worker")
-        env = {**self.stack.env(), "TETHER_WORKER_HTTP": f"127.0.0.1:{self.worker_http}"}
-        command = [sys.executable, "manage.py", "terminal_worker", "--poll", str(self.stack.worker_poll),
-                   "--backends", backends]  # fmt: skip
-        self.worker = self._in_namespace(command, log, env)
-        self.stack.processes.append(self.worker)
-        deadline = time.monotonic() + 30
-        while b" ready (" not in Path(log.name).read_bytes():
-            if self.worker.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"worker on {self.name} did not start: {Path(log.name).read_text()[-2000:]}")
-            time.sleep(0.05)
-        return self.worker
+        for _ in range(3):  # a free port can be taken by another test's process before the worker binds it
+            self.worker_http = self.worker_http or free_port()
+            log = self.stack._log(f"{self.name}-worker")
+            env = {**self.stack.env(), "TETHER_WORKER_HTTP": f"127.0.0.1:{self.worker_http}"}
+            command = [sys.executable, "manage.py", "terminal_worker", "--poll", str(self.stack.worker_poll),
+                       "--backends", backends]  # fmt: skip
+            self.worker = self._in_namespace(command, log, env)
+            self.stack.processes.append(self.worker)
+            deadline = time.monotonic() + 30
+            while b" ready (" not in Path(log.name).read_bytes():
+                if self.worker.poll() is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            settled = time.monotonic() + 1.0  # its HTTP server binds just after it says ready
+            while self.worker.poll() is None and time.monotonic() < settled:
+                time.sleep(0.05)
+            if self.worker.poll() is None:
+                return self.worker
+            said = Path(log.name).read_text()
+            if "address already in use" not in said:
+                raise AssertionError(f"worker on {self.name} did not start: {said[-2000:]}")
+            self.worker_http = 0
+        raise AssertionError(f"worker on {self.name} found no free port for its HTTP server in 3 tries")
 
     def zombies(self) -> int:
         """Processes that ended in this host and were never reaped (the namespace's init reaps them)."""
