@@ -30,6 +30,11 @@ def execution_in(pk: int, *states: str):
     return execution if execution.state in states else None
 
 
+def _handle_saved(pk: int) -> bool:
+    lease = ProcessLease.objects.filter(execution_id=pk, released_at=None).first()
+    return bool(lease and lease.handle and "launch" not in lease.handle)
+
+
 def crash_stack() -> Stack:
     stack = Stack()
     stack.extra_env["TETHER_RECOVERY_SECONDS"] = "1"
@@ -72,6 +77,10 @@ def test_kill_9_mid_command_then_a_new_worker_settles_it_honestly(variant, place
     try:
         first = stack.start_worker(backend)
         wait_for(lambda: "start" in where.read(), what="the command to start")
+        # Mid-command: once its worker has written down where it runs. Before that is the launch window, whose
+        # honest outcome is another (tests/faults/test_launch_window.py); under a full run's load it can outlast
+        # the program's first line (seen once: unknown, "no handle was saved").
+        wait_for(lambda: _handle_saved(execution.pk), what="its handle on record")
         first.send_signal(signal.SIGKILL)
         first.wait()
         stack.start_worker(backend)
