@@ -246,13 +246,15 @@ class Balancer:
         binary = shutil.which("haproxy")
         assert binary, "haproxy is not installed: `make services` installs it (scripts/ensure-services.sh)"
         servers = "".join(
-            f"    server {name} 127.0.0.1:{port} check inter 500ms fall 2 rise 1\n"
+            f"    server {name} 127.0.0.1:{port} check inter 500ms fall 3 rise 1\n"
             for name, port in self.backends.items()
         )
         (self.dir / "haproxy.cfg").write_text(
             "global\n    maxconn 4096\n"
             "defaults\n    mode http\n    option forwardfor\n    retries 3\n    option redispatch 1\n"
-            "    timeout connect 2s\n    timeout client 60s\n"
+            # A /readyz slow under a full run's load is not a daphne gone (one refused connection is): HAProxy
+            # once said 503 "No server is available" to a live one.
+            "    timeout connect 2s\n    timeout check 2s\n    timeout client 60s\n"
             "    timeout server 60s\n    timeout tunnel 1h\n"
             f"frontend tether\n    bind 127.0.0.1:{self.port}\n"
             "    http-request deny deny_status 403 if { path /metrics }\n"
