@@ -6,17 +6,15 @@ revoked token is refused at its next call)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
-from api.auth import check_rate, usable
+from api.auth import authenticated
 from api.models import ApiCall, ApiToken
-from api.problems import ApiProblem, problem_body
-from api.tokens import find_token, note_used
+from api.problems import ApiProblem, send_problem
 from terminals.origins import header_of, origin_allowed
 
 log = logging.getLogger(__name__)
@@ -30,39 +28,11 @@ def _bearer(scope) -> str:
     return raw.strip() if kind.lower() == "bearer" else ""
 
 
-def _authenticate(raw: str) -> tuple[ApiToken | None, ApiProblem | None]:
-    """The call's token, or the problem to refuse it with (and the token when it is known, for the audit)."""
-    if not raw:
-        return None, ApiProblem("unauthenticated", "send the header Authorization: Bearer tether_…")
-    token = find_token(raw)
-    if problem := usable(token):
-        return token, problem
-    try:
-        check_rate(token)
-    except ApiProblem as problem:
-        return token, problem
-    note_used(token)
-    return token, None
-
-
 def _audit_refusal(token: ApiToken, method: str, problem: ApiProblem) -> None:
     try:
         ApiCall.objects.create(token=token, method=method[:8], path=PATH, status=problem.status, problem=problem.code)
     except Exception:
         log.exception("could not audit a refused MCP call")
-
-
-async def _refuse(send, problem: ApiProblem, allow: bytes | None = None) -> None:
-    headers = [(b"content-type", b"application/problem+json"), (b"cache-control", b"no-store")]
-    if allow:
-        headers.append((b"allow", allow))
-    if problem.status == 401:
-        headers.append((b"www-authenticate", b'Bearer realm="tether"'))
-    if problem.retry_after is not None:
-        headers.append((b"retry-after", str(problem.retry_after).encode()))
-    body = json.dumps(problem_body(problem)).encode()
-    await send({"type": "http.response.start", "status": problem.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 def _host_allowed(scope) -> bool:
@@ -81,22 +51,22 @@ class McpEndpoint:
 
     async def __call__(self, scope, receive, send):
         if not _host_allowed(scope):
-            return await _refuse(send, ApiProblem("invalid_request", "that Host is not this site's"))
+            return await send_problem(send, ApiProblem("invalid_request", "that Host is not this site's"))
         if scope.get("method") != "POST":
             # Stateless: every call is a POST. A GET would hold an empty event stream open (no server-sent
             # messages exist here) that no revoke could end.
-            return await _refuse(send, ApiProblem("invalid_request", "the MCP endpoint takes POST", as_status=405),
-                                 allow=b"POST")  # fmt: skip
+            return await send_problem(send, ApiProblem("invalid_request", "the MCP endpoint takes POST", as_status=405),
+                                 (b"allow", b"POST"))  # fmt: skip
         if header_of(scope, b"origin") and not origin_allowed(scope):  # another site's page (DNS rebinding, a fetch)
-            return await _refuse(send, ApiProblem("forbidden", "this Origin may not call Tether's MCP server"))
-        token, problem = await db(_authenticate)(_bearer(scope))
+            return await send_problem(send, ApiProblem("forbidden", "this Origin may not call Tether's MCP server"))
+        token, problem = await db(authenticated)(_bearer(scope))
         if problem is not None:
             if token is not None:
                 await db(_audit_refusal)(token, scope.get("method", ""), problem)
-            return await _refuse(send, problem)
+            return await send_problem(send, problem)
         if not await self._running():
             text = "the MCP server is not running in this process (its log says why); try again"
-            return await _refuse(send, ApiProblem("internal_error", text, as_status=503, retry_after=1))
+            return await send_problem(send, ApiProblem("internal_error", text, as_status=503, retry_after=1))
         await self.manager.handle_request({**scope, "tether.token": token}, receive, send)
 
     async def _running(self) -> bool:

@@ -13,11 +13,11 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.openapi.docs import Swagger
 from ninja.security import HttpBearer
 
-from api.auth import bearer_of, check_rate, usable
+from api.auth import authenticated, bearer_of, usable
 from api.models import ApiToken
 from api.problems import CODES, ApiProblem, field_error, problem_response
 from api.schemas import PATTERN_WORDS, malformed
-from api.tokens import find_token, note_used
+from api.tokens import find_token
 from executions.errors import IdentityConflict, NotFound, Refused, SlotTaken, TransitionRefused, UsageError
 from terminals.resolution import ResolveRefused
 
@@ -45,12 +45,10 @@ class TokenAuth(HttpBearer):
         return self.authenticate(request, raw)
 
     def authenticate(self, request, token: str) -> ApiToken:
-        found = find_token(token)
+        found, problem = authenticated(token)
         request.api_token = found  # known (even revoked): its call is audited
-        if problem := usable(found):
+        if problem is not None:
             raise problem
-        check_rate(found)
-        note_used(found)
         request.user = found.user
         return found
 

@@ -61,3 +61,21 @@ def need(request, scope: str) -> ApiToken:
             "insufficient_scope", f"token {token.name!r} lacks the {scope!r} scope", needed=scope, scopes=token.scopes
         )
     return token
+
+
+def authenticated(raw: str) -> tuple[ApiToken | None, ApiProblem | None]:
+    """The token ``raw`` names, counted against its rate, or the problem to refuse the call with (with the token
+    when it is known: a refused call of a known token is audited). Every surface's one check of a bearer token."""
+    from api.tokens import find_token, note_used
+
+    if not raw:
+        return None, ApiProblem("unauthenticated", "send the header Authorization: Bearer tether_…")
+    token = find_token(raw)
+    if problem := usable(token):
+        return token, problem
+    try:
+        check_rate(token)
+    except ApiProblem as problem:
+        return token, problem
+    note_used(token)
+    return token, None

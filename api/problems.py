@@ -75,6 +75,17 @@ def problem_body(problem: ApiProblem) -> dict:
     return body | {"detail": problem.detail, **problem.extra}
 
 
+async def send_problem(send, problem: ApiProblem, *headers: tuple[bytes, bytes]) -> None:
+    """The problem as a plain ASGI answer (before Django: the MCP endpoint, the upload size guard)."""
+    said = [(b"content-type", b"application/problem+json"), (b"cache-control", b"no-store"), *headers]
+    if problem.status == 401:
+        said.append((b"www-authenticate", b'Bearer realm="tether"'))
+    if problem.retry_after is not None:
+        said.append((b"retry-after", str(problem.retry_after).encode()))
+    await send({"type": "http.response.start", "status": problem.status, "headers": said})
+    await send({"type": "http.response.body", "body": json.dumps(problem_body(problem)).encode()})
+
+
 def problem_response(problem: ApiProblem) -> HttpResponse:
     status, title = problem.status, CODES[problem.code][1]
     response = HttpResponse(json.dumps(problem_body(problem)), status=status, content_type="application/problem+json")

@@ -5,12 +5,12 @@ be for an upload, and the proxy in front bounds every request (deploy/nginx.conf
 
 from __future__ import annotations
 
-import json
 import re
 
 from django.conf import settings
 
-from api.problems import ApiProblem, problem_body
+from api.problems import ApiProblem, send_problem
+from terminals.origins import header_of
 
 UPLOAD = re.compile(r"^/api/v1/machines/[^/]+/files/content/?$")
 RAW_TYPES = frozenset({"application/octet-stream", "application/x-tar"})  # the bodies an upload takes
@@ -21,10 +21,8 @@ def is_upload(method: str, path: str) -> bool:
 
 
 def _length(scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            return int(value) if value.isdigit() else -1
-    return None
+    said = header_of(scope, b"content-length")
+    return (int(said) if said.isascii() and said.isdigit() else -1) if said else None
 
 
 def limit_uploads(http_app):
@@ -37,10 +35,7 @@ def limit_uploads(http_app):
                 problem = ApiProblem("too_large", f"at most {limit} bytes a file", limit=limit)
             else:
                 return await http_app(scope, receive, send)
-            headers = [(b"content-type", b"application/problem+json"), (b"connection", b"close")]
-            await send({"type": "http.response.start", "status": problem.status, "headers": headers})
-            await send({"type": "http.response.body", "body": json.dumps(problem_body(problem)).encode()})
-            return None
+            return await send_problem(send, problem, (b"connection", b"close"))
         return await http_app(scope, receive, send)
 
     return app
