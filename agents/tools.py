@@ -12,7 +12,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from channels.db import database_sync_to_async as db
 from mcp.server.fastmcp import Context, FastMCP
@@ -43,6 +43,7 @@ from api.auth import need
 from api.executions import MAX_WAIT, READ_BYTES, ExecutionOut, OutputOut, read_output, visible
 from api.models import ApiCall, ApiToken, Scope
 from api.problems import ApiProblem, problem_body
+from executions import pipes
 from executions.actions.common import IDENTITY
 from executions.models import Execution, Machine
 from executions.spec import MAX_ARGV_BYTES
@@ -62,6 +63,8 @@ Tether runs commands and shells on machines (docker containers and hosts) for yo
   nobody can tell yet (its worker was lost): it awaits an operator, and the command may still be running.
   Do not treat it as a failure or a success, and do not run it again under a new id unless that is safe.
 - Output is read by byte offset (read_output: since -> next); 'lost' counts bytes no longer kept.
+- run_command with pty: false runs it on pipes: stdout and stderr apart (read_output's stream), stdin
+  written with write_stdin (numbered like keys) and closed with eof.
 - Terminals: open_terminal, send_keys with your own increasing seq (a retry with the same seq is written
   once), read_screen, close_terminal."""
 
@@ -282,23 +285,25 @@ class CommandOutcome(BaseModel):
     detail: str
     operator_must_check: str = Field("", description="For an unknown outcome: what an operator has to establish")
     execution: ExecutionOut
-    output: OutputText
+    output: OutputText = Field(description="Its output (a command on pipes: both streams, in the order they came)")
+    stdout: OutputText | None = Field(None, description="A command on pipes (pty: false): its stdout alone")
+    stderr: OutputText | None = Field(None, description="... and its stderr alone")
 
 
-async def _output_text(call: _Call, pk: int) -> OutputText:
+async def _output_text(call: _Call, pk: int, view: pipes.View | None = None) -> OutputText:
     viewer = f"api:{call.auth.pk}"
 
     def load():
         return api_executions._still_mine(call, pk)
 
     try:
-        first = await read_output(load, 0, HEAD_BYTES, 0.0, viewer)
+        first = await read_output(load, 0, HEAD_BYTES, 0.0, viewer, view)
         head = base64.b64decode(first["data"])
         at, end, omitted, tail = first["next"], first["end"], 0, b""
         if end - at > TAIL_BYTES:
             omitted, at = end - TAIL_BYTES - at, end - TAIL_BYTES
         while at < end:
-            piece = await read_output(load, at, min(READ_BYTES, end - at), 0.0, viewer)
+            piece = await read_output(load, at, min(READ_BYTES, end - at), 0.0, viewer, view)
             if not (piece["data"] or piece["lost"]):
                 break
             omitted += piece["lost"]
@@ -328,14 +333,18 @@ async def _outcome(
     call: _Call, pk: int, wait: float, created: bool | None = None, with_output: bool = True
 ) -> CallToolResult:
     awaited = await api_executions.await_execution(call, pk, wait)
+    on_pipes = not awaited["execution"]["pty"]
+    streams: dict[str, OutputText | None] = {"stdout": None, "stderr": None}
     if with_output:
-        output = await _output_text(call, pk)
+        output = await _output_text(call, pk, pipes.View.ALL if on_pipes else None)
+        if on_pipes:
+            streams = {name: await _output_text(call, pk, pipes.View(name)) for name in streams}
     else:
         output = OutputText(available=False, text="", end=0, first_kept=0, lost=0, omitted=0)
     check = _operator_check(awaited["execution"]["machine"]) if awaited["awaiting"] == "operator" else ""
     outcome = CommandOutcome(created=created, final=awaited["final"], awaiting=awaited["awaiting"],
                              detail=awaited["detail"], operator_must_check=check, execution=awaited["execution"],
-                             output=output)  # fmt: skip
+                             output=output, **streams)  # fmt: skip
     record = awaited["execution"]
     said = f"execution {record['id']} ({record['scope']}/{record['execution_id']}) on {record['machine']}: "
     said += record["state"].upper() if record["state"] == "unknown" else record["outcome"]
@@ -344,6 +353,10 @@ async def _outcome(
         lines.append("(submitted before under this scope and id: nothing ran again)")
     if check:
         lines.append(f"an operator must check: {check}")
+    if on_pipes and with_output:
+        for name, text in streams.items():
+            lines += [f"{name} ({text.end} bytes):" if text.available else f"{name}:", text.text]
+        return _result("\n".join(lines), outcome)
     lines.append(f"output ({output.end} bytes):" if output.available else "output:")
     return _result("\n".join([*lines, output.text]), outcome)
 
@@ -365,7 +378,13 @@ async def run_command(
     argv: Annotated[list[str], Field(min_length=1, description=ARGV)],
     cwd: Annotated[str, Field(description="An absolute path, or empty for the default")] = "",
     env: Annotated[dict[str, str] | None, Field(description="Environment variables for it")] = None,
-    pty: Annotated[bool, Field(description="Run on a terminal (the only mode so far: false is refused)")] = True,
+    pty: Annotated[
+        bool,
+        Field(
+            description="True: on a terminal (colours, prompts; one stream). False: on pipes: stdout and stderr "
+            "apart, stdin written with write_stdin and closed with eof (the program sees no terminal)"
+        ),
+    ] = True,
     timeout_seconds: Annotated[
         int | None,
         Field(
@@ -395,11 +414,8 @@ async def run_command(
     async def work(call):
         await db(need)(call, Scope.RUN)
         await db(need)(call, Scope.READ)  # what it answers is a read
-        if not pty:
-            message = "commands on pipes (pty: false) are not available yet; run it on a terminal (pty: true)"
-            raise ApiProblem("validation_error", message, errors=[{"field": "pty", "message": message}])
         body = _input(api_executions.SubmitIn, scope=scope, id=id, machine=machine, argv=argv, env=env or {},
-                      cwd=cwd, session_seconds=timeout_seconds, idle_seconds=idle_seconds)  # fmt: skip
+                      cwd=cwd, session_seconds=timeout_seconds, idle_seconds=idle_seconds, pty=pty)  # fmt: skip
         answer = _value(await db(api_executions.submit)(call, body))
         if ctx.request_context.experimental.is_task:  # a task answers at once: the execution is the task
             return await _outcome(call, answer["execution"]["id"], 0.0, answer["created"], with_output=False)
@@ -443,18 +459,60 @@ async def read_output_tool(
     ] = 0,
     size: Annotated[int, Field(ge=1, le=READ_BYTES, description="Bytes at most")] = READ_BYTES,
     wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT, description="Wait up to this for output past since")] = 0.0,
+    stream: Annotated[
+        Literal["all", "stdout", "stderr"],
+        Field(
+            description="A command on pipes: stdout, stderr, or all (both in the order they came); `since` counts "
+            "in it. A command on a terminal has only all"
+        ),
+    ] = "all",
 ) -> Annotated[CallToolResult, OutputOut]:
     """A command's output by byte offset: `next` is where to read on, `lost` bytes no longer kept (never a
     silent gap), `final` when no more will come."""
 
     async def work(call):
-        read = await api_executions.execution_output(call, execution, since, size, wait_seconds)
+        read = await api_executions.execution_output(call, execution, since, size, wait_seconds, stream)
         said = f"[offset {read['offset']}..{read['next']} of {read['end']}"
         said += f", {read['lost']} bytes lost before it" if read["lost"] else ""
         said += ", final]" if read["final"] else "]"
         return _result(f"{said}\n{read['text']}", OutputOut(**read))
 
     return await _serve(ctx, "read_output", work)
+
+
+class Written(BaseModel):
+    written: bool
+    repeated: bool = Field(description="This seq had been written before: not written again")
+    seq: int
+
+
+@server.tool(
+    title="Write to a command's stdin",
+    annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=False),
+)
+async def write_stdin(
+    ctx: Context,
+    execution: ExecutionNumber,
+    seq: Annotated[
+        int, Field(ge=0, le=2**53, description="Your number for this input; a retry with the same seq is written once")
+    ],
+    data: Annotated[str | None, Field(description="Bytes for its stdin, as text")] = None,
+    data_b64: Annotated[str | None, Field(description="... or as base64 (bytes that are not text)")] = None,
+    eof: Annotated[bool, Field(description="Close its stdin after these bytes: the program reads its end")] = False,
+    client: Annotated[
+        str, Field(max_length=100, description="Which of your programs writes (numbers are per client, as the API's)")
+    ] = "",
+) -> Annotated[CallToolResult, Written]:
+    """Write to the stdin of a command run with pty: false, at most once per seq (the next seq is one more than
+    the last; the same seq again is not written again), and close it with eof."""
+
+    async def work(call):
+        body = _input(api_executions.CommandInputIn, seq=seq, data=data, data_b64=data_b64, eof=eof, client=client)
+        answer = Written(**await api_executions.execution_input(call, execution, body))
+        said = "written before (not again)" if answer.repeated else "written"
+        return _result(f"stdin {seq}: {said}" + (", then closed" if eof else ""), answer)
+
+    return await _serve(ctx, "write_stdin", work)
 
 
 class Cancelled(BaseModel):

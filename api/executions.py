@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import json
 import logging
 import re
 import time
-from typing import Annotated
+from typing import Annotated, Literal
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
@@ -22,11 +23,13 @@ from pydantic import StringConstraints
 from access.fence import decided_again
 from access.policy import Do, machine_named, may, reach_of
 from api.auth import need, usable
+from api.inputs import InputOut, deliver
 from api.models import ApiToken, Scope
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem, answers, field_error
 from api.schemas import ABSOLUTE_PATH, ENV_NAME, MACHINE_NAME, NO_NUL, Body, Text
 from executions import actions as exec_actions
+from executions import pipes
 from executions.actions import Actor
 from executions.actions.common import IDENTITY
 from executions.errors import TransitionRefused
@@ -42,6 +45,11 @@ log = logging.getLogger(__name__)
 router = Router(tags=["executions"])
 
 READ_BYTES = 64 * 1024  # the most one output read returns (ask again from ``next``)
+MAX_INPUT_BYTES = 64 * 1024  # the most one input call writes to a command's stdin
+STREAMS = (
+    "A command on pipes (`pty: false`): `stdout`, `stderr`, or `all` (both, in the order they came); `since` "
+    "and the answer's offsets count in that stream. A command on a terminal has only `all`"
+)
 RESOLVE_PERMISSION = "executions.resolve_execution"
 
 
@@ -88,6 +96,7 @@ class ExecutionOut(Schema):
     aliases: list[AliasOut] = Field(description="Your other (scope, id) pairs that name it too")
     kind: str
     machine: str
+    pty: bool = Field(description="On a terminal (true), or on pipes (false: stdout and stderr apart)")
     state: str = Field(description="pending, dispatched, running, completed, cancelled, unknown or resolved")
     evidence: str
     exit_code: int | None
@@ -111,8 +120,9 @@ class ExecutionOut(Schema):
 
 def execution_out(execution: Execution) -> dict:
     data = execution_json(execution)
-    data.pop("output"), data.pop("output_truncated")
-    return {"id": execution.pk, **data, "why": why_of(execution)}
+    for said_apart in ("output", "output_truncated", "stdout", "stderr"):  # read by offset instead
+        data.pop(said_apart, None)
+    return {"id": execution.pk, **data, "pty": execution.spec.get("pty", True), "why": why_of(execution)}
 
 
 OWN_ENDS = frozenset({Evidence.EXITED, Evidence.EXIT_STATUS, Evidence.SIGNALED})  # the program's own end says it
@@ -206,6 +216,11 @@ class SubmitIn(Body):
     session_seconds: int | None = Field(None, ge=0, le=MAX_INTEGER, description="0: no limit")
     idle_seconds: int | None = Field(None, ge=0, le=MAX_INTEGER, description="0: no limit")
     output_limit_bytes: int | None = Field(None, ge=0, le=MAX_INTEGER, description="0: no limit")
+    pty: bool = Field(
+        True,
+        description="False: on pipes, not a terminal: stdout and stderr apart (read with `stream`), stdin written "
+        "with `/input` and closed with `eof`; the program has no terminal (isatty is false)",
+    )
     aliases: list[AliasIn] = Field(
         default_factory=list,
         max_length=MAX_ALIASES,
@@ -236,6 +251,7 @@ def submit(request, body: SubmitIn):
             session_seconds=body.session_seconds,
             idle_seconds=body.idle_seconds,
             output_limit_bytes=body.output_limit_bytes,
+            pty=body.pty,
         )
     except SpecError as error:
         raise ApiProblem("validation_error", str(error), errors=[field_error(str(error))]) from None
@@ -352,6 +368,14 @@ async def await_execution(request, pk: int, timeout: float = Query(30.0, ge=0, l
         await asyncio.sleep(0.2)
 
 
+class ChunkOut(Schema):
+    stream: str = Field(description="stdout or stderr")
+    offset: int = Field(description="Where it starts in its own stream")
+    seq: int = Field(description="Where it starts in both streams in the order they came (`stream=all` offsets)")
+    data: str = Field(description="base64")
+    text: str = Field(description="The same bytes as UTF-8 (invalid or split sequences replaced)")
+
+
 class OutputOut(Schema):
     data: str = Field(description="The bytes from `offset`, base64")
     text: str = Field(description="The same bytes as UTF-8 (invalid or split sequences replaced)")
@@ -381,6 +405,14 @@ class OutputOut(Schema):
     )
     cols: int | None = Field(None, description="The grid its program draws for now (live reads): columns")
     rows: int | None = Field(None, description="... and rows")
+    stream: str = Field(
+        "all",
+        description="What was read: `all` (a terminal's one stream, or both pipes in the order they came), "
+        "`stdout` or `stderr`; offsets count in it",
+    )
+    chunks: list[ChunkOut] | None = Field(
+        None, description="A command on pipes: `data` in pieces, each saying its stream and where it stands"
+    )
 
 
 def past_the_end(since: int, end: int, **where) -> ApiProblem:
@@ -389,7 +421,52 @@ def past_the_end(since: int, end: int, **where) -> ApiProblem:
     return ApiProblem("offset_out_of_range", text, end=end, **where)
 
 
-def output_from_record(execution: Execution, since: int, size: int) -> dict:
+def view_of(execution: Execution, stream: str) -> pipes.View | None:
+    """The view a read of ``stream`` takes of the execution's output: None for a terminal's one stream."""
+    if execution.spec.get("pty", True):
+        if stream != pipes.View.ALL:
+            raise ApiProblem("wrong_kind", f"a command on a terminal has one stream: read stream=all, not {stream}")
+        return None
+    return pipes.View(stream)
+
+
+def shaped_view(read: pipes.ViewRead, view: pipes.View, **rest) -> dict:
+    chunks = [
+        {"stream": c.stream.value, "offset": c.offset, "seq": c.seq, "data": base64.b64encode(c.data).decode(),
+         "text": c.data.decode("utf-8", "replace")}
+        for c in read.chunks
+    ]  # fmt: skip
+    answer = shaped(read.data, read.offset, read.next, read.first_kept, read.lost, read.end, **rest)
+    return {**answer, "stream": view.value, "chunks": chunks}
+
+
+def view_from_record(execution: Execution, view: pipes.View, since: int, size: int) -> dict:
+    output, origin = bytes(execution.output or b""), execution.output_truncated
+    found = pipes.pieces(output, origin)
+    first, end = pipes.first_and_end(found, view, whole=origin == 0) or (since, since)
+    if since > end:
+        raise past_the_end(since, end)
+    read = pipes.read(found, view, since, size, first, end)
+    complete = execution.output_complete or execution.started_at is None
+    return shaped_view(read, view, final=read.next >= end, source="record", state=execution.state, complete=complete)
+
+
+def view_from_owner(answer: dict, view: pipes.View, since: int, size: int, state: str) -> dict | None:
+    """A live read of a view, or None while the owner has not read that far again (after an adoption)."""
+    found = pipes.pieces(answer["data"], answer["offset"])
+    first, end = (answer["view_first"], answer["view_end"]) if answer["view_end"] >= 0 else (since, since)
+    where = {"generation": answer["generation"], "epoch": answer["epoch"], "offsets_survive_owner": answer["survives"]}
+    if since > end:
+        if answer.get("written", 0) <= answer["end"]:  # nothing more is coming back from before: made up
+            raise past_the_end(since, end, **where)
+        return None
+    read = pipes.read(found, view, since, size, first, end)
+    return shaped_view(read, view, final=False, source="live", state=state, **where)
+
+
+def output_from_record(execution: Execution, since: int, size: int, view: pipes.View | None = None) -> dict:
+    if view is not None:
+        return view_from_record(execution, view, since, size)
     output = bytes(execution.output or b"")
     first = execution.output_truncated
     end = first + len(output)
@@ -427,7 +504,7 @@ def output_from_owner(answer: dict, since: int, state: str) -> dict:
                   cols=answer.get("cols"), rows=answer.get("rows"))  # fmt: skip
 
 
-async def read_output(load, since: int, size: int, wait: float, viewer: str) -> dict:
+async def read_output(load, since: int, size: int, wait: float, viewer: str, view: pipes.View | None = None) -> dict:
     """Output from ``since`` of the execution ``load()`` reads: from the worker holding the process while it
     runs, from the settled record after. ``wait``: how long to wait for output past ``since`` (or for an
     owner, between owners) before answering with none. ``load`` raises when the caller may no longer read it
@@ -436,14 +513,23 @@ async def read_output(load, since: int, size: int, wait: float, viewer: str) -> 
     while True:
         execution = await db(load)()
         if execution.state in ENDED_STATES:
-            return output_from_record(execution, since, size)
+            return output_from_record(execution, since, size, view)
         owner = await db(owner_of_execution)(execution.pk)
+        asked = {"view": view.value} if view is not None else {}
         try:
-            answer = await ask(owner, Peek, viewer=viewer, since=since, size=size) if owner else None
+            answer = await ask(owner, Peek, viewer=viewer, since=since, size=size, **asked) if owner else None
         except NotSent as error:  # the channel layer (Redis) away: as good as no answer
             log.warning("could not ask the owner of execution %s: %r", execution.pk, error)
             answer = None
-        if answer is not None and answer.get("type") == "api.output":
+        if answer is not None and answer.get("type") == "api.output" and view is not None:
+            result = view_from_owner(answer, view, since, size, execution.state)
+            if result is not None and (result["data"] or result["lost"] or time.monotonic() >= deadline):
+                await db(load)()  # access taken away while the worker answered: none of it is delivered
+                return result
+            if result is None and time.monotonic() >= deadline:
+                return shaped_view(pipes.read([], view, since, 0, since, since), view, final=False, source="live",
+                                   state=execution.state)  # fmt: skip
+        elif answer is not None and answer.get("type") == "api.output":
             coming = since <= answer.get("written", 0)  # read before, by an owner that died: its holder resends it
             if since > answer["end"] and not coming:
                 where = {"generation": answer["generation"], "epoch": answer["epoch"]}
@@ -461,6 +547,9 @@ async def read_output(load, since: int, size: int, wait: float, viewer: str) -> 
                 return result
         elif time.monotonic() >= deadline:
             if execution.state in (State.PENDING, State.DISPATCHED):  # not started yet: nothing printed
+                if view is not None:
+                    return shaped_view(pipes.read([], view, since, 0, 0, since), view, final=False, source="live",
+                                       state=execution.state)  # fmt: skip
                 return shaped(b"", since, since, 0, 0, since, final=False, source="live", state=execution.state)
             raise ApiProblem(
                 "owner_unavailable",
@@ -473,7 +562,7 @@ async def read_output(load, since: int, size: int, wait: float, viewer: str) -> 
 
 @router.get(
     "/executions/{pk}/output",
-    **answers(OutputOut, "not_found", "offset_out_of_range", "owner_unavailable"),
+    **answers(OutputOut, "not_found", "offset_out_of_range", "owner_unavailable", "wrong_kind"),
     summary="Output by byte offset (resumable)",
 )
 async def execution_output(
@@ -482,11 +571,12 @@ async def execution_output(
     since: int = Query(0, ge=0, le=MAX_INTEGER),
     size: int = Query(READ_BYTES, ge=1, le=READ_BYTES),
     wait: float = Query(0.0, ge=0, le=MAX_WAIT, description=WAITS),
+    stream: Literal["all", "stdout", "stderr"] = Query("all", description=STREAMS),
 ):
     token = await db(need)(request, Scope.READ)
-    await db(_mine)(request, pk)
+    view = view_of(await db(_mine)(request, pk), stream)
     wait = min(wait, settings.TETHER_API_MAX_WAIT_SECONDS)
-    return await read_output(lambda: _still_mine(request, pk), since, size, wait, f"api:{token.pk}")
+    return await read_output(lambda: _still_mine(request, pk), since, size, wait, f"api:{token.pk}", view)
 
 
 def _still_mine(request, pk: int) -> Execution:
@@ -545,7 +635,7 @@ def _resume_from(request, since: int) -> int:
 
 @router.get(
     "/executions/{pk}/output/stream",
-    **answers(None, "not_found", "offset_out_of_range", raw={200: EVENT_STREAM, 204: RESUMED_AT_THE_END}),
+    **answers(None, "not_found", "offset_out_of_range", "wrong_kind", raw={200: EVENT_STREAM, 204: RESUMED_AT_THE_END}),
     summary="Output as Server-Sent Events (resumable by Last-Event-ID)",
 )
 async def execution_output_stream(
@@ -555,11 +645,12 @@ async def execution_output_stream(
     timeout: float = Query(
         600, ge=1, le=MAX_WAIT, description="Seconds to keep the stream open, at most TETHER_API_STREAM_SECONDS"
     ),
+    stream: Literal["all", "stdout", "stderr"] = Query("all", description=STREAMS),
 ):
     """The output from ``since`` as it comes, then its end: the long poll's answers, pushed. Across a worker's
     loss it says `waiting` and goes on from the same offset; bytes no longer kept are said (`lost`)."""
     token = await db(need)(request, Scope.READ)
-    await db(_mine)(request, pk)
+    view = view_of(await db(_mine)(request, pk), stream)
     since = _resume_from(request, since)
     viewer = f"api:{token.pk}"
 
@@ -567,7 +658,7 @@ async def execution_output_stream(
         return _still_mine(request, pk)
 
     try:  # an offset past the end is refused as a status, before the stream starts
-        first = await read_output(load, since, READ_BYTES, 0.0, viewer)
+        first = await read_output(load, since, READ_BYTES, 0.0, viewer, view)
     except ApiProblem as problem:
         if problem.code != "owner_unavailable":
             raise
@@ -578,14 +669,14 @@ async def execution_output_stream(
         return ended
     deadline = time.monotonic() + min(timeout, settings.TETHER_API_STREAM_SECONDS)
     response = StreamingHttpResponse(
-        _output_events(load, since, first, deadline, viewer), content_type="text/event-stream"
+        _output_events(load, since, first, deadline, viewer, view), content_type="text/event-stream"
     )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each event on as it comes
     return response
 
 
-async def _output_events(load, since: int, answer: dict | None, deadline: float, viewer: str):
+async def _output_events(load, since: int, answer: dict | None, deadline: float, viewer: str, view=None):
     yield "retry: 1000\n\n"
     waiting, quiet_since = False, time.monotonic()
     while True:
@@ -613,7 +704,7 @@ async def _output_events(load, since: int, answer: dict | None, deadline: float,
             yield ": still running\n\n"
             quiet_since = time.monotonic()
         try:
-            answer = await read_output(load, since, READ_BYTES, min(TURN_SECONDS, left), viewer)
+            answer = await read_output(load, since, READ_BYTES, min(TURN_SECONDS, left), viewer, view)
         except ApiProblem as problem:
             if problem.code != "owner_unavailable":
                 yield _event("error", {"code": problem.code, "detail": problem.detail})
@@ -622,6 +713,67 @@ async def _output_events(load, since: int, answer: dict | None, deadline: float,
             if not waiting:
                 yield _event("waiting", {"detail": problem.detail, "since": since})
                 waiting, quiet_since = True, time.monotonic()
+
+
+class CommandInputIn(Body):
+    seq: int = Field(..., ge=0, le=2**53, description="Your number for this input: a retry of it is written once")
+    data: str | None = Field(None, max_length=MAX_INPUT_BYTES, description="Bytes for its stdin, as text (UTF-8)")
+    data_b64: str | None = Field(
+        None,
+        max_length=(MAX_INPUT_BYTES + 2) // 3 * 4,
+        pattern=r"^[A-Za-z0-9+/]*={0,2}$",
+        description="Bytes for its stdin as base64",
+    )
+    eof: bool = Field(False, description="Close its stdin after these bytes (the program reads its end)")
+    client: str = Field(
+        "", max_length=100, pattern=NO_NUL, description="Which of your programs sends it (numbers are per client)"
+    )
+
+
+@router.post(
+    "/executions/{pk}/input",
+    **answers(
+        InputOut,
+        "not_found",
+        "forbidden",
+        "wrong_kind",
+        "state_conflict",
+        "input_unconfirmed",
+        "input_gap",
+        "input_conflict",
+        "too_large",
+        "owner_unavailable",
+    ),
+    summary="Write to a command's stdin, or close it (pty: false; numbered, written once)",
+)
+async def execution_input(request, pk: int, body: CommandInputIn):
+    """For a command on pipes: bytes for its stdin, and with `eof` its end. Each `seq` is written at most once
+    however often it is sent (the same contract as a terminal's input)."""
+    token = await db(need)(request, Scope.RUN)
+    execution = await db(_mine)(request, pk)
+    if not await db(may)(token, Do.OPERATE, execution):
+        raise ApiProblem("forbidden", f"you may not write to execution {pk}")
+    if execution.spec.get("pty", True):
+        raise ApiProblem(
+            "wrong_kind", "this command runs on a terminal: it has no stdin of its own (submit it with pty: false)"
+        )
+    if body.data is not None and body.data_b64 is not None:
+        raise ApiProblem("validation_error", "send the bytes as at most one of data or data_b64")
+    try:
+        data = body.data.encode() if body.data is not None else base64.b64decode(body.data_b64 or "", validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiProblem("validation_error", "data_b64 is not base64") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise ApiProblem("too_large", f"at most {MAX_INPUT_BYTES} bytes of input a call", limit=MAX_INPUT_BYTES)
+    if not data and not body.eof:
+        raise ApiProblem("validation_error", "send some bytes, or eof: true to close its stdin")
+    if execution.state in ENDED_STATES:
+        raise ApiProblem("state_conflict", f"the command is {execution.state}: it takes no input now")
+    if execution.state != State.RUNNING:
+        raise ApiProblem("owner_unavailable", "it has not started yet; send the same seq again", retry_after=1)
+    owner = await db(owner_of_execution)(execution.pk)
+    encoded = pipes.encode_input(data, close=body.eof)
+    return await deliver(token, {"execution": execution}, owner, body.seq, body.client, encoded, "the command")
 
 
 class CancelIn(Body):

@@ -106,7 +106,9 @@ class ApiInput(models.Model):
     the same number is never written twice, and confirmed once the owner wrote it."""
 
     token = models.ForeignKey(ApiToken, on_delete=models.PROTECT, related_name="+")
-    session = models.ForeignKey("terminals.TerminalSession", on_delete=models.CASCADE, related_name="+")
+    # Either a terminal session's shell, or a command on pipes (its stdin).
+    session = models.ForeignKey("terminals.TerminalSession", on_delete=models.CASCADE, related_name="+", null=True)
+    execution = models.ForeignKey("executions.Execution", on_delete=models.CASCADE, related_name="+", null=True)
     client = models.CharField(max_length=100, blank=True)
     seq = models.BigIntegerField()
     size = models.PositiveIntegerField()
@@ -118,6 +120,12 @@ class ApiInput(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["token", "session", "client", "seq"], name="api_input_once"),
+            models.UniqueConstraint(fields=["token", "execution", "client", "seq"], name="api_command_input_once"),
+            models.CheckConstraint(
+                condition=Q(session__isnull=True, execution__isnull=False)
+                | Q(session__isnull=False, execution__isnull=True),
+                name="api_input_one_target",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -33,7 +33,7 @@ CODES: dict[str, tuple[int, str]] = {
     "slot_taken": (409, "The machine's command slot is held"),
     "state_conflict": (409, "Its state does not allow this"),
     "resolve_refused": (409, "A resolution check failed"),
-    "wrong_kind": (409, "A directory where a file is wanted, or the other way round"),
+    "wrong_kind": (409, "The wrong kind of thing: a directory for a file (or back), a terminal's stderr or stdin"),
     "input_unconfirmed": (409, "That input's delivery is unconfirmed; it is not written again"),
     "input_gap": (409, "That input number skips one: send the expected one first"),
     "input_conflict": (409, "That input number was sent before with other keys"),

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import uuid
 from datetime import datetime, timedelta
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import Max, Min, Prefetch, Q
+from django.db.models import Prefetch, Q
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 
@@ -34,18 +32,17 @@ from api.executions import (
     shaped,
     still,
 )
-from api.models import ApiInput, InputState, Scope
+from api.inputs import InputOut, deliver
+from api.models import Scope
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem, answers
 from api.schemas import NO_NUL, Body
-from executions.locks import Lock, held_until_commit
 from executions.models import ExecutionAlias
 from terminals import actions
 from terminals.actions.sessions import NoLongerAllowed
 from terminals.models import ProcessState, TerminalSession
 from terminals.owner_client import owner_of_execution
 from terminals.protocol import MAX_COLS, MAX_FRAME_BYTES, MAX_INTEGER, MAX_ROWS, ApiResize, ErrorCode, Request
-from terminals.protocol import ApiInput as InputMessage
 
 router = Router(tags=["terminals"])
 
@@ -241,59 +238,6 @@ class InputIn(Body):
     )
 
 
-class InputOut(Schema):
-    written: bool
-    repeated: bool = Field(description="This seq had been written before: not written again")
-    seq: int
-
-
-def _in_order(token, session, client: str) -> None:
-    """One claim at a time for this (token, session, client): the numbers they check stay true until it commits."""
-    held_until_commit(Lock.INPUT_ORDER, token.pk, session.pk, client)
-
-
-def _claim(token, session, body: InputIn, data: bytes) -> ApiInput | None:
-    """Claim the number before sending it; None when it was claimed before with the same keys (a retry).
-
-    The contract (docs/api.md): a client's first number is its own choice; from then on each is the one after the
-    highest taken (``input_gap`` names it otherwise), or one taken before, sent again with the same keys (a retry:
-    written once) — with other keys it is ``input_conflict``. A number given back (never written: the worker was
-    not reached) may be sent again."""
-    digest = hashlib.sha256(data).hexdigest()
-    with transaction.atomic():
-        _in_order(token, session, body.client)
-        taken = ApiInput.objects.filter(token=token, session=session, client=body.client)
-        earlier = taken.filter(seq=body.seq).first()
-        span = taken.aggregate(lowest=Min("seq"), highest=Max("seq"))
-        expected = span["highest"] + 1 if span["highest"] is not None else body.seq
-        if earlier is not None:
-            if earlier.digest and earlier.digest != digest:
-                raise ApiProblem(
-                    "input_conflict",
-                    f"input {body.seq} was sent before with other keys; nothing is written (send new keys as "
-                    f"{expected})",
-                    expected=expected,
-                )
-            return None
-        given_back = span["lowest"] is not None and span["lowest"] < body.seq < expected
-        if body.seq != expected and not given_back:
-            raise ApiProblem(
-                "input_gap", f"input {body.seq} is out of order; the next this client sends is {expected}",
-                expected=expected,
-            )  # fmt: skip
-        try:
-            with transaction.atomic():
-                return ApiInput.objects.create(
-                    token=token, session=session, client=body.client, seq=body.seq, size=len(data), digest=digest
-                )
-        except IntegrityError:  # taken meanwhile (SQLite, without the lock): a retry
-            return None
-
-
-def _earlier(token, session, body: InputIn) -> ApiInput:
-    return ApiInput.objects.get(token=token, session=session, client=body.client, seq=body.seq)
-
-
 @router.post(
     "/{session_id}/input",
     **answers(
@@ -323,46 +267,7 @@ async def terminal_input(request, session_id: uuid.UUID, body: InputIn):
     if session.process_state != ProcessState.LIVE:
         raise ApiProblem("state_conflict", f"the session is {session.process_state}: its shell takes no input")
     owner = await db(owner_of_execution)(session.execution_id)
-    if owner is None:
-        text = "no worker holds the shell right now; send the same seq again"
-        raise ApiProblem("owner_unavailable", text, retry_after=1)
-    claim = await db(_claim)(token, session, body, data)
-    if claim is None:
-        earlier = await db(_earlier)(token, session, body)
-        if earlier.state == InputState.WRITTEN:
-            return {"written": True, "repeated": True, "seq": body.seq}
-        raise ApiProblem(
-            "input_unconfirmed",
-            f"input {body.seq} was sent before and its writing was never confirmed; it is not written again "
-            "(read the output to see whether it arrived)",
-        )
-    viewer = f"api:{token.pk}:{body.client}"
-    by = token.user.get_username()
-    try:
-        answer = await ask(owner, InputMessage, viewer=viewer, data=data, seq=body.seq, by=by, claim=claim.pk)
-    except NotSent as error:  # it never left (Redis away): nothing was written, so the number is free again
-        await db(ApiInput.objects.filter(pk=claim.pk).delete)()
-        text = f"could not reach the worker ({type(error).__name__}); send the same seq again"
-        raise ApiProblem("owner_unavailable", text, retry_after=1) from None
-    if answer is None:
-        # No answer: given up here unless the owner took it first (one of the two wins the row). Not taken,
-        # it can never be written (a worker that wakes later finds it given up): the number is free again.
-        given_up, _ = await db(ApiInput.objects.filter(pk=claim.pk, state=InputState.SENDING).delete)()
-        if given_up:
-            text = "no worker answers for the shell right now (it may be changing hands); send the same seq again"
-            raise ApiProblem("owner_unavailable", text, retry_after=1)
-        raise ApiProblem(
-            "input_unconfirmed",
-            f"the worker took input {body.seq} and did not confirm it; it may have been written, and is not "
-            "written again",
-        )
-    if answer.get("ok"):
-        await db(ApiInput.objects.filter(pk=claim.pk).update)(state=InputState.WRITTEN)
-        return {"written": True, "repeated": False, "seq": body.seq}
-    await db(ApiInput.objects.filter(pk=claim.pk).delete)()  # refused, so not written: the number is free again
-    if answer.get("code") == ErrorCode.NOT_WRITER:
-        raise ApiProblem("not_writer", answer.get("text", ""))
-    raise ApiProblem("owner_unavailable", answer.get("text", "") + "; send the same seq again", retry_after=1)
+    return await deliver(token, {"session": session}, owner, body.seq, body.client, data, "the shell")
 
 
 class ResizeIn(Body):

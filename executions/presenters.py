@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from executions import pipes
 from executions.models import Execution, Machine
 
 
@@ -34,6 +35,18 @@ def execution_json(execution: Execution) -> dict:
         # A command's captured terminal output (its last TETHER_COMMAND_OUTPUT_BYTES), as text.
         "output": bytes(execution.output or b"").decode("utf-8", "replace"),
         "output_truncated": execution.output_truncated,
+        **_streams(execution),
+    }
+
+
+def _streams(execution: Execution) -> dict:
+    """A command on pipes: its output as both streams in the order they came, and each apart (as text)."""
+    if execution.spec.get("pty", True):
+        return {}
+    found = pipes.pieces(bytes(execution.output or b""), execution.output_truncated)
+    text = {view: b"".join(p.data for p in found if view == "all" or p.stream == view) for view in pipes.View}
+    return {"output": text["all"].decode("utf-8", "replace")} | {
+        view.value: text[view].decode("utf-8", "replace") for view in (pipes.View.STDOUT, pipes.View.STDERR)
     }
 
 
@@ -49,8 +62,12 @@ def execution_text(execution: Execution) -> str:
     if data["resolution_note"]:
         by = f" by {data['resolved_by']}" if data["resolved_by"] else ""
         lines.append(f"  resolution: {data['resolution_note']} (at {data['resolved_at']}{by})")
-    if data["output"]:
-        dropped = f"; {data['output_truncated']} earlier bytes not kept" if data["output_truncated"] else ""
+    dropped = f"; {data['output_truncated']} earlier bytes not kept" if data["output_truncated"] else ""
+    if "stdout" in data:  # on pipes
+        for name in ("stdout", "stderr"):
+            if data[name]:
+                lines += [f"  {name} ({len(data[name].encode())} bytes{dropped}):", data[name].rstrip("\r\n")]
+    elif data["output"]:
         lines.append(f"  output ({len(execution.output)} bytes{dropped}):")
         lines.append(data["output"].rstrip("\r\n"))
     return "\n".join(lines)

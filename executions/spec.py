@@ -31,6 +31,8 @@ class ExecutionSpec:
     session_seconds: int = 0
     idle_seconds: int = 0
     output_limit_bytes: int = 0
+    # False: on pipes (stdout and stderr apart, stdin that can be closed: executions.pipes), not a terminal.
+    pty: bool = True
 
     @classmethod
     def build(cls, argv, **options) -> ExecutionSpec:
@@ -83,11 +85,15 @@ class ExecutionSpec:
                 raise SpecError(f"{name}: must be a non-negative integer (0 means no limit), got {value!r}")
         if not isinstance(self.cwd, str) or "\x00" in self.cwd:
             raise SpecError("cwd: must be a path string")
+        if not isinstance(self.pty, bool):
+            raise SpecError(f"pty: must be true or false, got {self.pty!r}")
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["argv"] = list(self.argv)
         data["env"] = dict(sorted(self.env.items()))
+        if self.pty:  # the default is left out: a spec from before pipes keeps its digest
+            del data["pty"]
         return data
 
     @property

@@ -15,6 +15,8 @@
  *   tether-holder forget DIR     removes DIR once no holder lives in it (the end is on record elsewhere).
  *   tether-holder status DIR     "exit RECORD" once the program has ended, "running holder ..." while the
  *                                holder lives, "gone" when it does not, "none" when nothing is there.
+ *   tether-holder mux -- ARGV    runs ARGV on pipes and speaks for it in lines over its own terminal
+ *                                (a command with `pty: false`): see mux() below.
  *
  * One file, no dependencies beyond libc; built static (musl-gcc, or gcc -static) so it runs in any
  * Linux container whatever its libc. It never dies of a client: every client error drops that client.
@@ -32,6 +34,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -947,12 +950,219 @@ static int forget(int argc, char **argv) {
     return 0;
 }
 
+/* --- mux: a program on pipes, spoken over the terminal it was given --------------------------------- */
+/* `tether-holder mux [--] ARGV...` runs ARGV with its stdin, stdout and stderr on pipes, with no terminal
+   of its own (a new session), and speaks for it over its own stdin/stdout (the PTY a shell would have had,
+   put in raw mode) in lines of ASCII that survive any terminal, raw or cooked:
+     out:  "O<out>,<err>,<n>:<base64>\n" (stdout) or "E<out>,<err>,<n>:<base64>\n" (stderr): <out> and <err>
+           count the bytes of each stream before this piece of <n> bytes, so any whole line says where it is in
+           both streams (and a line cut short, or a screen's redraw of one, is told from a whole one);
+     in:   "D<base64>\n" bytes for the program's stdin, "C\n" closes it (EOF); "\r" ends a line as well
+           (tmux types Enter as CR), and any other line is ignored (an echo before raw mode took hold).
+   It exits as the program did (re-raising the signal that ended it), once both pipes are closed, or have
+   stayed quiet for QUIET_MS after the program's end (a background child may hold them open for ever).
+   HUP, INT, TERM and QUIT sent to it are passed to the program's process group. */
+#define MUX_PIECE 3072                 /* bytes of output a line: 4096 characters of base64 */
+#define MUX_LINE (96 * 1024)           /* the longest input line taken; a longer one is dropped whole */
+#define MUX_STDIN_HIGH (64 * 1024)     /* stdin bytes waiting for the program: above this, input waits */
+
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static size_t b64_encode(const unsigned char *in, size_t n, char *out) {
+    size_t o = 0;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)in[i] << 16;
+        if (i + 1 < n) v |= (uint32_t)in[i + 1] << 8;
+        if (i + 2 < n) v |= in[i + 2];
+        out[o++] = B64[(v >> 18) & 63];
+        out[o++] = B64[(v >> 12) & 63];
+        out[o++] = i + 1 < n ? B64[(v >> 6) & 63] : '=';
+        out[o++] = i + 2 < n ? B64[v & 63] : '=';
+    }
+    return o;
+}
+
+static int b64_value(int c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+}
+
+/* Decodes n characters (a multiple of 4, '=' only at the end) into out; -1 when it is not base64. */
+static long b64_decode(const char *in, size_t n, unsigned char *out) {
+    if (n % 4) return -1;
+    size_t o = 0;
+    for (size_t i = 0; i < n; i += 4) {
+        int v[4];
+        for (int k = 0; k < 4; k++) {
+            v[k] = in[i + k] == '=' && i + 4 == n && k >= 2 ? 0 : b64_value((unsigned char)in[i + k]);
+            if (v[k] < 0) return -1;
+        }
+        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
+        out[o++] = (unsigned char)(w >> 16);
+        if (in[i + 2] != '=') out[o++] = (unsigned char)(w >> 8);
+        if (in[i + 3] != '=') out[o++] = (unsigned char)w;
+        if (in[i + 2] == '=' && in[i + 3] != '=') return -1;
+    }
+    return (long)o;
+}
+
+static int write_all(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && errno == EAGAIN) { struct pollfd f = {fd, POLLOUT, 0}; poll(&f, 1, 1000); continue; }
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static uint64_t mux_counts[2];  /* bytes of stdout, stderr said so far */
+static int mux_out_gone;        /* our stdout (the terminal) is gone: what the program prints is dropped */
+
+/* Reads what one pipe has (one piece) and says it: 1 when it did, 0 at the pipe's end, -1 when it has
+   nothing now. */
+static int mux_pipe(int fd, int which) {
+    unsigned char piece[MUX_PIECE];
+    ssize_t n = read(fd, piece, sizeof piece);
+    if (n < 0) return errno == EAGAIN || errno == EINTR ? -1 : 0;
+    if (n == 0) return 0;
+    char line[80 + MUX_PIECE / 3 * 4 + 8];
+    int head = snprintf(line, 80, "%c%llu,%llu,%zd:", which ? 'E' : 'O', (unsigned long long)mux_counts[0],
+                        (unsigned long long)mux_counts[1], n);
+    size_t len = (size_t)head + b64_encode(piece, (size_t)n, line + head);
+    line[len++] = '\n';
+    mux_counts[which] += (uint64_t)n;
+    if (!mux_out_gone && write_all(1, line, len) != 0) mux_out_gone = 1;
+    return 1;
+}
+
+static int mux(int argc, char **argv) {
+    if (argc > 0 && !strcmp(argv[0], "--")) { argc--; argv++; }
+    if (argc < 1) { fprintf(stderr, "usage: tether-holder mux [--] ARGV...\n"); return 2; }
+    struct termios raw;
+    if (isatty(0) && tcgetattr(0, &raw) == 0) { cfmakeraw(&raw); tcsetattr(0, TCSANOW, &raw); }
+    int in[2], out[2], err[2];
+    if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) { perror("pipe"); return 126; }
+    sigset_t mask, old;
+    sigemptyset(&mask);
+    int passed[] = {SIGHUP, SIGINT, SIGTERM, SIGQUIT};
+    sigaddset(&mask, SIGCHLD);
+    for (size_t i = 0; i < sizeof passed / sizeof *passed; i++) sigaddset(&mask, passed[i]);
+    sigprocmask(SIG_BLOCK, &mask, &old);
+    pid_t child = fork();
+    if (child < 0) { perror("fork"); return 126; }
+    if (child == 0) {
+        setsid();  /* no controlling terminal: a program that opens /dev/tty is told there is none */
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        signal(SIGPIPE, SIG_DFL);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        execvp(argv[0], argv);
+        int e = errno;
+        dprintf(2, "tether-holder mux: cannot run %s: %s\n", argv[0], strerror(e));
+        _exit(e == ENOENT ? 127 : 126);
+    }
+    close(in[0]);
+    close(out[1]);
+    close(err[1]);
+    signal(SIGPIPE, SIG_IGN);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    int fds[2] = {out[0], err[0]};
+    set_nonblocking(out[0]);
+    set_nonblocking(err[0]);
+    set_nonblocking(in[1]);
+    set_nonblocking(0);
+    int stdin_fd = in[1], stdin_close = 0, term_in = 1;
+    static unsigned char pending[MUX_STDIN_HIGH + MUX_LINE];
+    static char line[MUX_LINE];
+    size_t pending_len = 0, line_len = 0;
+    int line_dropped = 0, reaped = 0, status = 0;
+    long long quiet_since = now_ms();
+    for (;;) {
+        if (reaped && ((fds[0] < 0 && fds[1] < 0) || now_ms() - quiet_since >= QUIET_MS)) break;
+        struct pollfd p[5];
+        int np = 0, at_out = -1, at_err = -1, at_term = -1;
+        p[np++] = (struct pollfd){sfd, POLLIN, 0};
+        if (fds[0] >= 0) { at_out = np; p[np++] = (struct pollfd){fds[0], POLLIN, 0}; }
+        if (fds[1] >= 0) { at_err = np; p[np++] = (struct pollfd){fds[1], POLLIN, 0}; }
+        if (term_in && pending_len <= MUX_STDIN_HIGH) { at_term = np; p[np++] = (struct pollfd){0, POLLIN, 0}; }
+        if (stdin_fd >= 0 && pending_len > 0) p[np++] = (struct pollfd){stdin_fd, POLLOUT, 0};
+        int timeout = reaped ? (int)(QUIET_MS - (now_ms() - quiet_since)) : -1;
+        if (reaped && timeout < 1) timeout = 1;
+        if (poll(p, (nfds_t)np, timeout) < 0 && errno != EINTR) break;
+        if (p[0].revents) {
+            struct signalfd_siginfo info;
+            while (read(sfd, &info, sizeof info) == sizeof info) {
+                if (info.ssi_signo != SIGCHLD) { kill(-child, (int)info.ssi_signo); kill(child, (int)info.ssi_signo); }
+            }
+            int s;
+            if (!reaped && waitpid(child, &s, WNOHANG) == child) { reaped = 1; status = s; quiet_since = now_ms(); }
+            while (waitpid(-1, &s, WNOHANG) > 0) {}  /* anything else reparented to us */
+        }
+        int at[2] = {at_out, at_err};
+        for (int k = 0; k < 2; k++) {
+            if (at[k] < 0 || !p[at[k]].revents) continue;
+            if (mux_pipe(fds[k], k) == 0) { close(fds[k]); fds[k] = -1; }
+            quiet_since = now_ms();
+        }
+        if (at_term >= 0 && p[at_term].revents) {
+            char buf[16384];
+            ssize_t n = read(0, buf, sizeof buf);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) term_in = 0;
+            for (ssize_t i = 0; i < n; i++) {
+                char c = buf[i];
+                if (c != '\n' && c != '\r') {
+                    if (line_len < sizeof line) line[line_len++] = c; else line_dropped = 1;
+                    continue;
+                }
+                if (!line_dropped && line_len > 0 && line[0] == 'D' && stdin_fd >= 0 && !stdin_close) {
+                    long got = b64_decode(line + 1, line_len - 1, pending + pending_len);
+                    if (got > 0) pending_len += (size_t)got;
+                } else if (!line_dropped && line_len == 1 && line[0] == 'C') {
+                    stdin_close = 1;
+                }
+                line_len = 0;
+                line_dropped = 0;
+            }
+            /* Read only while at most MUX_STDIN_HIGH waits: one read adds at most the line carried over and
+               what this buffer holds, which pending has room for. */
+        }
+        if (stdin_fd >= 0 && pending_len > 0) {
+            ssize_t w = write(stdin_fd, pending, pending_len);
+            if (w > 0) { memmove(pending, pending + w, pending_len - (size_t)w); pending_len -= (size_t)w; }
+            else if (w < 0 && errno != EAGAIN && errno != EINTR) { pending_len = 0; close(stdin_fd); stdin_fd = -1; }
+        }
+        if (stdin_fd >= 0 && stdin_close && pending_len == 0) { close(stdin_fd); stdin_fd = -1; }
+    }
+    for (int k = 0; k < 2; k++) if (fds[k] >= 0) while (mux_pipe(fds[k], k) > 0) {}  /* the last of it */
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        struct rlimit none = {0, 0};
+        setrlimit(RLIMIT_CORE, &none);
+        signal(sig, SIG_DFL);
+        sigset_t all;
+        sigfillset(&all);
+        sigprocmask(SIG_UNBLOCK, &all, NULL);
+        kill(getpid(), sig);
+        return 128 + sig;
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(argc - 2, argv + 2);
     if (argc >= 3 && !strcmp(argv[1], "attach")) return relay(argc - 2, argv + 2);
     if (argc >= 3 && !strcmp(argv[1], "status")) return status(argc - 2, argv + 2);
     if (argc >= 3 && !strcmp(argv[1], "forget")) return forget(argc - 2, argv + 2);
+    if (argc >= 3 && !strcmp(argv[1], "mux")) return mux(argc - 2, argv + 2);
     if (argc >= 2 && !strcmp(argv[1], "version")) { printf("tether-holder 1\n"); return 0; }
-    fprintf(stderr, "usage: tether-holder serve DIR [options] -- ARGV... | attach DIR | status DIR | forget DIR | version\n");
+    fprintf(stderr, "usage: tether-holder serve DIR [options] -- ARGV... | attach DIR | status DIR | forget DIR | mux -- ARGV... | version\n");
     return 2;
 }

@@ -271,6 +271,9 @@ class Peek(ToOwner):
     TYPE = "session.peek"
     since: int = 0
     size: int = 64 * 1024
+    # A command on pipes (executions.pipes): ``since`` counts in this view ("all", "stdout" or "stderr"), and
+    # the answer is the encoded stream from the first whole line with bytes of it there.
+    view: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +368,9 @@ class Peeked(Message):
     written: int = 0
     cols: int = 80  # the grid its program draws for now (a screen rebuilt from the bytes needs it)
     rows: int = 24
+    # A read of a view (``Peek.view``): where the view's kept bytes start and end (-1: no whole line kept).
+    view_first: int = -1
+    view_end: int = -1
 
 
 @dataclass(frozen=True, slots=True)

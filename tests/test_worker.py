@@ -358,6 +358,11 @@ def test_a_submitted_command_runs_and_exec_await_waits_for_its_outcome():
         assert ExecutionEvent.objects.filter(execution__execution_id="cli-1").count() == events
         missing = _manage(stack, "exec_await", "team-a", "no-such-id", "--timeout", "1")
         assert missing.returncode == 5 and missing.stderr.count("\n") == 1
+        # On pipes: each stream said apart.
+        piped = ["exec_submit", "--scope", "team-a", "--id", "cli-2", "--machine", "cli-box", "--pipes", "--"]
+        assert _manage(stack, *piped, "sh", "-c", "echo out; echo err >&2").returncode == 0
+        text = _manage(stack, "exec_await", "team-a", "cli-2", "--timeout", "30").stdout
+        assert "  stdout (4 bytes):\nout\n" in text and "  stderr (4 bytes):\nerr" in text, text
     finally:
         stack.stop()
 

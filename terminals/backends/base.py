@@ -201,6 +201,18 @@ class Backend(abc.ABC):
         host, where it is. Raises BackendError when it cannot be placed where the program runs."""
         return str(source)
 
+    async def pipes_program(self, instance: str = "") -> str:
+        """The path, where a program started here runs, of the session holder that runs a command on pipes
+        (``tether-holder mux``, executions.pipes). Raises BackendError when there is none there."""
+        from terminals.backends.holder import holder_binary
+
+        if (binary := holder_binary()) is None:
+            raise BackendError(
+                "a command on pipes (pty: false) needs the session holder (tether-holder), "
+                "which is not built or turned off (TETHER_HOLDER) here"
+            )
+        return str(binary)
+
     async def vacancy(self, instance: str) -> str | None:
         """Why nothing that ran in ``instance`` (as recorded at its dispatch; "" when not recorded) can run
         any more: its container is gone or stopped, its tmux server gone, the host rebooted. None when

@@ -59,7 +59,15 @@ from terminals.backends.docker_exec import (
     settled,
     survivors,
 )
-from terminals.backends.docker_held import Unheld, attach_held, inspect_held, place, remove_held, spawn_held
+from terminals.backends.docker_held import (
+    Unheld,
+    attach_held,
+    inspect_held,
+    install,
+    place,
+    remove_held,
+    spawn_held,
+)
 from terminals.backends.docker_process import DockerProcess
 from terminals.backends.holder import holder_binary
 
@@ -321,6 +329,16 @@ class DockerBackend(Backend):
             )
         except Unheld as why:
             raise BackendError(str(why)) from None
+
+    async def pipes_program(self, instance: str = "") -> str:
+        """The holder copied into the container (as for a held shell)."""
+        binary = Path(await super().pipes_program(instance))
+        api = await self._client(self.engine)
+        engine_id, _, container = instance.rpartition("/")
+        try:
+            return await install(api, engine_id or await self._daemon(api), container or self.container, binary)
+        except Unheld as why:
+            raise BackendError(f"a command on pipes (pty: false) cannot run in this container: {why}") from None
 
     async def instance(self, *, ensure: bool = False) -> str:
         """``ENGINE-ID/CONTAINER-ID`` of the machine's container now, "" when there is none by its name."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 from channels.db import database_sync_to_async as db
 
@@ -92,6 +93,12 @@ class Launcher:
                 raise SpawnError(str(error)) from None
             if session is not None:
                 spec = await self._integrate(spec, execution, token, session, backend, instance)
+            if not full_spec.pty:  # on pipes: the holder's mux runs it and speaks for it (executions.pipes)
+                try:
+                    mux = await backend.pipes_program(instance)
+                except BackendError as error:
+                    raise SpawnError(str(error)) from None
+                spec = replace(spec, argv=(mux, "mux", "--", *spec.argv))
             intent = {"launch": Launch.SPAWNING, "backend": machine.backend, "instance": instance}
             intent |= {"marker": tags.marker, "session": tags.session}
             execution = await until_recorded(

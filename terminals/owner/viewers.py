@@ -15,6 +15,7 @@ from channels.db import database_sync_to_async as db
 from django.conf import settings
 
 from config import logs
+from executions import pipes
 from terminals import actions, metrics
 from terminals.layers import MessageTooLarge
 from terminals.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Observer, Viewer
@@ -405,6 +406,9 @@ class ViewerService:
         if (live := await self._api_target(message)) is None:
             return
         size = min(max(int(message.size), 0), OUTPUT_MESSAGE_BYTES)
+        if message.view:
+            await self.outbox.send(message.reply, self._peek_view(live, message, size))
+            return
         async with live.send_lock:
             first, data, lost = live.buffer.since(max(int(message.since), 0))
             live.read_by(message.viewer, first)
@@ -422,6 +426,34 @@ class ViewerService:
                 rows=live.grid[1],
             )
         await self.outbox.send(message.reply, peeked)
+
+    @staticmethod
+    def _peek_view(live: LiveProcess, message: Peek, size: int) -> Peeked:
+        """A read of a command on pipes: the encoded stream from the first whole line of the view with bytes
+        at or after ``since`` (its own offsets), and where the view's kept bytes start and end."""
+        try:
+            view = pipes.View(message.view)
+        except ValueError:
+            view = pipes.View.ALL
+        start, kept, _ = live.buffer.since(live.buffer.start)
+        found = pipes.pieces(kept, start)
+        bounds = pipes.first_and_end(found, view, whole=start == 0)
+        piece = pipes.starting_at(found, view, max(int(message.since), 0))
+        at = piece.at if piece is not None else live.buffer.end
+        live.read_by(message.viewer, at)
+        return Peeked(
+            offset=at,
+            data=kept[at - start : at - start + size],
+            start=live.buffer.start,
+            end=live.buffer.end,
+            lost=0,
+            generation=live.generation,
+            epoch=live.token,
+            survives=live.process.offsets_survive_owner,
+            written=live.process.written_at_attach,
+            view_first=bounds[0] if bounds else -1,
+            view_end=bounds[1] if bounds else -1,
+        )
 
     async def on_api_input(self, message: ApiInput) -> None:
         if (live := await self._api_target(message, by=message.by)) is None:

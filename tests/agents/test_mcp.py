@@ -75,7 +75,8 @@ def test_an_agent_lists_runs_reads_awaits_and_cancels_over_mcp(stack, place, ope
         async with agent_of(stack.ports[0], raw) as a:
             tools = {tool.name: tool for tool in (await a.session.list_tools()).tools}
             assert set(tools) >= {"list_workspaces", "run_command", "read_output", "await_command", "cancel_command",
-                                  "open_terminal", "send_keys", "read_screen", "close_terminal"}  # fmt: skip
+                                  "write_stdin", "open_terminal", "send_keys", "read_screen",
+                                  "close_terminal"}  # fmt: skip
             assert tools["read_output"].annotations.readOnlyHint is True
             assert tools["run_command"].annotations.idempotentHint is True
             assert tools["run_command"].annotations.destructiveHint is True
@@ -104,6 +105,20 @@ def test_an_agent_lists_runs_reads_awaits_and_cancels_over_mcp(stack, place, ope
             assert again.structuredContent["created"] is False
             assert again.structuredContent["execution"]["id"] == said["execution"]["id"]
             assert launches.read_text() == "launched\n"
+
+            # On pipes: stdout and stderr apart, stdin written once per seq and closed.
+            piped = await a.call(
+                "run_command", machine="mcp-box", scope="agent", id="piped", pty=False,
+                argv=["sh", "-c", "printf out; printf err >&2; cat; exit 2"],
+            )  # fmt: skip
+            piped_pk = piped.structuredContent["execution"]["id"]
+            written = await a.call("write_stdin", execution=piped_pk, seq=0, data="in\n", eof=True)
+            assert written.structuredContent == {"written": True, "repeated": False, "seq": 0}
+            ended = (await a.call("await_command", execution=piped_pk, timeout_seconds=30)).structuredContent
+            assert (ended["execution"]["exit_code"], ended["execution"]["pty"]) == (2, False)
+            assert (ended["stdout"]["text"], ended["stderr"]["text"]) == ("outin\n", "err")
+            err = (await a.call("read_output", execution=piped_pk, stream="stderr", since=1)).structuredContent
+            assert (err["text"], err["offset"], err["final"]) == ("rr", 1, True)
 
             # Output by offset: next, end, final; the head and tail of a long output with what was left out.
             pk = said["execution"]["id"]
@@ -144,16 +159,12 @@ def test_an_agent_lists_runs_reads_awaits_and_cancels_over_mcp(stack, place, ope
             ended = (await a.call("await_command", execution=slow_pk, timeout_seconds=30)).structuredContent
             assert ended["final"] is True and ended["execution"]["evidence"] in ("signaled", "killed", "cancelled")
 
-            # Refusals carry the API's problem: an unknown argument, a bad field, pipes, a slot that is yours.
+            # Refusals carry the API's problem: an unknown argument, a bad field, a slot that is yours.
             code, problem = await a.refused("run_command", machine="mcp-box", scope="agent", id="x", argv=["true"],
                                             evn={"A": "1"})  # fmt: skip
             assert (code, problem["fields"]) == ("unknown_fields", ["evn"])
             code, _ = await a.refused("run_command", machine="mcp-box", scope="agent", id="-x", argv=["true"])
             assert code == "validation_error"
-            code, problem = await a.refused(
-                "run_command", machine="mcp-box", scope="agent", id="pipes", argv=["true"], pty=False
-            )
-            assert code == "validation_error" and problem["errors"][0]["field"] == "pty"
             code, problem = await a.refused("read_output", execution=999999)
             assert (code, problem["status"]) == ("not_found", 404)
             code, _ = await a.refused("format_disk")

@@ -48,7 +48,7 @@ def problem(answer) -> dict:
     ("body", "fields"),
     [
         ({**SUBMIT, "evn": {"A": "1"}}, ["evn"]),  # the typo that ran a command without its env
-        ({**SUBMIT, "timeout_seconds": 5, "pty": False}, ["timeout_seconds", "pty"]),
+        ({**SUBMIT, "timeout_seconds": 5, "tty": False}, ["timeout_seconds", "tty"]),
     ],
 )
 def test_unknown_fields_are_refused_by_name_and_nothing_runs(api, body, fields):

@@ -24,6 +24,11 @@ class Command(ExecutionCommand):
         parser.add_argument("--idle-seconds", type=int)
         parser.add_argument("--output-limit", type=int, dest="output_limit_bytes")
         parser.add_argument(
+            "--pipes", action="store_true",
+            help="Run it on pipes, not a terminal (pty: false): stdout and stderr apart; its stdin is written and "
+            "closed through the API (POST /executions/ID/input)",
+        )  # fmt: skip
+        parser.add_argument(
             "--alias", action="append", default=[], metavar="SCOPE/ID",
             help="Another id that names this execution too (repeatable); one naming another execution is refused",
         )  # fmt: skip
@@ -49,6 +54,7 @@ class Command(ExecutionCommand):
                 session_seconds=options["session_seconds"],
                 idle_seconds=options["idle_seconds"],
                 output_limit_bytes=options["output_limit_bytes"],
+                pty=not options["pipes"],
             )
         except SpecError as error:
             raise UsageError(str(error)) from None

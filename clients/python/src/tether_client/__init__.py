@@ -10,11 +10,11 @@
 See clients/python/README.md.
 """
 
-from tether_client.client import Client, Retry, Terminal
+from tether_client.client import Client, Retry, Stdin, Terminal
 from tether_client.errors import GaveUp, InputUnconfirmed, Problem, TetherError
-from tether_client.models import Execution, Outcome, Output, Submission, TerminalState, Written
+from tether_client.models import Chunk, Execution, Outcome, Output, Submission, TerminalState, Written
 
 __all__ = [
-    "Client", "Execution", "GaveUp", "InputUnconfirmed", "Outcome", "Output", "Problem", "Retry", "Submission",
-    "Terminal", "TerminalState", "TetherError", "Written",
+    "Chunk", "Client", "Execution", "GaveUp", "InputUnconfirmed", "Outcome", "Output", "Problem", "Retry", "Stdin",
+    "Submission", "Terminal", "TerminalState", "TetherError", "Written",
 ]  # fmt: skip

@@ -116,10 +116,14 @@ class Client:
         idle_seconds: int | None = None,
         output_limit_bytes: int | None = None,
         aliases: Sequence[tuple[str, str]] = (),
+        pty: bool = True,
     ) -> Submission:
         """Submit a command under your (scope, id). Sent again (by you or by the retries) with the same spec,
-        it answers the same execution and runs nothing again; with another spec, ``Problem`` identity_conflict."""
+        it answers the same execution and runs nothing again; with another spec, ``Problem`` identity_conflict.
+        ``pty=False`` runs it on pipes: stdout and stderr apart (``read(stream=...)``), stdin by ``stdin()``."""
         body: dict[str, Any] = {"scope": scope, "id": id, "machine": machine, "argv": list(argv)}
+        if not pty:
+            body["pty"] = False
         optional = {"env": env, "cwd": cwd or None, "cols": cols, "rows": rows, "session_seconds": session_seconds,
                     "idle_seconds": idle_seconds, "output_limit_bytes": output_limit_bytes}  # fmt: skip
         body |= {name: value for name, value in optional.items() if value is not None}
@@ -156,30 +160,36 @@ class Client:
             if outcome.final or outcome.awaiting == "operator" or (deadline and time.monotonic() >= deadline):
                 return outcome
 
-    def read(self, execution: int, *, since: int = 0, wait: float = 0, size: int | None = None) -> Output:
-        """One read of its output from ``since`` (at most 64 KiB), waiting up to ``wait`` seconds for news."""
+    def read(
+        self, execution: int, *, since: int = 0, wait: float = 0, size: int | None = None, stream: str = "all"
+    ) -> Output:
+        """One read of its output from ``since`` (at most 64 KiB), waiting up to ``wait`` seconds for news. A
+        command on pipes: ``stream`` "stdout", "stderr" or "all" (both, in the order they came; ``chunks`` says
+        which is which), ``since`` counting in that stream."""
         params: dict[str, Any] = {"since": since, "wait": wait} | ({"size": size} if size else {})
+        params |= {"stream": stream} if stream != "all" else {}
         return Output.of(self._call("GET", f"/executions/{execution}/output", params=params))
 
-    def output(self, execution: int, *, since: int = 0, wait: float = 30) -> Iterator[Output]:
+    def output(self, execution: int, *, since: int = 0, wait: float = 30, stream: str = "all") -> Iterator[Output]:
         """Its output from ``since`` as it comes (long polls), to its end. Each piece says what was ``lost``
         before it; resume later from the last piece's ``next``."""
         while True:
-            piece = self.read(execution, since=since, wait=wait)
+            piece = self.read(execution, since=since, wait=wait, stream=stream)
             if piece.data or piece.lost:
                 yield piece
             since = piece.next
             if piece.final:
                 return
 
-    def stream(self, execution: int, *, since: int = 0) -> Iterator[Output | Outcome]:
+    def stream(self, execution: int, *, since: int = 0, stream: str = "all") -> Iterator[Output | Outcome]:
         """Its output pushed (Server-Sent Events) from ``since``, then its ``Outcome``. A cut stream (a proxy,
         a daphne, a worker restarting) is resumed from the last offset received: nothing lost, nothing twice."""
         failures, resumed = 0, False
         while True:
             try:
                 headers = {"Accept": "text/event-stream"} | ({"Last-Event-ID": str(since)} if resumed else {})
-                params = {} if resumed else {"since": since}
+                params: dict[str, Any] = {} if resumed else {"since": since}
+                params |= {"stream": stream} if stream != "all" else {}
                 path = f"/executions/{execution}/output/stream"
                 with self._http.stream("GET", path, headers=headers, params=params) as answer:
                     resumed = True
@@ -210,6 +220,10 @@ class Client:
                 if failures >= self.retry.attempts:
                     raise GaveUp(f"the output stream of {execution} broke {failures} times") from error
                 time.sleep(self.retry.delay(failures - 1))
+
+    def stdin(self, execution: int, *, client_id: str | None = None, first_seq: int = 0) -> Stdin:
+        """The stdin of a command on pipes (``pty=False``): ``write`` bytes to it, ``close`` it (EOF)."""
+        return Stdin(self, execution, client_id=client_id, first_seq=first_seq)
 
     def cancel(self, execution: int, *, reason: str = "") -> Execution:
         """Pending: cancelled at once. Running: its owner is asked to end it (await the outcome)."""
@@ -299,40 +313,35 @@ class Client:
         return [TerminalState.of(t) for t in self._call("GET", "/terminals", params={"limit": limit})]
 
 
-class Terminal:
-    """A shell held by Tether. Keys are numbered (per ``client_id``) and written at most once however often a
-    call is retried; output is read by offset and follows the shell across a reset or a change of worker."""
+class _Numbered:
+    """Input numbered per ``client_id`` and written at most once however often a call is retried."""
 
-    def __init__(self, client: Client, state: TerminalState, *, client_id: str | None = None, first_seq: int = 1):
-        self._client, self.state = client, state
-        self.id = state.id
+    _path = ""
+
+    def __init__(self, client: Client, *, client_id: str | None, first_seq: int):
+        self._client = client
         self.client_id = client_id or uuid.uuid4().hex[:16]
-        self.seq = first_seq  # the number the next keys take
-        self._pending: dict[str, Any] | None = None  # keys sent whose answer never came
-        self.since, self.generation, self.epoch = 0, state.generation, None
+        self.seq = first_seq  # the number the next input takes
+        self._pending: dict[str, Any] | None = None  # input sent whose answer never came
 
-    def refresh(self) -> TerminalState:
-        self.state = TerminalState.of(self._client._call("GET", f"/terminals/{self.id}"))
-        return self.state
-
-    def send(self, keys: str | bytes) -> Written:
-        """Type ``keys``, under the next number. Keys whose answer never came (``GaveUp``) are sent again first,
-        under their own number: a number is written at most once, so nothing is typed twice. Raises
-        ``InputUnconfirmed`` when keys were taken and their writing never confirmed (never written again; read
-        the output to see); the next keys take the next number."""
+    def _send(self, data: str | bytes, **more: Any) -> Written:
+        """``data`` under the next number. Input whose answer never came (``GaveUp``) is sent again first, under
+        its own number: a number is written at most once, so nothing is written twice. Raises
+        ``InputUnconfirmed`` when input was taken and its writing never confirmed (never written again; read the
+        output to see); the next input takes the next number."""
         if self._pending is not None:
             self._deliver(self._pending)
-        body: dict[str, Any] = {"seq": self.seq, "client": self.client_id}
-        if isinstance(keys, str):
-            body["data"] = keys
+        body: dict[str, Any] = {"seq": self.seq, "client": self.client_id, **more}
+        if isinstance(data, str):
+            body["data"] = data
         else:
-            body["data_b64"] = base64.b64encode(keys).decode()
+            body["data_b64"] = base64.b64encode(data).decode()
         return self._deliver(body)
 
     def _deliver(self, body: dict[str, Any]) -> Written:
         self._pending = body  # until an answer says what became of it
         try:
-            answer = self._client._call("POST", f"/terminals/{self.id}/input", json=body)
+            answer = self._client._call("POST", self._path, json=body)
         except GaveUp:
             raise
         except Problem as problem:
@@ -343,6 +352,43 @@ class Terminal:
         self._pending = None
         self.seq = body["seq"] + 1
         return Written(answer["seq"], answer["repeated"])
+
+
+class Stdin(_Numbered):
+    """The stdin of a command on pipes."""
+
+    def __init__(self, client: Client, execution: int, *, client_id: str | None = None, first_seq: int = 0):
+        super().__init__(client, client_id=client_id, first_seq=first_seq)
+        self.execution = execution
+        self._path = f"/executions/{execution}/input"
+
+    def write(self, data: str | bytes) -> Written:
+        """Bytes for its stdin (at most 64 KiB a call)."""
+        return self._send(data)
+
+    def close(self, data: str | bytes = b"") -> Written:
+        """Its end (after ``data``, if any): the program reads end-of-file."""
+        return self._send(data, eof=True)
+
+
+class Terminal(_Numbered):
+    """A shell held by Tether. Keys are numbered (per ``client_id``) and written at most once however often a
+    call is retried; output is read by offset and follows the shell across a reset or a change of worker."""
+
+    def __init__(self, client: Client, state: TerminalState, *, client_id: str | None = None, first_seq: int = 1):
+        super().__init__(client, client_id=client_id, first_seq=first_seq)
+        self.state = state
+        self.id = state.id
+        self._path = f"/terminals/{self.id}/input"
+        self.since, self.generation, self.epoch = 0, state.generation, None
+
+    def refresh(self) -> TerminalState:
+        self.state = TerminalState.of(self._client._call("GET", f"/terminals/{self.id}"))
+        return self.state
+
+    def send(self, keys: str | bytes) -> Written:
+        """Type ``keys``, under the next number (see ``_send``: never typed twice)."""
+        return self._send(keys)
 
     def read(self, *, wait: float = 0) -> Output:
         """The output from where the last read ended. After a reset or an adoption that starts the stream

@@ -75,6 +75,16 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class Chunk:
+    """A piece of a command on pipes: its stream, where it starts there, and in both (``seq``)."""
+
+    stream: str  # stdout or stderr
+    offset: int
+    seq: int
+    data: bytes
+
+
+@dataclass(frozen=True)
 class Output:
     """Bytes of output from ``offset``; ``lost`` bytes before them are no longer kept (never a silent gap).
     Read on from ``next``."""
@@ -87,6 +97,8 @@ class Output:
     end: int
     final: bool
     raw: dict[str, Any] = field(repr=False, compare=False)
+    stream: str = "all"  # what was read: all, stdout or stderr (a command on pipes)
+    chunks: tuple[Chunk, ...] = ()  # a command on pipes: data in pieces, each with its stream
 
     @property
     def text(self) -> str:
@@ -103,6 +115,10 @@ class Output:
             end=data["end"],
             final=bool(data.get("final", False)),
             raw=data,
+            stream=data.get("stream", "all"),
+            chunks=tuple(
+                Chunk(c["stream"], c["offset"], c["seq"], base64.b64decode(c["data"])) for c in data.get("chunks") or ()
+            ),
         )
 
 

@@ -1,0 +1,112 @@
+"""Numbered input from API clients, to a terminal session's shell or to a command on pipes: each number
+claimed before it is sent, so a retry is never written twice, and confirmed once the owner wrote it.
+
+The contract (docs/api.md): a client's first number is its own choice; from then on each is the one after the
+highest taken (``input_gap`` names it otherwise), or one taken before, sent again with the same bytes (a retry:
+written once) — with other bytes it is ``input_conflict``. A number given back (never written: the worker was
+not reached) may be sent again."""
+
+from __future__ import annotations
+
+import hashlib
+
+from channels.db import database_sync_to_async as db
+from django.db import IntegrityError, transaction
+from django.db.models import Max, Min
+from ninja import Field, Schema
+
+from api.models import ApiInput, InputState
+from api.owner_calls import NotSent, ask
+from api.problems import ApiProblem
+from executions.locks import Lock, held_until_commit
+from terminals.protocol import ApiInput as InputMessage
+from terminals.protocol import ErrorCode
+
+
+class InputOut(Schema):
+    written: bool
+    repeated: bool = Field(description="This seq had been written before: not written again")
+    seq: int
+
+
+def _key(target: dict) -> str:
+    """``target``: {"session": a TerminalSession} or {"execution": an Execution}, as a lock's part."""
+    ((kind, value),) = target.items()
+    return str(value.pk) if kind == "session" else f"execution:{value.pk}"
+
+
+def _claim(token, target: dict, seq: int, client: str, data: bytes) -> ApiInput | None:
+    """Claim the number before sending it; None when it was claimed before with the same bytes (a retry)."""
+    digest = hashlib.sha256(data).hexdigest()
+    with transaction.atomic():
+        # One claim at a time for this (token, target, client): the numbers checked stay true until it commits.
+        held_until_commit(Lock.INPUT_ORDER, token.pk, _key(target), client)
+        taken = ApiInput.objects.filter(token=token, client=client, **target)
+        earlier = taken.filter(seq=seq).first()
+        span = taken.aggregate(lowest=Min("seq"), highest=Max("seq"))
+        expected = span["highest"] + 1 if span["highest"] is not None else seq
+        if earlier is not None:
+            if earlier.digest and earlier.digest != digest:
+                raise ApiProblem(
+                    "input_conflict",
+                    f"input {seq} was sent before with other bytes; nothing is written (send new input as {expected})",
+                    expected=expected,
+                )
+            return None
+        given_back = span["lowest"] is not None and span["lowest"] < seq < expected
+        if seq != expected and not given_back:
+            raise ApiProblem(
+                "input_gap", f"input {seq} is out of order; the next this client sends is {expected}",
+                expected=expected,
+            )  # fmt: skip
+        try:
+            with transaction.atomic():
+                return ApiInput.objects.create(
+                    token=token, client=client, seq=seq, size=len(data), digest=digest, **target
+                )
+        except IntegrityError:  # taken meanwhile (SQLite, without the lock): a retry
+            return None
+
+
+async def deliver(token, target: dict, owner, seq: int, client: str, data: bytes, what: str) -> dict:
+    """Write ``data`` as input number ``seq`` of ``client`` through ``owner`` (the worker holding ``what``,
+    "the shell" or "the command"), at most once however often it is sent."""
+    if owner is None:
+        text = f"no worker holds {what} right now; send the same seq again"
+        raise ApiProblem("owner_unavailable", text, retry_after=1)
+    claim = await db(_claim)(token, target, seq, client, data)
+    if claim is None:
+        earlier = await db(ApiInput.objects.get)(token=token, client=client, seq=seq, **target)
+        if earlier.state == InputState.WRITTEN:
+            return {"written": True, "repeated": True, "seq": seq}
+        raise ApiProblem(
+            "input_unconfirmed",
+            f"input {seq} was sent before and its writing was never confirmed; it is not written again "
+            "(read the output to see whether it arrived)",
+        )
+    viewer = f"api:{token.pk}:{client}"
+    by = token.user.get_username()
+    try:
+        answer = await ask(owner, InputMessage, viewer=viewer, data=data, seq=seq, by=by, claim=claim.pk)
+    except NotSent as error:  # it never left (Redis away): nothing was written, so the number is free again
+        await db(ApiInput.objects.filter(pk=claim.pk).delete)()
+        text = f"could not reach the worker ({type(error).__name__}); send the same seq again"
+        raise ApiProblem("owner_unavailable", text, retry_after=1) from None
+    if answer is None:
+        # No answer: given up here unless the owner took it first (one of the two wins the row). Not taken,
+        # it can never be written (a worker that wakes later finds it given up): the number is free again.
+        given_up, _ = await db(ApiInput.objects.filter(pk=claim.pk, state=InputState.SENDING).delete)()
+        if given_up:
+            text = f"no worker answers for {what} right now (it may be changing hands); send the same seq again"
+            raise ApiProblem("owner_unavailable", text, retry_after=1)
+        raise ApiProblem(
+            "input_unconfirmed",
+            f"the worker took input {seq} and did not confirm it; it may have been written, and is not written again",
+        )
+    if answer.get("ok"):
+        await db(ApiInput.objects.filter(pk=claim.pk).update)(state=InputState.WRITTEN)
+        return {"written": True, "repeated": False, "seq": seq}
+    await db(ApiInput.objects.filter(pk=claim.pk).delete)()  # refused, so not written: the number is free again
+    if answer.get("code") == ErrorCode.NOT_WRITER:
+        raise ApiProblem("not_writer", answer.get("text", ""))
+    raise ApiProblem("owner_unavailable", answer.get("text", "") + "; send the same seq again", retry_after=1)
