@@ -15,7 +15,7 @@ from django.http.request import split_domain_port, validate_host
 from api.auth import authenticated
 from api.models import ApiCall, ApiToken
 from api.problems import ApiProblem, send_problem
-from terminals.origins import header_of, origin_allowed
+from transport.origins import header_of, origin_allowed
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import time
+from collections import OrderedDict
 from typing import Annotated, Literal
 
 from channels.db import database_sync_to_async as db
@@ -23,7 +24,7 @@ from pydantic import StringConstraints
 from access.fence import decided_again
 from access.policy import Do, machine_named, may, reach_of
 from api.auth import need, usable
-from api.inputs import InputOut, deliver
+from api.inputs import InputOut, deliver, written_before
 from api.models import ApiToken, Scope
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem, answers, field_error
@@ -440,9 +441,23 @@ def shaped_view(read: pipes.ViewRead, view: pipes.View, **rest) -> dict:
     return {**answer, "stream": view.value, "chunks": chunks}
 
 
+_RECORD_PIECES: OrderedDict[tuple[int, int, int], list[pipes.Piece]] = OrderedDict()  # the last records read
+
+
+def _record_pieces(execution: Execution) -> list[pipes.Piece]:
+    """A settled record's pieces, parsed once for the reads that follow (a reader goes through it in steps)."""
+    output, origin = execution.output or b"", execution.output_truncated
+    key = (execution.pk, origin, len(output))
+    if (found := _RECORD_PIECES.get(key)) is None:
+        found = _RECORD_PIECES[key] = pipes.pieces(bytes(output), origin)
+        while len(_RECORD_PIECES) > 8:
+            _RECORD_PIECES.popitem(last=False)
+    return found
+
+
 def view_from_record(execution: Execution, view: pipes.View, since: int, size: int) -> dict:
-    output, origin = bytes(execution.output or b""), execution.output_truncated
-    found = pipes.pieces(output, origin)
+    origin = execution.output_truncated
+    found = _record_pieces(execution)
     first, end = pipes.first_and_end(found, view, whole=origin == 0) or (since, since)
     if since > end:
         raise past_the_end(since, end)
@@ -767,13 +782,16 @@ async def execution_input(request, pk: int, body: CommandInputIn):
         raise ApiProblem("too_large", f"at most {MAX_INPUT_BYTES} bytes of input a call", limit=MAX_INPUT_BYTES)
     if not data and not body.eof:
         raise ApiProblem("validation_error", "send some bytes, or eof: true to close its stdin")
+    encoded = pipes.encode_input(data, close=body.eof)
+    target = {"execution": execution}
+    if await db(written_before)(token, target, body.seq, body.client, encoded):  # a retry: so said, whenever
+        return {"written": True, "repeated": True, "seq": body.seq}
     if execution.state in ENDED_STATES:
         raise ApiProblem("state_conflict", f"the command is {execution.state}: it takes no input now")
     if execution.state != State.RUNNING:
         raise ApiProblem("owner_unavailable", "it has not started yet; send the same seq again", retry_after=1)
     owner = await db(owner_of_execution)(execution.pk)
-    encoded = pipes.encode_input(data, close=body.eof)
-    return await deliver(token, {"execution": execution}, owner, body.seq, body.client, encoded, "the command")
+    return await deliver(token, target, owner, body.seq, body.client, encoded, "the command", closes=body.eof)
 
 
 class CancelIn(Body):

@@ -35,8 +35,9 @@ def _key(target: dict) -> str:
     return str(value.pk) if kind == "session" else f"execution:{value.pk}"
 
 
-def _claim(token, target: dict, seq: int, client: str, data: bytes) -> ApiInput | None:
-    """Claim the number before sending it; None when it was claimed before with the same bytes (a retry)."""
+def _claim(token, target: dict, seq: int, client: str, data: bytes, closes: bool) -> ApiInput | None:
+    """Claim the number before sending it; None when it was claimed before with the same bytes (a retry).
+    ``closes``: it ends a command's stdin, after which no other input is taken (from anyone)."""
     digest = hashlib.sha256(data).hexdigest()
     with transaction.atomic():
         # One claim at a time for this (token, target, client): the numbers checked stay true until it commits.
@@ -53,6 +54,8 @@ def _claim(token, target: dict, seq: int, client: str, data: bytes) -> ApiInput 
                     expected=expected,
                 )
             return None
+        if ApiInput.objects.filter(closes=True, **target).exclude(state=InputState.SENDING).exists():
+            raise ApiProblem("state_conflict", "its stdin was closed before: nothing more is written to it")
         given_back = span["lowest"] is not None and span["lowest"] < seq < expected
         if seq != expected and not given_back:
             raise ApiProblem(
@@ -62,19 +65,28 @@ def _claim(token, target: dict, seq: int, client: str, data: bytes) -> ApiInput 
         try:
             with transaction.atomic():
                 return ApiInput.objects.create(
-                    token=token, client=client, seq=seq, size=len(data), digest=digest, **target
+                    token=token, client=client, seq=seq, size=len(data), digest=digest, closes=closes, **target
                 )
         except IntegrityError:  # taken meanwhile (SQLite, without the lock): a retry
             return None
 
 
-async def deliver(token, target: dict, owner, seq: int, client: str, data: bytes, what: str) -> dict:
+def written_before(token, target: dict, seq: int, client: str, data: bytes) -> bool:
+    """This number was written before with these bytes: a retry, answered so whatever became of the target
+    since (a command that has ended meanwhile)."""
+    earlier = ApiInput.objects.filter(token=token, client=client, seq=seq, state=InputState.WRITTEN, **target)
+    return earlier.filter(digest=hashlib.sha256(data).hexdigest()).exists()
+
+
+async def deliver(
+    token, target: dict, owner, seq: int, client: str, data: bytes, what: str, closes: bool = False
+) -> dict:
     """Write ``data`` as input number ``seq`` of ``client`` through ``owner`` (the worker holding ``what``,
     "the shell" or "the command"), at most once however often it is sent."""
     if owner is None:
         text = f"no worker holds {what} right now; send the same seq again"
         raise ApiProblem("owner_unavailable", text, retry_after=1)
-    claim = await db(_claim)(token, target, seq, client, data)
+    claim = await db(_claim)(token, target, seq, client, data, closes)
     if claim is None:
         earlier = await db(ApiInput.objects.get)(token=token, client=client, seq=seq, **target)
         if earlier.state == InputState.WRITTEN:

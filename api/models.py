@@ -114,6 +114,7 @@ class ApiInput(models.Model):
     size = models.PositiveIntegerField()
     # SHA-256 of the keys: a number sent again with other keys is refused (input_conflict), never dropped.
     digest = models.CharField(max_length=64, blank=True)
+    closes = models.BooleanField(default=False, help_text="It closes a command's stdin: nothing is written after it")
     state = models.CharField(max_length=16, choices=InputState.choices, default=InputState.SENDING)
     at = models.DateTimeField(auto_now_add=True)
 

@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 from channels.layers import get_channel_layer
 
-from terminals.layers import forget_channel, keep_receiving
 from terminals.owner_client import Owner
 from terminals.protocol import Message, ToOwner
+from transport.layers import forget_channel, keep_receiving
 
 ANSWER_SECONDS = 5.0
 log = logging.getLogger(__name__)

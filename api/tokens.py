@@ -18,7 +18,7 @@ from executions.errors import NotFound, TransitionRefused, UsageError
 from executions.labels import parse_label
 from executions.models import Machine
 from terminals.actions.shares import token_hash
-from terminals.layers import tell_group
+from transport.layers import tell_group
 
 TOKEN = re.compile(r"^tether_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
 LAST_USED_EVERY = timedelta(seconds=30)  # last_used_at is written at most this often per token

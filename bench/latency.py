@@ -205,7 +205,7 @@ async def bench_layers(ctx: Context) -> None:
     from channels_redis.core import RedisChannelLayer
     from channels_redis.pubsub import RedisPubSubChannelLayer
 
-    from terminals.redis_layer import RedisPubSubLayer
+    from transport.redis_layer import RedisPubSubLayer
 
     samples = 500 if ctx.quick else 2000
     results = {}

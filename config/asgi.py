@@ -15,10 +15,10 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from agents.asgi import with_mcp  # noqa: E402
 from api.ws import TokenAuthMiddleware  # noqa: E402
 from files.asgi import limit_uploads  # noqa: E402
-from terminals.daphne_close import send_close_reasons  # noqa: E402
-from terminals.origins import SameOriginValidator  # noqa: E402
 from terminals.routing import websocket_urlpatterns  # noqa: E402
-from terminals.twisted_write import write_at_once  # noqa: E402
+from transport.daphne_close import send_close_reasons  # noqa: E402
+from transport.origins import SameOriginValidator  # noqa: E402
+from transport.twisted_write import write_at_once  # noqa: E402
 
 send_close_reasons()
 write_at_once()

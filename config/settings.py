@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "terminals",
     "api",
     "sso",
+    "demo",
 ]
 
 MIDDLEWARE = [
@@ -113,10 +114,10 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql") and TETHER_DB_POOL_SIZE
 
 # Unset or empty: the in-memory channel layer (one process only). Otherwise redis://, rediss:// or unix://.
 REDIS_URL = redis_url("REDIS_URL")
-# Every channel-layer message is refused over this size (terminals/layers.py). Output travels in
+# Every channel-layer message is refused over this size (transport/layers.py). Output travels in
 # 64 KiB pieces; the largest message is a tmux screen redrawn on attach, kept well under this.
 TETHER_LAYER_MESSAGE_BYTES = env_int("TETHER_LAYER_MESSAGE_BYTES", 1024 * 1024, minimum=128 * 1024)
-# pubsub: Redis PUBLISH (at-most-once), spoken by Tether's own client (terminals/redis_layer.py:
+# pubsub: Redis PUBLISH (at-most-once), spoken by Tether's own client (transport/redis_layer.py:
 # pipelined publishes, one subscribing connection read with hiredis); channels-pubsub: the same through
 # channels-redis's pub/sub layer (redis-py's command path, 1.7x the CPU a hop); core: channels-redis lists
 # (at-least-once, per-channel capacity). The protocol survives both loss and repetition (offsets,
@@ -125,14 +126,14 @@ TETHER_CHANNEL_LAYER = env_choice("TETHER_CHANNEL_LAYER", "pubsub", {"core", "pu
 if REDIS_URL and TETHER_CHANNEL_LAYER == "pubsub":
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "terminals.layers.CappedRedisPubSubLayer",
+            "BACKEND": "transport.layers.CappedRedisPubSubLayer",
             "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("TETHER_CHANNEL_PREFIX", "tether")},
         }
     }
 elif REDIS_URL and TETHER_CHANNEL_LAYER == "channels-pubsub":
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "terminals.layers.CappedPubSubLayer",
+            "BACKEND": "transport.layers.CappedPubSubLayer",
             # RESP2: redis-py's RESP3 parser formats every pub/sub message into a debug string, logged or
             # not (a third of daphne's time at full output, docs/benchmarks.md); RESP2 has no such step.
             "CONFIG": {
@@ -144,7 +145,7 @@ elif REDIS_URL and TETHER_CHANNEL_LAYER == "channels-pubsub":
 elif REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "terminals.layers.CappedRedisLayer",
+            "BACKEND": "transport.layers.CappedRedisLayer",
             "CONFIG": {
                 # redis-py 8 reads with a 5 s socket timeout, the same as channels-redis' 5 s blocking
                 # pop: an idle receive then fails with TimeoutError. Give the socket more room.
@@ -157,7 +158,7 @@ elif REDIS_URL:
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "terminals.layers.CappedInMemoryLayer"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "transport.layers.CappedInMemoryLayer"}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -12,12 +12,14 @@ where it stands in both streams: a read that starts mid-stream (bytes lost befor
 finds its place from the first whole line, and each stream has offsets of its own. A line whose bytes are not
 ``<n>`` (cut short, or a terminal's redraw of one), or that does not come after the one before it (a redraw
 after an adoption repeats lines), is not a piece. The *merged* offset of a piece is
-``out + err``: the order in which the pieces came, the shared sequence of the two streams.
+``out + err``: the order in which the mux read the pieces, the shared sequence of the two streams (exact
+within each; between them as near as two pipes allow).
 """
 
 from __future__ import annotations
 
 import base64
+import bisect
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -60,14 +62,15 @@ class Piece:
         return self.before(view) + (self.size if view in (View.ALL, self.stream) else 0)
 
 
-def pieces(encoded: bytes, origin: int) -> list[Piece]:
-    """The whole lines of ``encoded`` (which starts at ``origin`` of the encoded stream). Unless it starts at
-    0, its first line may be the tail of one cut off: skipped (never guessed). A last line not yet ended is
-    left for the next read; any other line (an echo, a message of the mux's own) is not a piece."""
+def parse(encoded: bytes, origin: int, aligned: bool, reached: int = -1) -> tuple[list[Piece], int, int]:
+    """The pieces in the whole lines of ``encoded`` (which starts at ``origin`` of the encoded stream), how many
+    of its bytes they took (a last line not yet ended is left for the next read), and where they brought the
+    merged sequence. Unless ``aligned`` (known to start a line), its first line may be the tail of one cut off:
+    skipped (never guessed). Any other line (an echo, a message of the mux's own) is not a piece; nor is one
+    that goes back before ``reached``."""
     found, at = [], 0
-    if origin > 0 and (newline := encoded.find(b"\n")) >= 0 and not LINE.fullmatch(encoded, 0, newline):
+    if not aligned and (newline := encoded.find(b"\n")) >= 0 and not LINE.fullmatch(encoded, 0, newline):
         at = newline + 1  # (a line's tail cannot pass for a line: base64 has no "," or ":")
-    reached = -1  # where the pieces so far have brought the merged sequence
     while (end := encoded.find(b"\n", at)) >= 0:
         if match := LINE.fullmatch(encoded, at, end):
             kind, out, err, size, text = match.groups()
@@ -76,7 +79,36 @@ def pieces(encoded: bytes, origin: int) -> list[Piece]:
                 found.append(piece)
                 reached = piece.after(View.ALL)
         at = end + 1
-    return found
+    return found, at, reached
+
+
+def pieces(encoded: bytes, origin: int) -> list[Piece]:
+    """The pieces of ``encoded``, which starts at ``origin`` (a line's start when 0)."""
+    return parse(encoded, origin, aligned=origin == 0)[0]
+
+
+class Index:
+    """The pieces of a growing stream whose front is let go of (a worker's buffer), each line parsed once."""
+
+    def __init__(self):
+        self.pieces: list[Piece] = []
+        self.parsed_to = -1  # the encoded offset parsing goes on from (a line's start); -1: not yet begun
+        self.reached = -1
+
+    def update(self, since, start: int) -> list[Piece]:
+        """``since(offset)`` answers (first, bytes, lost) from ``offset`` on; ``start`` is the first kept."""
+        if self.parsed_to < start:  # new, or its front let go of past where parsing stood: from the start
+            first, data, _ = since(start)
+            self.pieces, taken, self.reached = parse(data, first, aligned=first == 0)
+        else:
+            first, data, _ = since(self.parsed_to)
+            more, taken, self.reached = parse(data, first, aligned=True, reached=self.reached)
+            self.pieces.extend(more)
+        self.parsed_to = first + taken
+        drop = bisect.bisect_left(self.pieces, start, key=lambda piece: piece.at)
+        if drop:
+            del self.pieces[:drop]
+        return self.pieces
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,26 +148,32 @@ def starting_at(found: list[Piece], view: View, since: int) -> Piece | None:
 
 def read(found: list[Piece], view: View, since: int, size: int, first: int, end: int) -> ViewRead:
     """At most ``size`` bytes of ``view`` from ``since``, out of ``found`` (the view's kept bytes start at
-    ``first``: earlier ones are ``lost``, said, never skipped in silence)."""
-    start = max(since, first)
-    taken, chunks, room = [], [], size
+    ``first``). Bytes not there are ``lost``, said, never skipped in silence: before ``first``, and a piece
+    missing between two (the read stops before it; the next one says it)."""
+    offset = max(since, first)
+    taken, chunks, room, at = [], [], size, offset
     for piece in found:
         if room <= 0:
             break
         if view is not View.ALL and piece.stream is not view:
             continue
         begin, stop = piece.before(view), piece.after(view)
-        if stop <= start:
+        if stop <= at:
             continue
-        skip = max(start - begin, 0)
+        if begin > at:  # a piece that is not there
+            if taken:
+                break
+            offset = at = begin
+        skip = at - begin
         data = piece.data[skip : skip + room]
         own = (piece.out if piece.stream is View.STDOUT else piece.err) + skip
         chunks.append(Chunk(piece.stream, own, piece.out + piece.err + skip, data))
         taken.append(data)
         room -= len(data)
-    data = b"".join(taken)
-    offset = start if start < end else since
-    return ViewRead(data, tuple(chunks), offset, offset + len(data), first, end, max(first - since, 0))
+        at += len(data)
+    if not taken and offset < end:  # nothing kept up to where the view is known to end
+        offset = at = end
+    return ViewRead(b"".join(taken), tuple(chunks), offset, at, first, end, max(offset - since, 0))
 
 
 def encode_input(data: bytes, close: bool = False) -> bytes:

@@ -10,7 +10,7 @@ import re
 from django.conf import settings
 
 from api.problems import ApiProblem, send_problem
-from terminals.origins import header_of
+from transport.origins import header_of
 
 UPLOAD = re.compile(r"^/api/v1/machines/[^/]+/files/content/?$")
 RAW_TYPES = frozenset({"application/octet-stream", "application/x-tar"})  # the bodies an upload takes

@@ -960,11 +960,13 @@ static int forget(int argc, char **argv) {
      in:   "D<base64>\n" bytes for the program's stdin, "C\n" closes it (EOF); "\r" ends a line as well
            (tmux types Enter as CR), and any other line is ignored (an echo before raw mode took hold).
    It exits as the program did (re-raising the signal that ended it), once both pipes are closed, or have
-   stayed quiet for QUIET_MS after the program's end (a background child may hold them open for ever).
+   stayed quiet for QUIET_MS after the program's end (a background child may hold them open for ever), or
+   MUX_DRAIN_MS after it (one may write for ever), and leaves its terminal's modes as it found them.
    HUP, INT, TERM and QUIT sent to it are passed to the program's process group. */
 #define MUX_PIECE 3072                 /* bytes of output a line: 4096 characters of base64 */
 #define MUX_LINE (96 * 1024)           /* the longest input line taken; a longer one is dropped whole */
 #define MUX_STDIN_HIGH (64 * 1024)     /* stdin bytes waiting for the program: above this, input waits */
+#define MUX_DRAIN_MS 1000              /* after the program's end, its pipes are read at most this long */
 
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -1045,8 +1047,9 @@ static int mux_pipe(int fd, int which) {
 static int mux(int argc, char **argv) {
     if (argc > 0 && !strcmp(argv[0], "--")) { argc--; argv++; }
     if (argc < 1) { fprintf(stderr, "usage: tether-holder mux [--] ARGV...\n"); return 2; }
-    struct termios raw;
-    if (isatty(0) && tcgetattr(0, &raw) == 0) { cfmakeraw(&raw); tcsetattr(0, TCSANOW, &raw); }
+    struct termios raw, saved;
+    int is_tty = isatty(0) && tcgetattr(0, &saved) == 0;
+    if (is_tty) { raw = saved; cfmakeraw(&raw); tcsetattr(0, TCSANOW, &raw); }
     int in[2], out[2], err[2];
     if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) { perror("pipe"); return 126; }
     sigset_t mask, old;
@@ -1078,15 +1081,19 @@ static int mux(int argc, char **argv) {
     set_nonblocking(out[0]);
     set_nonblocking(err[0]);
     set_nonblocking(in[1]);
-    set_nonblocking(0);
+    /* Not our terminal's: O_NONBLOCK is shared with whoever else has it open (a tmux pane's shim writes its
+       end after us). A raw terminal's read after poll() said readable does not block. */
     int stdin_fd = in[1], stdin_close = 0, term_in = 1;
     static unsigned char pending[MUX_STDIN_HIGH + MUX_LINE];
     static char line[MUX_LINE];
     size_t pending_len = 0, line_len = 0;
     int line_dropped = 0, reaped = 0, status = 0;
-    long long quiet_since = now_ms();
+    long long quiet_since = now_ms(), reaped_ms = 0;
     for (;;) {
-        if (reaped && ((fds[0] < 0 && fds[1] < 0) || now_ms() - quiet_since >= QUIET_MS)) break;
+        if (!reaped && waitpid(child, &status, WNOHANG) == child) { reaped = 1; reaped_ms = quiet_since = now_ms(); }
+        /* The end: both pipes closed, or quiet a while, or a background child still writing after MUX_DRAIN_MS. */
+        if (reaped && ((fds[0] < 0 && fds[1] < 0) || now_ms() - quiet_since >= QUIET_MS
+                       || now_ms() - reaped_ms >= MUX_DRAIN_MS)) break;
         struct pollfd p[5];
         int np = 0, at_out = -1, at_err = -1, at_term = -1;
         p[np++] = (struct pollfd){sfd, POLLIN, 0};
@@ -1094,17 +1101,21 @@ static int mux(int argc, char **argv) {
         if (fds[1] >= 0) { at_err = np; p[np++] = (struct pollfd){fds[1], POLLIN, 0}; }
         if (term_in && pending_len <= MUX_STDIN_HIGH) { at_term = np; p[np++] = (struct pollfd){0, POLLIN, 0}; }
         if (stdin_fd >= 0 && pending_len > 0) p[np++] = (struct pollfd){stdin_fd, POLLOUT, 0};
-        int timeout = reaped ? (int)(QUIET_MS - (now_ms() - quiet_since)) : -1;
+        /* Without a signalfd, the child's end is looked for every 100 ms. */
+        int timeout = reaped ? (int)(QUIET_MS - (now_ms() - quiet_since)) : (sfd < 0 ? 100 : -1);
         if (reaped && timeout < 1) timeout = 1;
-        if (poll(p, (nfds_t)np, timeout) < 0 && errno != EINTR) break;
+        if (poll(p, (nfds_t)np, timeout) < 0) {
+            if (errno == EINTR) continue;
+            if (!reaped && waitpid(child, &status, 0) == child) reaped = 1;  /* cannot wait on the pipes: its end */
+            break;
+        }
         if (p[0].revents) {
             struct signalfd_siginfo info;
             while (read(sfd, &info, sizeof info) == sizeof info) {
-                if (info.ssi_signo != SIGCHLD) { kill(-child, (int)info.ssi_signo); kill(child, (int)info.ssi_signo); }
+                /* To its process group (it leads one: setsid), or to it alone before it got there. */
+                if (info.ssi_signo != SIGCHLD && kill(-child, (int)info.ssi_signo) != 0 && errno == ESRCH)
+                    kill(child, (int)info.ssi_signo);
             }
-            int s;
-            if (!reaped && waitpid(child, &s, WNOHANG) == child) { reaped = 1; status = s; quiet_since = now_ms(); }
-            while (waitpid(-1, &s, WNOHANG) > 0) {}  /* anything else reparented to us */
         }
         int at[2] = {at_out, at_err};
         for (int k = 0; k < 2; k++) {
@@ -1141,7 +1152,10 @@ static int mux(int argc, char **argv) {
         }
         if (stdin_fd >= 0 && stdin_close && pending_len == 0) { close(stdin_fd); stdin_fd = -1; }
     }
-    for (int k = 0; k < 2; k++) if (fds[k] >= 0) while (mux_pipe(fds[k], k) > 0) {}  /* the last of it */
+    for (int k = 0; k < 2; k++)  /* what the pipes hold now (a bounded read: a writer may never stop) */
+        for (int n = 0; fds[k] >= 0 && n < 64 && mux_pipe(fds[k], k) > 0; n++) {}
+    if (is_tty) tcsetattr(0, TCSANOW, &saved);  /* the terminal as it was given */
+    if (!reaped) return 1;  /* cannot be: the loop ends only after the end, or once poll fails and waitpid too */
     if (WIFSIGNALED(status)) {
         int sig = WTERMSIG(status);
         struct rlimit none = {0, 0};

@@ -25,7 +25,6 @@ from access.policy import Do, may
 from config import logs
 from terminals import actions, metrics
 from terminals.attaching import Attacher
-from terminals.layers import forget_channel, keep_receiving
 from terminals.models import TerminalSession
 from terminals.owner_client import OwnerClient
 from terminals.protocol import (
@@ -54,6 +53,7 @@ from terminals.protocol import (
 from terminals.signals import ACCESS_GROUP
 from terminals.stream import OBSERVER_WINDOW_BYTES, Deliver, FetchFrom, ViewerStream
 from terminals.tasks import Tasks
+from transport.layers import forget_channel, keep_receiving
 
 log = logging.getLogger(__name__)
 
@@ -416,7 +416,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         # Someone else writing into this user's shell is said so, by name; another window of theirs is not.
         text = f"Taken over by {by}" if by and by != self.username else "Superseded by another window"
         await self.send_json({"type": "superseded", "text": text, **({"by": by} if by != self.username else {})})
-        # The close frame carries the reason too (terminals/daphne_close.py: daphne 4 would drop it).
+        # The close frame carries the reason too (transport/daphne_close.py: daphne 4 would drop it).
         await self.close(CloseCode.SUPERSEDED, reason=text)
 
     async def terminal_exit(self, event: dict) -> None:

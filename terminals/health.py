@@ -14,7 +14,7 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 
 from terminals import metrics as tether_metrics
-from terminals.layers import forget_channel
+from transport.layers import forget_channel
 
 CHECK_SECONDS = 2.0
 

@@ -25,6 +25,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, His
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from transport import metrics as transport_metrics
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # Every metric is made unregistered, then exposed by the processes it is about (``expose``): a web process
@@ -58,12 +60,7 @@ ECHO = Histogram(
 
 # --- both -----------------------------------------------------------------------------------------
 
-LAYER_ERRORS = Counter(
-    "tether_channel_layer_errors_total",
-    "Sends or receives on the channel layer that failed",
-    ["where"],
-    **_UNREGISTERED,
-)
+LAYER_ERRORS = transport_metrics.LAYER_ERRORS  # counted where the layer fails (transport/)
 
 # --- workers --------------------------------------------------------------------------------------
 

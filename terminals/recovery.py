@@ -39,9 +39,9 @@ from django.db.models.functions import Now
 
 from executions.models import FINAL_STATES, Kind, Machine, MachineState, State
 from executions.models import Backend as BackendKind
-from terminals import actions, metrics
+from terminals import actions, liveness, metrics
 from terminals.backends.base import Exit, Launch, Status
-from terminals.backends.procfs import ProcessIdentity, boot_id
+from terminals.backends.procfs import boot_id
 from terminals.models import ProcessLease, Worker, WorkerState, lease_expired, lease_expiry_expression
 from terminals.outcome import Outcome
 from terminals.registry import backend_for, tmux_backend
@@ -83,37 +83,27 @@ class Finding:
 
 def owner_is_gone(pid: int, started_at: int) -> str | None:
     """Why the process (pid, start time) on this host is no owner any more, or None if it runs."""
-    identity = ProcessIdentity(pid=pid, start_time=started_at, boot_id=boot_id())
-    if not identity.is_alive():
-        return f"pid {pid} (started at tick {started_at}) is gone"
-    if identity.is_stopped():
-        return f"pid {pid} is stopped (SIGSTOP or a debugger) past its lease"
-    return None
+    seen, why = liveness.process_seen(pid, started_at)
+    if seen is liveness.Seen.FROZEN:
+        return f"{why} past its lease"
+    return why if seen is liveness.Seen.GONE else None
 
 
 def owner_dead(worker: Worker | None) -> str | None:
     """Why this lease owner counts as dead, or None when it may still be alive (its lease has expired)."""
-    if worker is None:
-        return "no owner recorded"
-    if worker.state == WorkerState.STOPPED:
-        return f"worker {worker.worker_id[:12]} stopped"
-    if worker.host != settings.TETHER_HOST or worker.boot_id != boot_id():
-        return f"worker {worker.worker_id[:12]} on {worker.host} missed its heartbeat (its pid is not visible here)"
-    why = owner_is_gone(worker.pid, worker.process_started_at)
-    return f"worker {worker.worker_id[:12]}: {why}" if why else None
+    judged = liveness.judge(worker)
+    if judged.seen is liveness.Seen.ELSEWHERE:
+        return f"{judged.why} missed its heartbeat (its pid is not visible here)"
+    if judged.seen is liveness.Seen.FROZEN:
+        return f"{judged.why} past its lease"
+    return None if judged.seen is liveness.Seen.RUNNING else judged.why
 
 
 def owner_proven_gone(worker: Worker | None) -> bool:
-    """Whether the owner can do nothing more at all: stopped by itself, or on this host no longer a process.
-    One that is only frozen (SIGSTOP) or silent on another host is fenced from its leases, but it may still
-    carry out an unfenced step it was in the middle of, such as starting the program."""
-    if worker is None:
-        return True
-    if worker.state == WorkerState.STOPPED:
-        return True
-    if worker.host != settings.TETHER_HOST or worker.boot_id != boot_id():
-        return False
-    return not ProcessIdentity(pid=worker.pid, start_time=worker.process_started_at, boot_id=boot_id()).is_alive()
+    """Whether the owner can do nothing more at all (liveness.Liveness.proven_gone). One that is only frozen
+    (SIGSTOP) or silent on another host is fenced from its leases, but it may still carry out an unfenced step
+    it was in the middle of, such as starting the program."""
+    return liveness.judge(worker).proven_gone
 
 
 def sibling_workers(me: Worker) -> list[tuple[int, int, int]]:

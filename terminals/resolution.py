@@ -15,19 +15,18 @@ transition is a compare-and-set). There is no force flag.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
-from django.db.models.functions import Now
 
 from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.errors import Refused, TransitionRefused
 from executions.models import Backend, Evidence, Execution, ExecutionEvent, State
+from terminals import liveness
 from terminals.backends.base import Launch, Status
-from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, boot_id
-from terminals.models import ProcessLease, Worker, WorkerState
+from terminals.backends.procfs import MARKER_VARIABLE
+from terminals.models import ProcessLease, Worker
 from terminals.registry import backend_for
 
 
@@ -54,20 +53,18 @@ def _session_label(execution: Execution) -> str:
 
 
 def _alive_owner(worker: Worker) -> str | None:
-    """Why ``worker`` cannot be trusted to have let go (None when it is stopped or proven dead)."""
-    if worker.state == WorkerState.STOPPED:
+    """Why ``worker`` cannot be trusted to have let go (None when it is stopped or proven dead, or on another
+    host silent past the lease TTL)."""
+    judged = liveness.judge(worker)
+    if judged.proven_gone:
         return None
-    if worker.host == settings.TETHER_HOST and worker.boot_id == boot_id():
-        identity = ProcessIdentity(worker.pid, worker.process_started_at, worker.boot_id)
-        if not identity.is_alive():  # pid and start time: proof on this host
-            return None
+    if judged.visible_here:
         # A process stopped by SIGSTOP or a debugger is fenced from its leases, but it may go on where it
         # stopped (start a program it was about to start): it is not gone.
-        state = f"{worker.state} (pid {worker.pid} {'is stopped' if identity.is_stopped() else 'runs'})"
-    else:  # another host: only its silence past the lease TTL tells
-        ttl = timedelta(seconds=settings.TETHER_LEASE_TTL_SECONDS)
-        if Worker.objects.filter(pk=worker.pk, heartbeat_at__lt=Now() - ttl).exists():
-            return None
+        state = f"{worker.state} (pid {worker.pid} {'is stopped' if judged.seen is liveness.Seen.FROZEN else 'runs'})"
+    elif liveness.silent(worker):  # another host: only its silence past the lease TTL tells
+        return None
+    else:
         state = f"{worker.state} and beating"
     return (
         f"worker {worker.worker_id[:12]} on {worker.host} is {state}: "

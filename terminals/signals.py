@@ -45,8 +45,8 @@ def close_what_lost_access(sender, users, **kwargs) -> None:
     """Each socket of these users checks its right again at once, and so does each socket opened through a
     share link one of them made (a link dies when its maker may no longer watch); None: every socket."""
     from terminals.actions.shares import share_group
-    from terminals.layers import tell_group
     from terminals.models import ShareLink
+    from transport.layers import tell_group
 
     message = {"type": "access.changed"}
     if users is None:

@@ -18,8 +18,8 @@ from executions.actions import Actor
 from executions.errors import Refused, UsageError
 from terminals.actions.permissions import may_revoke_share, may_share
 from terminals.actions.sessions import session_event
-from terminals.layers import tell_group
 from terminals.models import Recording, RecordingState, ShareLink, TerminalSession
+from transport.layers import tell_group
 
 
 def token_hash(token: str) -> str:

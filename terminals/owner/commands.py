@@ -14,10 +14,10 @@ import time
 from channels.db import database_sync_to_async as db
 
 from terminals import actions
-from terminals.live import LiveProcess
 from terminals.marks import Mark
 from terminals.models import CommandSource
 from terminals.owner.context import WorkerContext
+from terminals.owner.live import LiveProcess
 from terminals.owner.recordings import Recorder
 from terminals.owner.viewers import Outbox
 from terminals.protocol import CommandSeen

@@ -14,8 +14,8 @@ from django.db import InterfaceError, OperationalError, connection
 
 from terminals import metrics
 from terminals.backends.procfs import ProcessIdentity
-from terminals.live import FlowBudget, LiveProcess
 from terminals.models import Worker
+from terminals.owner.live import FlowBudget, LiveProcess
 from terminals.tasks import Tasks
 
 log = logging.getLogger(__name__)

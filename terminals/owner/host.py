@@ -23,7 +23,6 @@ from executions.spec import ExecutionSpec
 from terminals import actions, faults
 from terminals.backends.base import Exit, Process
 from terminals.lifetimes import CHECK_SECONDS, Limits, judge
-from terminals.live import LiveProcess, Phase
 from terminals.marks import MarkReader
 from terminals.models import TerminalSession
 from terminals.outcome import Outcome
@@ -31,6 +30,7 @@ from terminals.owner.capture import Capture, Saver
 from terminals.owner.commands import CommandTracker
 from terminals.owner.context import WorkerContext, every, until_recorded
 from terminals.owner.leases import LeaseKeeper
+from terminals.owner.live import LiveProcess, Phase
 from terminals.owner.recordings import Recorder
 from terminals.owner.viewers import Outbox
 from terminals.protocol import Closed, ClosingSoon, Exited, NextGeneration, Reason, Request

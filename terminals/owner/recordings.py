@@ -21,8 +21,8 @@ from executions.models import Kind
 from terminals import actions, recording_store
 from terminals.actions.recordings import ChunksNotHere
 from terminals.asciicast import EventLog, Taken
-from terminals.live import LiveProcess
 from terminals.owner.context import DB_OUTAGE, WorkerContext, db_apart, every, until_recorded
+from terminals.owner.live import LiveProcess
 
 log = logging.getLogger(__name__)
 

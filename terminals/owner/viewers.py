@@ -17,11 +17,10 @@ from django.conf import settings
 from config import logs
 from executions import pipes
 from terminals import actions, metrics
-from terminals.layers import MessageTooLarge
-from terminals.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Observer, Viewer
 from terminals.models import ProcessState, TerminalSession, ends_with_worker
 from terminals.owner.context import WorkerContext, receive_forever
 from terminals.owner.leases import LeaseKeeper
+from terminals.owner.live import OUTPUT_MESSAGE_BYTES, LiveProcess, Observer, Viewer
 from terminals.protocol import (
     MAX_COLS,
     MAX_ROWS,
@@ -54,6 +53,7 @@ from terminals.protocol import (
     decode_to_owner,
 )
 from terminals.signals import api_input_taken
+from transport.layers import MessageTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -407,7 +407,7 @@ class ViewerService:
             return
         size = min(max(int(message.size), 0), OUTPUT_MESSAGE_BYTES)
         if message.view:
-            await self.outbox.send(message.reply, self._peek_view(live, message, size))
+            await self.outbox.send(message.reply, self._peek_view(live, message))
             return
         async with live.send_lock:
             first, data, lost = live.buffer.since(max(int(message.since), 0))
@@ -428,22 +428,26 @@ class ViewerService:
         await self.outbox.send(message.reply, peeked)
 
     @staticmethod
-    def _peek_view(live: LiveProcess, message: Peek, size: int) -> Peeked:
+    def _peek_view(live: LiveProcess, message: Peek) -> Peeked:
         """A read of a command on pipes: the encoded stream from the first whole line of the view with bytes
         at or after ``since`` (its own offsets), and where the view's kept bytes start and end."""
         try:
             view = pipes.View(message.view)
         except ValueError:
             view = pipes.View.ALL
-        start, kept, _ = live.buffer.since(live.buffer.start)
-        found = pipes.pieces(kept, start)
+        if live.pipes_index is None:
+            live.pipes_index = pipes.Index()
+        start = live.buffer.start
+        found = live.pipes_index.update(live.buffer.since, start)
         bounds = pipes.first_and_end(found, view, whole=start == 0)
         piece = pipes.starting_at(found, view, max(int(message.since), 0))
         at = piece.at if piece is not None else live.buffer.end
         live.read_by(message.viewer, at)
+        # Whole lines from ``at`` (``size`` counts the bytes read out of them: the API's read cuts to it).
+        _, data, _ = live.buffer.since(at)
         return Peeked(
             offset=at,
-            data=kept[at - start : at - start + size],
+            data=data[:OUTPUT_MESSAGE_BYTES],
             start=live.buffer.start,
             end=live.buffer.end,
             lost=0,

@@ -8,7 +8,12 @@ import asyncio
 import base64
 import json
 import os
+import pty
+import select
 import signal
+import sys
+import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -68,7 +73,80 @@ def test_the_encoded_stream_is_read_from_any_place_in_each_view():
     read = pipes.read(found, pipes.View.STDOUT, 0, 1000, 6, 12)
     assert (read.data, read.offset, read.lost) == (b"world\n", 6, 6)
 
+    # A view that kept nothing of what it lost: said once, and the read moves on (it once answered offset 0,
+    # next 0 for ever).
+    lost_all = pipes.read(found, pipes.View.STDERR, 0, 1000, 5, 5)
+    assert (lost_all.data, lost_all.offset, lost_all.next, lost_all.lost) == (b"", 5, 5, 5)
+
+    # A piece missing between two (a line a redraw cut): the read stops before it, the next one says it.
+    gapped = [p for p in pipes.pieces(stream, 0) if p.data != b"oops\n"]
+    read = pipes.read(gapped, pipes.View.ALL, 0, 1000, 0, 17)
+    assert (read.data, read.next) == (b"hello ", 6)
+    read = pipes.read(gapped, pipes.View.ALL, 6, 1000, 0, 17)
+    assert (read.data, read.offset, read.lost, read.next) == (b"world\n", 11, 5, 17)
+
+    # A worker's index: each line parsed once as the buffer grows, its front let go of.
+    index, buffer = pipes.Index(), bytearray()
+
+    def since(offset: int):
+        return offset, bytes(buffer[offset - base :]), 0
+
+    base = 0
+    buffer += stream[:20]  # the first line whole, the second cut
+    assert [p.data for p in index.update(since, 0)] == [b"hello "]
+    buffer += stream[20:]
+    assert [p.data for p in index.update(since, 0)] == [b"hello ", b"oops\n", b"world\n"]
+    base = 30
+    del buffer[:30]  # the front let go of, mid-line
+    assert [p.data for p in index.update(since, 30)] == [b"world\n"]
+
     assert pipes.encode_input(b"x" * 1000, close=True).count(b"\n") == 3  # 768 + 232 bytes, then the end
+
+
+HOLDER = Path(__file__).resolve().parents[2] / "build" / "tether-holder"
+
+
+def _on_a_terminal(*argv: str, signal_after: float | None = None) -> tuple[int, bytes, float]:
+    """``argv`` on a terminal of its own: its wait status, what it printed there, and how long it took."""
+    started = time.monotonic()
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(argv[0], list(argv))
+    if signal_after is not None:
+        time.sleep(signal_after)
+        os.kill(pid, signal.SIGINT)
+    seen = b""
+    while True:
+        try:
+            ready, _, _ = select.select([fd], [], [], 10)
+            chunk = os.read(fd, 65536) if ready else b""
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        seen += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return status, seen, time.monotonic() - started
+
+
+def test_the_mux_passes_a_signal_once_ends_after_its_program_and_leaves_its_terminal_as_it_was():
+    # One SIGINT to the mux reaches the program once (it was sent twice: to its group and to it).
+    counter = (
+        "import signal,time; n=[0]; signal.signal(2, lambda *a: n.__setitem__(0, n[0]+1)); time.sleep(1.5); print(n[0])"
+    )
+    status, seen, _ = _on_a_terminal(str(HOLDER), "mux", "--", sys.executable, "-c", counter, signal_after=0.8)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [p.data for p in pipes.pieces(seen, 0)] == [b"1\n"]
+    # A background child that writes for ever does not hold the command's end for ever.
+    status, seen, took = _on_a_terminal(
+        str(HOLDER), "mux", "--", "/bin/sh", "-c", "(while :; do echo x; sleep .02; done) & exit 5"
+    )
+    assert os.waitstatus_to_exitcode(status) == 5 and took < 5
+    # The terminal's modes as they were for whoever uses it after (tmux's shim writes its end there).
+    status, seen, _ = _on_a_terminal("/bin/sh", "-c", f"{HOLDER} mux -- true; stty -a")
+    modes = seen.split()
+    assert b"icanon" in modes and b"echo" in modes and b"-icanon" not in modes, seen
 
 
 def _api(stack: Stack, user, *scopes: str) -> httpx.AsyncClient:
@@ -128,7 +206,12 @@ async def test_a_command_on_pipes_keeps_its_streams_apart_takes_stdin_and_exits_
             assert (gap.status_code, gap.json()["code"], gap.json()["expected"]) == (409, "input_gap", 1)
             assert (await _write(api, pk, 1, binary)).json()["written"] is True
             assert (await _read(api, pk, "stdout", since=4, until=b"end\n"))[0] == b"hello\n" + binary
+            small = await api.get(f"/executions/{pk}/output", params={"stream": "stdout", "since": 4, "size": 3})
+            assert (small.json()["text"], small.json()["next"]) == ("hel", 7)  # less than a line's bytes: read
             assert (await _write(api, pk, 2, eof=True)).json()["written"] is True  # cat reads its end
+            after = await _write(api, pk, 3, b"after the end")
+            assert (after.status_code, after.json()["code"]) == (409, "state_conflict")  # never dropped silently
+            assert (await _write(api, pk, 2, eof=True)).json()["repeated"] is True  # its retry still answers
 
             ended = (await api.get(f"/executions/{pk}/await", params={"timeout": 30})).json()
             assert ended["final"], ended
@@ -151,7 +234,7 @@ async def test_a_command_on_pipes_keeps_its_streams_apart_takes_stdin_and_exits_
             events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
             assert [e["text"] for e in events if "chunks" in e] == ["err1 no-ttydone\n"]  # pushed the same way
             assert events[-1]["execution"]["exit_code"] == 3
-            late = await _write(api, pk, 3, b"too late")
+            late = await _write(api, pk, 4, b"too late")
             assert (late.status_code, late.json()["code"]) == (409, "state_conflict")
 
             # A command on a terminal has one stream and no stdin of its own.

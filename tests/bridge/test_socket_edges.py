@@ -12,8 +12,8 @@ from asgiref.sync import sync_to_async
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from terminals.origins import origin_allowed
 from tests.bridge.harness import Stack, Viewer, open_viewer
+from transport.origins import origin_allowed
 
 pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
 

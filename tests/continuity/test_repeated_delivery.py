@@ -30,7 +30,7 @@ def layer_config(stack: Stack, redis_url: str) -> dict:
     """The channel layer the stack's processes use (TETHER_CHANNEL_LAYER), for this process to speak on."""
     if settings.TETHER_CHANNEL_LAYER == "pubsub":
         return {
-            "BACKEND": "terminals.redis_layer.RedisPubSubLayer",
+            "BACKEND": "transport.redis_layer.RedisPubSubLayer",
             "CONFIG": {"hosts": [redis_url], "prefix": stack.prefix},
         }
     if settings.TETHER_CHANNEL_LAYER == "channels-pubsub":

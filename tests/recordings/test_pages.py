@@ -17,7 +17,7 @@ from terminals import actions, recording_store
 from terminals.asciicast import EventLog, output_of
 from terminals.models import Recording, RecordingChunk, SessionEvent, ShareLink
 from tests.factories import grant, make_machine
-from tests.test_views import finish, logged_in
+from tests.terminals.test_views import finish, logged_in
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from config import env
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("raw", ["ture", "2", "enabled"])

@@ -7,14 +7,14 @@ import uuid
 
 import pytest
 
-from terminals.layers import (
+from tests.bridge.harness import REDIS_URL
+from transport.layers import (
     CappedInMemoryLayer,
     CappedPubSubLayer,
     CappedRedisLayer,
     CappedRedisPubSubLayer,
     MessageTooLarge,
 )
-from tests.bridge.harness import REDIS_URL
 
 
 def make_layer(kind: str):

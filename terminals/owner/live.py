@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from executions import pipes
 from terminals.backends.base import BackendError, Exit, Process
-from terminals.buffer import OutputBuffer
 from terminals.lifetimes import Limits
 from terminals.marks import MarkReader
+from terminals.owner.buffer import OutputBuffer
 from terminals.protocol import Reason
 
 if TYPE_CHECKING:
@@ -88,6 +89,8 @@ class LiveProcess:
     session_id: str | None = None
     generation: int = 0
     buffer: OutputBuffer = field(default_factory=lambda: OutputBuffer(settings.TETHER_BUFFER_BYTES))
+    # A command on pipes: its buffer's lines parsed as they come (executions.pipes), once the API reads it.
+    pipes_index: pipes.Index | None = None
     viewer: Viewer | None = None
     flow_open: asyncio.Event = field(default_factory=asyncio.Event)
     exit: Exit | None = None

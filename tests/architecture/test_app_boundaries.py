@@ -16,7 +16,7 @@ from executions.signals import execution_submitted
 from terminals.wake import WAKE_CHANNEL
 from tests.factories import make_execution, make_machine, make_spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXECUTIONS = ROOT / "executions"
 
 
@@ -53,6 +53,33 @@ def test_access_knows_nothing_of_terminals_or_the_api():
         if module.split(".")[0] in {"terminals", "api"}
     }
     assert not upward
+
+
+APPS = {"access", "agents", "api", "config", "demo", "executions", "files", "sso", "terminals"}
+
+
+def test_the_transport_imports_none_of_the_apps():
+    """The channel layer and the server patches sit beneath every app: any of them may use it, it uses none."""
+    sources = sorted((ROOT / "transport").rglob("*.py"))
+    assert len(sources) >= 6
+    upward = {
+        f"{source.relative_to(ROOT)}: {module}"
+        for source in sources
+        for module in _imported_modules(source)
+        if module.split(".")[0] in APPS
+    }
+    assert not upward
+
+
+def test_nothing_but_its_command_uses_the_demo():
+    users = {
+        f"{source.relative_to(ROOT)}: {module}"
+        for app in APPS - {"config", "demo"}
+        for source in sorted((ROOT / app).rglob("*.py"))
+        for module in _imported_modules(source)
+        if module.split(".")[0] == "demo"
+    }
+    assert not users
 
 
 def test_the_import_check_sees_imports_in_functions_too(tmp_path):

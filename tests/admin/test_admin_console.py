@@ -10,7 +10,7 @@ from executions.models import State
 from terminals import actions
 from terminals.models import WorkerEvent, WorkerState
 from tests.factories import make_execution
-from tests.test_views import logged_in
+from tests.terminals.test_views import logged_in
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the recovery page looks with its own connections
 

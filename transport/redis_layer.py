@@ -460,7 +460,7 @@ class RedisPubSubLayer(BaseChannelLayer):
         return self.deserialize(data)
 
     async def forget(self, channel: str) -> None:
-        """Stop listening on ``channel`` (a consumer that has ended: terminals.layers.forget_channel)."""
+        """Stop listening on ``channel`` (a consumer that has ended: transport.layers.forget_channel)."""
         self._layer().forget(channel)
 
     # --- groups -------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Tether's pub/sub channel layer (terminals/redis_layer.py), on real Redis: what a sender and a
+"""Tether's pub/sub channel layer (transport/redis_layer.py), on real Redis: what a sender and a
 receiver rely on, through a Redis restart and after a channel is let go of."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 import redis
 from asgiref.sync import async_to_sync
 
-from terminals import redis_layer
-from terminals.redis_layer import RedisPubSubLayer
 from tests.bridge.harness import REDIS_URL, RedisServer, free_port
+from transport import redis_layer
+from transport.redis_layer import RedisPubSubLayer
 
 PREFIX = f"tether-test-{uuid.uuid4().hex[:8]}."  # as every process of one install shares its prefix
 

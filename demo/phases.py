@@ -31,13 +31,8 @@ from pathlib import Path
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 
-from executions import actions as exec_actions
-from executions.models import ENDED_STATES, Evidence, Execution, Machine, MachineState, State
-from executions.spec import ExecutionSpec
-from terminals import actions
-from terminals.backends.procfs import ProcessIdentity
-from terminals.demo_console import HELP, LayerViewer, console
-from terminals.demo_world import (
+from demo.console import HELP, LayerViewer, console
+from demo.world import (
     ACTOR,
     ROOT,
     DemoFailed,
@@ -58,6 +53,11 @@ from terminals.demo_world import (
     slot_holder,
     wait_state,
 )
+from executions import actions as exec_actions
+from executions.models import ENDED_STATES, Evidence, Execution, Machine, MachineState, State
+from executions.spec import ExecutionSpec
+from terminals import actions
+from terminals.backends.procfs import ProcessIdentity
 from terminals.models import ProcessLease, TerminalSession
 from terminals.resolution import resolve
 from terminals.worker import OwnerWorker

@@ -1,4 +1,4 @@
-"""daphne's sockets write at once when nothing is queued (terminals/twisted_write.py): what the socket does not
+"""daphne's sockets write at once when nothing is queued (transport/twisted_write.py): what the socket does not
 take at once is still sent whole and in order, and a peer that goes away is still seen as gone.
 
 Run in a process of its own: Twisted's reactor runs once per process."""
@@ -13,14 +13,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 SERVER = r"""
 import hashlib, os, sys
 from twisted.internet import asyncioreactor
 asyncioreactor.install()
 from twisted.internet import protocol, reactor
-from terminals.twisted_write import write_at_once
+from transport.twisted_write import write_at_once
 
 write_at_once()
 pieces = [os.urandom(size) for size in [1, 10, 100, 1000, 65536, 300000, 7, 1 << 20] * 2]
@@ -92,7 +92,7 @@ asyncioreactor.install()
 from twisted.internet import protocol, reactor
 from zope.interface import implementer
 from twisted.internet.interfaces import IPullProducer
-from terminals.twisted_write import write_at_once
+from transport.twisted_write import write_at_once
 
 write_at_once()
 

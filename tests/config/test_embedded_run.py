@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 FACTS = """
@@ -125,7 +125,7 @@ def test_make_run_serves_admin_with_the_printed_login_and_a_terminal(tmp_path, t
         assert facts.returncode == 0, facts.stderr
         backend, layer = facts.stdout.strip().splitlines()[-1].split()
         assert backend == ("tmux" if tmux == "with tmux" else "local")
-        assert layer == "terminals.layers.CappedInMemoryLayer"
+        assert layer == "transport.layers.CappedInMemoryLayer"
         # The owner worker runs inside the same process, on the in-memory channel layer.
         opened = run("shell", "-c", OPEN_TERMINAL)
         assert opened.returncode == 0, opened.stderr

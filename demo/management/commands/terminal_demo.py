@@ -2,9 +2,9 @@ import asyncio
 
 from django.core.management.base import BaseCommand, CommandError
 
+from demo import phases as demo
+from demo.world import DemoFailed, docker_usable
 from executions.errors import Refused
-from terminals import demo
-from terminals.demo_world import DemoFailed, docker_usable
 
 
 class Command(BaseCommand):

@@ -1,5 +1,5 @@
 """The demo's world: its machine and user, its state file between phases, the facts it reads back, and a
-worker and viewer it can hold a session with (terminals.demo runs the phases over these)."""
+worker and viewer it can hold a session with (demo.phases runs the phases over these)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from django.contrib.auth import get_user_model
 
 from access import actions as access_actions
 from access.models import Role
+from demo.console import LayerViewer, ViewerLost
 from executions import actions as exec_actions
 from executions.actions import Actor
 from executions.errors import Refused
 from executions.models import Evidence, Execution, ExecutionEvent, Machine, MachineState
 from terminals import actions
-from terminals.demo_console import LayerViewer, ViewerLost
 from terminals.models import ProcessLease, TerminalSession, Worker
 from terminals.worker import OwnerWorker
 

@@ -26,7 +26,7 @@ from terminals.protocol import (
     wire_js,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_page_reads_the_words_the_server_speaks():
@@ -115,7 +115,7 @@ def test_a_stream_that_filled_the_least_flow_window_is_acked_without_waiting_for
     """A worker resumes a paused stream once what is unacknowledged falls to a third of its window; the page
     acks at once from ACK_AT_ONCE_BYTES (less waits ACK_IDLE_MS), so that must fit in a third of the least
     window a session streaming beside others is given, or such a stream would stall for the timer."""
-    from terminals.live import MIN_WINDOW_BYTES
+    from terminals.owner.live import MIN_WINDOW_BYTES
     from terminals.protocol import ACK_AT_ONCE_BYTES
 
     assert 3 * ACK_AT_ONCE_BYTES <= MIN_WINDOW_BYTES

@@ -13,8 +13,8 @@ from channels_redis.core import RedisChannelLayer
 from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.conf import settings
 
-from terminals import metrics
-from terminals.redis_layer import RedisPubSubLayer
+from transport import metrics
+from transport.redis_layer import RedisPubSubLayer
 
 log = logging.getLogger(__name__)
 

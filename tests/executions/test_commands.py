@@ -16,7 +16,7 @@ from executions import actions
 from executions.models import Evidence, Execution, Machine, State
 from tests.factories import TEST_ACTOR, make_machine, make_spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

@@ -33,7 +33,7 @@ from tests.bridge.harness import Stack
 from tests.factories import TEST_ACTOR, grant, make_machine, make_spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def _until(predicate, timeout: float = 10.0):
