@@ -13,7 +13,7 @@ from channels.db import database_sync_to_async as db
 from pydantic import BaseModel, Field
 
 from api import terminals as api_terminals
-from api.executions import READ_BYTES
+from api.output import READ_BYTES
 
 
 class Cursor(BaseModel):

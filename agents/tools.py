@@ -37,11 +37,14 @@ from pydantic import ValidationError as Invalid
 from agents import tasks
 from agents.screen import Screen, render
 from api import executions as api_executions
+from api import inputs as api_inputs
+from api import output as api_output
 from api import terminals as api_terminals
 from api.api import invalid, problem_of
 from api.auth import need
-from api.executions import MAX_WAIT, READ_BYTES, ExecutionOut, OutputOut, read_output, visible
+from api.executions import MAX_WAIT, ExecutionOut, visible
 from api.models import ApiCall, ApiToken, Scope
+from api.output import READ_BYTES, OutputOut, read_output
 from api.problems import ApiProblem, problem_body
 from executions import pipes
 from executions.actions.common import IDENTITY
@@ -294,7 +297,7 @@ async def _output_text(call: _Call, pk: int, view: pipes.View | None = None) -> 
     viewer = f"api:{call.auth.pk}"
 
     def load():
-        return api_executions._still_mine(call, pk)
+        return api_output._still_mine(call, pk)
 
     try:
         first = await read_output(load, 0, HEAD_BYTES, 0.0, viewer, view)
@@ -471,7 +474,7 @@ async def read_output_tool(
     silent gap), `final` when no more will come."""
 
     async def work(call):
-        read = await api_executions.execution_output(call, execution, since, size, wait_seconds, stream)
+        read = await api_output.execution_output(call, execution, since, size, wait_seconds, stream)
         said = f"[offset {read['offset']}..{read['next']} of {read['end']}"
         said += f", {read['lost']} bytes lost before it" if read["lost"] else ""
         said += ", final]" if read["final"] else "]"
@@ -507,8 +510,8 @@ async def write_stdin(
     the last; the same seq again is not written again), and close it with eof."""
 
     async def work(call):
-        body = _input(api_executions.CommandInputIn, seq=seq, data=data, data_b64=data_b64, eof=eof, client=client)
-        answer = Written(**await api_executions.execution_input(call, execution, body))
+        body = _input(api_inputs.CommandInputIn, seq=seq, data=data, data_b64=data_b64, eof=eof, client=client)
+        answer = Written(**await api_inputs.execution_input(call, execution, body))
         said = "written before (not again)" if answer.repeated else "written"
         return _result(f"stdin {seq}: {said}" + (", then closed" if eof else ""), answer)
 

@@ -10,7 +10,7 @@ from django.utils.html import format_html
 from api.models import ApiCall, ApiToken
 from api.tokens import revoke_token
 from executions.admin import badge
-from terminals.admin import WrittenElsewhere, confirmed_action
+from terminals.admin_common import WrittenElsewhere, confirmed_action
 
 revoke_tokens = confirmed_action(
     "revoke_tokens",

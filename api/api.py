@@ -214,9 +214,11 @@ for _refused in (NotFound, UsageError, IdentityConflict, ResolveRefused, SlotTak
     api.add_exception_handler(_refused, _refusal)
 
 
-from api import executions, terminals  # noqa: E402  (routers register on ``api``)
+from api import executions, inputs, output, terminals  # noqa: E402  (routers register on ``api``)
 from files import api as files_api  # noqa: E402
 
 api.add_router("/", executions.router)
+api.add_router("/", output.router)
+api.add_router("/", inputs.router)
 api.add_router("/terminals", terminals.router)
 api.add_router("/", files_api.router)

@@ -8,19 +8,31 @@ not reached) may be sent again."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 
 from channels.db import database_sync_to_async as db
 from django.db import IntegrityError, transaction
 from django.db.models import Max, Min
-from ninja import Field, Schema
+from ninja import Field, Router, Schema
 
-from api.models import ApiInput, InputState
+from access.policy import Do, may
+from api.auth import need
+from api.executions import _mine
+from api.models import ApiInput, InputState, Scope
 from api.owner_calls import NotSent, ask
-from api.problems import ApiProblem
+from api.problems import ApiProblem, answers
+from api.schemas import NO_NUL, Body
+from executions import pipes
 from executions.locks import Lock, held_until_commit
+from executions.models import ENDED_STATES, State
+from terminals.owner_client import owner_of_execution
 from terminals.protocol import ApiInput as InputMessage
 from terminals.protocol import ErrorCode
+
+router = Router(tags=["executions"])
+MAX_INPUT_BYTES = 64 * 1024  # the most one input call writes to a command's stdin
 
 
 class InputOut(Schema):
@@ -122,3 +134,70 @@ async def deliver(
     if answer.get("code") == ErrorCode.NOT_WRITER:
         raise ApiProblem("not_writer", answer.get("text", ""))
     raise ApiProblem("owner_unavailable", answer.get("text", "") + "; send the same seq again", retry_after=1)
+
+
+# --- a command's stdin (pty: false) ---------------------------------------------------------------------
+
+
+class CommandInputIn(Body):
+    seq: int = Field(..., ge=0, le=2**53, description="Your number for this input: a retry of it is written once")
+    data: str | None = Field(None, max_length=MAX_INPUT_BYTES, description="Bytes for its stdin, as text (UTF-8)")
+    data_b64: str | None = Field(
+        None,
+        max_length=(MAX_INPUT_BYTES + 2) // 3 * 4,
+        pattern=r"^[A-Za-z0-9+/]*={0,2}$",
+        description="Bytes for its stdin as base64",
+    )
+    eof: bool = Field(False, description="Close its stdin after these bytes (the program reads its end)")
+    client: str = Field(
+        "", max_length=100, pattern=NO_NUL, description="Which of your programs sends it (numbers are per client)"
+    )
+
+
+@router.post(
+    "/executions/{pk}/input",
+    **answers(
+        InputOut,
+        "not_found",
+        "forbidden",
+        "wrong_kind",
+        "state_conflict",
+        "input_unconfirmed",
+        "input_gap",
+        "input_conflict",
+        "too_large",
+        "owner_unavailable",
+    ),
+    summary="Write to a command's stdin, or close it (pty: false; numbered, written once)",
+)
+async def execution_input(request, pk: int, body: CommandInputIn):
+    """For a command on pipes: bytes for its stdin, and with `eof` its end. Each `seq` is written at most once
+    however often it is sent (the same contract as a terminal's input)."""
+    token = await db(need)(request, Scope.RUN)
+    execution = await db(_mine)(request, pk)
+    if not await db(may)(token, Do.OPERATE, execution):
+        raise ApiProblem("forbidden", f"you may not write to execution {pk}")
+    if execution.spec.get("pty", True):
+        raise ApiProblem(
+            "wrong_kind", "this command runs on a terminal: it has no stdin of its own (submit it with pty: false)"
+        )
+    if body.data is not None and body.data_b64 is not None:
+        raise ApiProblem("validation_error", "send the bytes as at most one of data or data_b64")
+    try:
+        data = body.data.encode() if body.data is not None else base64.b64decode(body.data_b64 or "", validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiProblem("validation_error", "data_b64 is not base64") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise ApiProblem("too_large", f"at most {MAX_INPUT_BYTES} bytes of input a call", limit=MAX_INPUT_BYTES)
+    if not data and not body.eof:
+        raise ApiProblem("validation_error", "send some bytes, or eof: true to close its stdin")
+    encoded = pipes.encode_input(data, close=body.eof)
+    target = {"execution": execution}
+    if await db(written_before)(token, target, body.seq, body.client, encoded):  # a retry: so said, whenever
+        return {"written": True, "repeated": True, "seq": body.seq}
+    if execution.state in ENDED_STATES:
+        raise ApiProblem("state_conflict", f"the command is {execution.state}: it takes no input now")
+    if execution.state != State.RUNNING:
+        raise ApiProblem("owner_unavailable", "it has not started yet; send the same seq again", retry_after=1)
+    owner = await db(owner_of_execution)(execution.pk)
+    return await deliver(token, target, owner, body.seq, body.client, encoded, "the command", closes=body.eof)

@@ -17,23 +17,10 @@ from ninja import Field, Query, Router, Schema, Status
 
 from access.policy import Do, machine_named, may
 from api.auth import need
-from api.executions import (
-    MACHINE_NAME,
-    MAX_WAIT,
-    READ_BYTES,
-    WAITS,
-    ExecutionOut,
-    OutputOut,
-    actor_of,
-    execution_out,
-    namespace_of,
-    past_the_end,
-    read_output,
-    shaped,
-    still,
-)
+from api.executions import MACHINE_NAME, MAX_WAIT, WAITS, ExecutionOut, actor_of, execution_out, namespace_of, still
 from api.inputs import InputOut, deliver
 from api.models import Scope
+from api.output import READ_BYTES, OutputOut, past_the_end, read_output, shaped
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem, answers
 from api.schemas import NO_NUL, Body

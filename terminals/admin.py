@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import re
 
-from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 
-from access.policy import RESOLVE_PERMISSION, Do, may, reach_of
+from access.policy import RESOLVE_PERMISSION, Do, may
 from executions import actions as exec_actions
 from executions import admin as executions_admin
 from executions.actions import Actor
@@ -24,6 +21,7 @@ from executions.admin import NothingEditableOnChange, badge
 from executions.errors import ExecutionError, Refused
 from executions.models import Execution, State
 from terminals import actions
+from terminals.admin_common import Watched, WrittenElsewhere, confirmed_action
 from terminals.models import CommandRecord, ProcessLease, SessionEvent, TerminalSession
 from terminals.resolution import ResolveRefused, resolve, run_checks
 
@@ -42,53 +40,6 @@ def screen_text(raw: bytes) -> str:
     return "\n".join("".join(ch for ch in line if ch == "\t" or ch >= " ") for line in lines)
 
 
-class ReasonForm(forms.Form):
-    reason = forms.CharField(required=True, max_length=500, help_text="Recorded with the event.")
-
-
-def confirmed_action(name: str, description: str, each, *, permission: str, noun: str, label="", title="", then=None):
-    """An admin action that asks for confirmation and a reason (Django's delete_selected flow), then runs
-    ``each(obj, actor, reason)`` per selected object: a refusal is reported with its reason and the rest carry
-    on. ``then(done)``, given the objects it was done to, may answer instead of the list (a progress page).
-    ``label`` is the action's name in the menu, ``title`` the confirmation's question."""
-
-    def run(modeladmin, request, queryset):
-        form = ReasonForm(request.POST if request.POST.get("post") else None)
-        if request.POST.get("post") and form.is_valid():
-            actor, reason = Actor.for_user(request.user), form.cleaned_data["reason"]
-            done = []
-            for obj in queryset:
-                try:
-                    each(obj, actor, reason)
-                except ExecutionError as refused:  # another operator moved it a moment ago
-                    modeladmin.message_user(request, f"{obj}: {refused}", messages.ERROR)
-                else:
-                    done.append(obj)
-            if then is not None and (answer := then(done)) is not None:
-                return answer
-            if done:
-                modeladmin.message_user(request, f"{description}: {len(done)}", messages.SUCCESS)
-            return None
-        return TemplateResponse(
-            request,
-            "admin/terminals/confirm_action.html",
-            {
-                **modeladmin.admin_site.each_context(request),
-                "title": title or f"{description}?",
-                "description": description,
-                "action": name,
-                "noun": noun,
-                "queryset": queryset,
-                "form": form,
-                "opts": modeladmin.model._meta,
-                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            },
-        )
-
-    run.__name__ = name
-    return admin.action(description=label or f"{description}…", permissions=[permission])(run)
-
-
 def _confirmed_action(action: str, description: str):
     """A session action of an operator's (terminals.actions.operator_session_action), confirmed, with a reason:
     the permission lets one into the action, the workspace decides each session (operate there, or one's own)."""
@@ -99,34 +50,6 @@ def _confirmed_action(action: str, description: str):
         actions.operator_session_action(session, action, actor=actor, reason=reason)
 
     return confirmed_action(f"{action}_sessions", description, each, permission=action, noun="sessions")
-
-
-class Watched:
-    """An admin list of what happens on machines, cut to the workspaces this staff member may watch (their
-    grants or permissions) and their own work there; a superuser sees all. What they may not reach is not
-    listed, and its change page answers as a missing one."""
-
-    machine_path = "machine"
-    owner_paths: tuple[str, ...] = ("user",)
-
-    def get_list_filter(self, request):
-        # A filter by machine would list every machine's name: only for who sees them all.
-        found = super().get_list_filter(request)
-        if request.user.is_superuser:
-            return found
-        return [name for name in found if name != self.machine_path]
-
-    def get_queryset(self, request):
-        found = super().get_queryset(request)
-        user = request.user
-        if user.is_superuser:
-            return found
-        reach = reach_of(user)
-        mine = Q()
-        for owner in self.owner_paths:
-            mine |= Q(**{owner: user})
-        watched = Q(**{f"{self.machine_path}__in": reach.machines(Do.WATCH)})
-        return found.filter(watched | (mine & Q(**{f"{self.machine_path}__in": reach.machines(Do.SEE)})))
 
 
 class SessionEventInline(admin.TabularInline):
@@ -315,20 +238,6 @@ class TerminalSessionAdmin(Watched, NothingEditableOnChange, admin.ModelAdmin):
 
     def has_reset_permission(self, request):
         return self._has(request, "reset")
-
-
-class WrittenElsewhere(NothingEditableOnChange):
-    """Rows only their owner writes (a worker, the commands its shells mark): shown, never added, changed
-    or deleted here."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def save_model(self, request, obj, form, change):
-        return
 
 
 @admin.register(CommandRecord)

@@ -9,7 +9,7 @@ from django.utils.html import format_html
 
 from executions.admin import badge
 from terminals import actions
-from terminals.admin import Watched, WrittenElsewhere, confirmed_action
+from terminals.admin_common import Watched, WrittenElsewhere, confirmed_action
 from terminals.models import Recording, RecordingState, ShareLink
 from terminals.recording_views import player_state
 

@@ -15,7 +15,7 @@ from django.urls import path
 from executions.actions import Actor
 from executions.admin import badge
 from terminals import actions, console
-from terminals.admin import WrittenElsewhere, confirmed_action
+from terminals.admin_common import WrittenElsewhere, confirmed_action
 from terminals.models import Worker, WorkerEvent
 
 STATUS_COLOURS = {

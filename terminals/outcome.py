@@ -35,8 +35,8 @@ def exit_fields(exit: Exit) -> tuple[str, dict]:
 
 @dataclass(frozen=True)
 class Outcome:
-    state: str  # completed or unknown
-    evidence: str
+    state: State  # completed or unknown
+    evidence: Evidence
     note: str  # the sentence recorded as the reason
     close_reason: Reason  # the session's
     fields: dict = field(default_factory=dict)  # exit code or signal, as settle_execution takes them

@@ -65,7 +65,7 @@ class Action(StrEnum):
 
 @dataclass
 class Finding:
-    action: str
+    action: Action
     label: str
     backend: str
     detail: str

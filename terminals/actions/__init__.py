@@ -2,6 +2,7 @@
 audit event. One module per domain; callers use ``from terminals import actions`` and ``actions.X``.
 
 - ``workers``: register, heartbeat, drain, stop;
+- ``fencing``: the lease's fence every write of an owner goes through;
 - ``leases``: claim, fenced writes, the launch's steps, settling, taking over a dead owner's lease;
 - ``sessions``: open, next generation, close, viewers, take-overs, preferences;
 - ``operator``: requests to a process's owner and operator actions on sessions;
@@ -23,11 +24,10 @@ from terminals.actions.commands import (
     tracking,
 )
 from terminals.actions.commands import summary as command_summary
+from terminals.actions.fencing import LeaseLost, fenced
 from terminals.actions.leases import (
-    LeaseLost,
     begin_spawn,
     claim_next_execution,
-    fenced,
     fenced_transition,
     lease_expiry,
     lease_follows,

@@ -14,7 +14,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from executions.models import Evidence, State
-from terminals.actions import leases
+from terminals.actions.fencing import fenced
 from terminals.models import CommandRecord, CommandSource, CommandState, TerminalSession, Worker
 
 MAX_COMMAND_CHARS = 4000
@@ -39,7 +39,7 @@ def _when(shell_time: float | None) -> datetime:
 
 def begin_marks(session_pk, generation: int, worker: Worker, token: int, execution_pk: int, nonce: str, note: str):
     """At a launch, before the shell starts: its nonce (or why its commands will not be tracked)."""
-    with leases.fenced(execution_pk, worker, token):
+    with fenced(execution_pk, worker, token):
         TerminalSession.objects.filter(pk=session_pk, generation=generation).update(
             marks_nonce=nonce, marks_note=note[:200]
         )
@@ -47,7 +47,7 @@ def begin_marks(session_pk, generation: int, worker: Worker, token: int, executi
 
 def marks_seen(session_pk, generation: int, *, worker: Worker, token: int, execution_pk: int) -> bool:
     """The shell of ``generation`` marks its commands (its first prompt mark arrived). True when newly so."""
-    with leases.fenced(execution_pk, worker, token):
+    with fenced(execution_pk, worker, token):
         changed = (
             TerminalSession.objects.filter(pk=session_pk, generation=generation)
             .exclude(marks_generation=generation)
@@ -78,7 +78,7 @@ def command_started(
     if not evidence:
         clock = "" if shell_time is None else " (the shell's clock)"
         evidence = f"started: the shell's command mark at offset {output_start}{clock}"
-    with leases.fenced(execution_pk, worker, token):
+    with fenced(execution_pk, worker, token):
         found = CommandRecord.objects.filter(
             execution_id=execution_pk, stream=stream, output_start=output_start
         ).first()
@@ -121,7 +121,7 @@ def command_finished(
     mark (the command's own end came while no worker read the shell, and a tmux adoption does not replay
     it) or one from another owner's stream leaves it unknown. A stop (Ctrl-Z: 128 + SIGTSTP and its kin)
     is no end: the job may run on."""
-    with leases.fenced(execution_pk, worker, token):
+    with fenced(execution_pk, worker, token):
         if _ended_at(execution_pk, stream, offset):
             return None
         record = _open_before(execution_pk, stream, offset).first()
@@ -173,7 +173,7 @@ def command_ended_at_prompt(
     line history took (pasted with others, typed before this owner saw its Enter), one is recorded at its
     end, started at the prompt before it (``since``: that prompt's end, offset and time). ``history``, where the
     shell's history stands now, is kept with the session for its next owner."""
-    with leases.fenced(execution_pk, worker, token):
+    with fenced(execution_pk, worker, token):
         if history is not None:
             TerminalSession.objects.filter(pk=session_pk).update(marks_history=history)
         if _ended_at(execution_pk, stream, offset):

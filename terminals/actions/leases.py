@@ -8,7 +8,6 @@ zero rows has lost the lease and must let go of the process at once.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from datetime import timedelta
 
 from django.conf import settings
@@ -18,18 +17,14 @@ from django.db.models.functions import Now
 
 from executions import actions as exec_actions
 from executions.actions import Actor
-from executions.errors import Refused
 from executions.models import Evidence, Execution, Machine, State
 from terminals import metrics
 from terminals.actions import commands
+from terminals.actions.fencing import fenced
 from terminals.actions.sessions import close_session, start_next_generation
 from terminals.backends.base import Launch
 from terminals.models import ProcessLease, TerminalSession, Worker, lease_expired
 from terminals.outcome import Outcome
-
-
-class LeaseLost(Refused):
-    """This worker no longer owns the process: another claim bumped the token, or the lease was released."""
 
 
 def lease_expiry():
@@ -82,20 +77,6 @@ def claim_next_execution(worker: Worker, backends: set[str]) -> tuple[Execution,
         )
     lease.refresh_from_db()
     return execution, lease
-
-
-@contextmanager
-def fenced(execution_pk: int, worker: Worker, token: int):
-    """A transaction in which this worker provably still holds the lease (row locked until commit)."""
-    with transaction.atomic():
-        lease = (
-            ProcessLease.objects.select_for_update()
-            .filter(execution_id=execution_pk, worker=worker, token=token, released_at__isnull=True)
-            .first()
-        )
-        if lease is None:
-            raise LeaseLost(f"worker {worker.worker_id} lost the lease on execution {execution_pk} (token {token})")
-        yield lease
 
 
 def fenced_transition(execution: Execution, to_state: str, *, worker: Worker, token: int, **kwargs) -> Execution:

@@ -17,7 +17,7 @@ from django.utils import timezone
 from executions.actions import Actor
 from executions.models import ENDED_STATES, Evidence, State
 from terminals import asciicast, recording_store
-from terminals.actions.leases import fenced
+from terminals.actions.fencing import fenced
 from terminals.actions.sessions import session_event
 from terminals.models import Recording, RecordingChunk, RecordingState, TerminalSession, Worker
 

@@ -204,14 +204,7 @@ class Backend(abc.ABC):
     async def pipes_program(self, instance: str = "") -> str:
         """The path, where a program started here runs, of the session holder that runs a command on pipes
         (``tether-holder mux``, executions.pipes). Raises BackendError when there is none there."""
-        from terminals.backends.holder import holder_binary
-
-        if (binary := holder_binary()) is None:
-            raise BackendError(
-                "a command on pipes (pty: false) needs the session holder (tether-holder), "
-                "which is not built or turned off (TETHER_HOLDER) here"
-            )
-        return str(binary)
+        raise BackendError(f"the {self.name} backend cannot run a command on pipes (pty: false)")
 
     async def vacancy(self, instance: str) -> str | None:
         """Why nothing that ran in ``instance`` (as recorded at its dispatch; "" when not recorded) can run

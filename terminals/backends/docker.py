@@ -69,7 +69,7 @@ from terminals.backends.docker_held import (
     spawn_held,
 )
 from terminals.backends.docker_process import DockerProcess
-from terminals.backends.holder import holder_binary
+from terminals.backends.holder import holder_binary, mux_program
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +332,7 @@ class DockerBackend(Backend):
 
     async def pipes_program(self, instance: str = "") -> str:
         """The holder copied into the container (as for a held shell)."""
-        binary = Path(await super().pipes_program(instance))
+        binary = Path(mux_program())
         api = await self._client(self.engine)
         engine_id, _, container = instance.rpartition("/")
         try:

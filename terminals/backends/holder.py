@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from django.conf import settings
-
 from terminals.backends.base import READ_CHUNK, BackendError, Exit, Process
+from terminals.backends.config import holder_config
 
 log = logging.getLogger(__name__)
 
@@ -57,20 +56,33 @@ def ring_bytes() -> int:
     """The ring a new holder gets: TETHER_HOLDER_RING_BYTES, raised to fit the worker's own buffer and two
     acknowledgements more. The worker acknowledges only what its buffer no longer needs; a ring no larger
     than the buffer was never acknowledged, filled, and froze the shell (and its Kill) at 1 MiB."""
-    wanted = max(settings.TETHER_HOLDER_RING_BYTES, settings.TETHER_BUFFER_BYTES + 2 * ACK_EVERY)
+    config = holder_config()
+    wanted = max(config.ring_bytes, config.buffer_bytes + 2 * ACK_EVERY)
     return min(wanted, HOLDER_MAX_RING)
 
 
 def kept_behind(ring: int) -> int:
     """How much the worker leaves unacknowledged in a holder whose ring is ``ring`` (started by any release,
     with any settings): its buffer, as long as that leaves the holder room to read on."""
-    return max(0, min(settings.TETHER_BUFFER_BYTES, ring - 2 * ACK_EVERY))
+    return max(0, min(holder_config().buffer_bytes, ring - 2 * ACK_EVERY))
 
 
 def holder_binary() -> Path | None:
     """The built holder, or None where it was not built (held sessions then fall back to plain ones)."""
-    path = Path(settings.TETHER_HOLDER_BINARY)
-    return path if settings.TETHER_HOLDER and path.is_file() else None
+    config = holder_config()
+    path = Path(config.binary)
+    return path if config.enabled and path.is_file() else None
+
+
+def mux_program() -> str:
+    """The built holder, which runs a command on pipes (``tether-holder mux``) whether or not shells are held
+    (TETHER_HOLDER). Raises BackendError when it is not built."""
+    path = Path(holder_config().binary)
+    if not path.is_file():
+        raise BackendError(
+            f"a command on pipes (pty: false) needs the session holder (tether-holder), not built here ({path})"
+        )
+    return str(path)
 
 
 def parse_record(text: str) -> Exit | None:

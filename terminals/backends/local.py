@@ -36,7 +36,7 @@ from terminals.backends.base import (
     Tags,
     child_env,
 )
-from terminals.backends.holder import holder_binary
+from terminals.backends.holder import holder_binary, mux_program
 from terminals.backends.local_held import attach_held, inspect_held, remove_held, spawn_held
 from terminals.backends.procfs import ProcessIdentity, boot_id, find_tree, find_tree_by_session_label, terminate_tree
 
@@ -158,6 +158,9 @@ class LocalBackend(Backend):
     def __init__(self, holder=_BUILT):
         # The holder binary that holds new shells, or None: the worker holds them (they end with it).
         self.holder = holder_binary() if holder is _BUILT else holder
+
+    async def pipes_program(self, instance: str = "") -> str:
+        return mux_program()  # on this host
 
     async def attach(self, handle: dict) -> Process:
         if "holder" not in handle:

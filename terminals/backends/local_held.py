@@ -14,9 +14,8 @@ import secrets
 import shutil
 from pathlib import Path
 
-from django.conf import settings
-
 from terminals.backends.base import BackendError, Exit, Inspection, SpawnError, SpawnSpec, Status, Tags
+from terminals.backends.config import holder_config
 from terminals.backends.holder import HeldProcess, Session, SocketLink, parse_record, parse_started, ring_bytes
 from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, boot_id, terminate_descendants, terminate_tree
 from terminals.children import PIPE, Child
@@ -25,7 +24,7 @@ PROGRAM_ONLY = (MARKER_VARIABLE, "TETHER_SESSION")
 
 
 def _dir_for(marker: str) -> Path:
-    root = Path(settings.TETHER_HOLDER_DIR)
+    root = Path(holder_config().directory)
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     root.chmod(0o700)
     return root / marker

@@ -41,6 +41,7 @@ from terminals.backends.base import (
     Tags,
     child_env,
 )
+from terminals.backends.holder import mux_program
 from terminals.backends.tmux_process import TmuxProcess
 from terminals.backends.tmux_server import SERVER_FORMAT, Snapshot, TmuxServer, chain, cmdline
 from terminals.backends.tmux_shim import SHIM_MARKER_VARIABLE
@@ -74,6 +75,9 @@ class TmuxBackend(Backend):
     def __init__(self, socket: str = "tether"):
         self.socket = socket
         self.server = TmuxServer(socket)
+
+    async def pipes_program(self, instance: str = "") -> str:
+        return mux_program()  # on this host
 
     async def spawn(
         self, spec: SpawnSpec, tags: Tags, before_start: BeforeStart | None = None, instance: str = ""

@@ -12,7 +12,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING
 
 from django.conf import settings
 
@@ -21,10 +20,8 @@ from terminals.backends.base import BackendError, Exit, Process
 from terminals.lifetimes import Limits
 from terminals.marks import MarkReader
 from terminals.owner.buffer import OutputBuffer
+from terminals.owner.take import Take
 from terminals.protocol import Reason
-
-if TYPE_CHECKING:
-    from terminals.owner.recordings import Take
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async as db
@@ -20,9 +19,10 @@ from django.conf import settings
 from executions.models import Kind
 from terminals import actions, recording_store
 from terminals.actions.recordings import ChunksNotHere
-from terminals.asciicast import EventLog, Taken
+from terminals.asciicast import EventLog
 from terminals.owner.context import DB_OUTAGE, WorkerContext, db_apart, every, until_recorded
 from terminals.owner.live import LiveProcess
+from terminals.owner.take import Take
 
 log = logging.getLogger(__name__)
 
@@ -35,20 +35,6 @@ FINISHING_AT_ONCE = 2  # recordings made into files at once, each in a thread of
 def in_thread(function):
     """``function`` run in a thread of the loop's pool: never the worker's one database thread."""
     return sync_to_async(function, thread_sensitive=False)
-
-
-@dataclass
-class Take:
-    """One shell's recording as its owner takes it."""
-
-    pk: int
-    log: EventLog
-    chunks: int  # the next chunk's number
-    input_recorded: bool
-    writing: asyncio.Lock = field(default_factory=asyncio.Lock)
-    flush_due: bool = False  # a write is on its way for what came past FLUSH_BYTES
-    unconfirmed: tuple[Taken, str] | None = None  # a chunk (and its file) whose write's answer was lost
-    stopped: bool = False  # the lease was lost: someone else records it now
 
 
 def stream_of(live: LiveProcess) -> int:

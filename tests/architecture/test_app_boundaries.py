@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,6 +82,70 @@ def test_nothing_but_its_command_uses_the_demo():
         if module.split(".")[0] == "demo"
     }
     assert not users
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for app in sorted(APPS | {"transport"}):
+        for source in (ROOT / app).rglob("*.py"):
+            if "migrations" not in source.parts:
+                name = ".".join(source.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                found[name] = source
+    return found
+
+
+def _import_loops() -> list[list[str]]:
+    """Every loop of imports between the apps' modules (in functions and TYPE_CHECKING blocks too; ``from
+    package import module`` counts the module, not the package's ``__init__``)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, source in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+            if isinstance(node, ast.Import):
+                edges |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                inner = {f"{node.module}.{alias.name}" for alias in node.names} & modules.keys()
+                edges |= inner | ({node.module} if len(inner) < len(node.names) else set())
+        graph[name] = (edges & modules.keys()) - {name}
+    loops, seen, order, low, stack = [], {}, [0], {}, []
+
+    def visit(name: str) -> None:  # Tarjan's strongly connected components
+        seen[name] = low[name] = order[0]
+        order[0] += 1
+        stack.append(name)
+        for other in graph[name]:
+            if other not in seen:
+                visit(other)
+                low[name] = min(low[name], low[other])
+            elif other in stack:
+                low[name] = min(low[name], seen[other])
+        if low[name] == seen[name]:
+            component = []
+            while (top := stack.pop()) != name:
+                component.append(top)
+            if component:
+                loops.append(sorted([*component, name]))
+
+    for name in sorted(graph):
+        if name not in seen:
+            visit(name)
+    return loops
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    assert len(_modules()) > 150  # the walk found the apps
+    assert _import_loops() == []
+
+
+def test_the_backends_run_without_django():
+    """What a backend needs of the install is passed in (terminals/backends/config.py): every backend module
+    imports, and works, with no Django loaded."""
+    names = sorted(f"terminals.backends.{p.stem}" for p in (ROOT / "terminals" / "backends").glob("*.py"))
+    assert len(names) > 10
+    probe = f"import sys; [__import__(n) for n in {names!r}]; print(sorted(m for m in sys.modules if 'django' in m))"
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (loaded.returncode, loaded.stdout.strip()) == (0, "[]"), loaded.stderr
 
 
 def test_the_import_check_sees_imports_in_functions_too(tmp_path):
