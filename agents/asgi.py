@@ -42,7 +42,7 @@ def _host_allowed(scope) -> bool:
 
 
 class McpEndpoint:
-    """The MCP server's ASGI application (agents/tools.py holds the tools)."""
+    """The MCP server's ASGI application (agents/tools.py gathers the tools)."""
 
     def __init__(self):
         self.ready: asyncio.Event | None = None

@@ -28,11 +28,40 @@ from executions import pipes
 from executions.locks import Lock, held_until_commit
 from executions.models import ENDED_STATES, State
 from terminals.owner_client import owner_of_execution
+from terminals.protocol import MAX_FRAME_BYTES, ErrorCode
 from terminals.protocol import ApiInput as InputMessage
-from terminals.protocol import ErrorCode
 
 router = Router(tags=["executions"])
-MAX_INPUT_BYTES = 64 * 1024  # the most one input call writes to a command's stdin
+MAX_INPUT_BYTES = MAX_FRAME_BYTES  # the most one input call writes (keys, or a command's stdin)
+
+
+class NumberedIn(Body):
+    """Numbered input: to a shell (its keys) or to a command's stdin."""
+
+    KEYSTROKES = frozenset({"data"})  # a NUL in the text is a byte like any other (Ctrl-@)
+    seq: int = Field(..., ge=0, le=2**53, description="Your number for this input: a retry of it is written once")
+    data: str | None = Field(None, max_length=MAX_INPUT_BYTES, description="The bytes as text (UTF-8)")
+    data_b64: str | None = Field(
+        None,
+        max_length=(MAX_INPUT_BYTES + 2) // 3 * 4,
+        pattern=r"^[A-Za-z0-9+/]*={0,2}$",
+        description="The bytes as base64, for bytes that are not text",
+    )
+    client: str = Field(
+        "", max_length=100, pattern=NO_NUL, description="Which of your programs sends it (numbers are per client)"
+    )
+
+    def bytes(self, *, required: bool = True) -> bytes:
+        """The bytes sent, as one of ``data`` or ``data_b64`` (or none, unless ``required``)."""
+        if (self.data is not None and self.data_b64 is not None) or (required and self.data is self.data_b64):
+            raise ApiProblem("validation_error", "send the bytes as exactly one of data or data_b64")
+        try:
+            data = self.data.encode() if self.data is not None else base64.b64decode(self.data_b64 or "", validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiProblem("validation_error", "data_b64 is not base64") from None
+        if len(data) > MAX_INPUT_BYTES:
+            raise ApiProblem("too_large", f"at most {MAX_INPUT_BYTES} bytes of input a call", limit=MAX_INPUT_BYTES)
+        return data
 
 
 class InputOut(Schema):
@@ -139,19 +168,8 @@ async def deliver(
 # --- a command's stdin (pty: false) ---------------------------------------------------------------------
 
 
-class CommandInputIn(Body):
-    seq: int = Field(..., ge=0, le=2**53, description="Your number for this input: a retry of it is written once")
-    data: str | None = Field(None, max_length=MAX_INPUT_BYTES, description="Bytes for its stdin, as text (UTF-8)")
-    data_b64: str | None = Field(
-        None,
-        max_length=(MAX_INPUT_BYTES + 2) // 3 * 4,
-        pattern=r"^[A-Za-z0-9+/]*={0,2}$",
-        description="Bytes for its stdin as base64",
-    )
+class CommandInputIn(NumberedIn):
     eof: bool = Field(False, description="Close its stdin after these bytes (the program reads its end)")
-    client: str = Field(
-        "", max_length=100, pattern=NO_NUL, description="Which of your programs sends it (numbers are per client)"
-    )
 
 
 @router.post(
@@ -181,14 +199,7 @@ async def execution_input(request, pk: int, body: CommandInputIn):
         raise ApiProblem(
             "wrong_kind", "this command runs on a terminal: it has no stdin of its own (submit it with pty: false)"
         )
-    if body.data is not None and body.data_b64 is not None:
-        raise ApiProblem("validation_error", "send the bytes as at most one of data or data_b64")
-    try:
-        data = body.data.encode() if body.data is not None else base64.b64decode(body.data_b64 or "", validate=True)
-    except (binascii.Error, ValueError):
-        raise ApiProblem("validation_error", "data_b64 is not base64") from None
-    if len(data) > MAX_INPUT_BYTES:
-        raise ApiProblem("too_large", f"at most {MAX_INPUT_BYTES} bytes of input a call", limit=MAX_INPUT_BYTES)
+    data = body.bytes(required=False)
     if not data and not body.eof:
         raise ApiProblem("validation_error", "send some bytes, or eof: true to close its stdin")
     encoded = pipes.encode_input(data, close=body.eof)

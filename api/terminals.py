@@ -4,8 +4,6 @@ its writer sees who watches)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import uuid
 from datetime import datetime, timedelta
 
@@ -18,7 +16,7 @@ from ninja import Field, Query, Router, Schema, Status
 from access.policy import Do, machine_named, may
 from api.auth import need
 from api.executions import MACHINE_NAME, MAX_WAIT, WAITS, ExecutionOut, actor_of, execution_out, namespace_of, still
-from api.inputs import InputOut, deliver
+from api.inputs import InputOut, NumberedIn, deliver
 from api.models import Scope
 from api.output import READ_BYTES, OutputOut, past_the_end, read_output, shaped
 from api.owner_calls import NotSent, ask
@@ -29,7 +27,7 @@ from terminals import actions
 from terminals.actions.sessions import NoLongerAllowed
 from terminals.models import ProcessState, TerminalSession
 from terminals.owner_client import owner_of_execution
-from terminals.protocol import MAX_COLS, MAX_FRAME_BYTES, MAX_INTEGER, MAX_ROWS, ApiResize, ErrorCode, Request
+from terminals.protocol import MAX_COLS, MAX_INTEGER, MAX_ROWS, ApiResize, ErrorCode, Request
 
 router = Router(tags=["terminals"])
 
@@ -210,19 +208,8 @@ def closed_output(session: TerminalSession, since: int, size: int) -> dict:
                   source="record", state=session.execution.state, generation=session.generation)  # fmt: skip
 
 
-class InputIn(Body):
-    KEYSTROKES = frozenset({"data"})
-    seq: int = Field(..., ge=0, le=2**53, description="Your number for this input: a retry of it is written once")
-    data: str | None = Field(None, max_length=MAX_FRAME_BYTES, description="Keys as text (UTF-8)")
-    data_b64: str | None = Field(
-        None,
-        max_length=(MAX_FRAME_BYTES + 2) // 3 * 4,
-        pattern=r"^[A-Za-z0-9+/]*={0,2}$",
-        description="Keys as base64, for bytes that are not text",
-    )
-    client: str = Field(
-        "", max_length=100, pattern=NO_NUL, description="Which of your programs sends it (numbers are per client)"
-    )
+class InputIn(NumberedIn):
+    """Keys for the shell."""
 
 
 @router.post(
@@ -243,14 +230,7 @@ class InputIn(Body):
 async def terminal_input(request, session_id: uuid.UUID, body: InputIn):
     token = await db(need)(request, Scope.TERMINALS)
     session = await db(_session)(request, session_id)
-    if (body.data is None) == (body.data_b64 is None):
-        raise ApiProblem("validation_error", "send the keys as exactly one of data or data_b64")
-    try:
-        data = body.data.encode() if body.data is not None else base64.b64decode(body.data_b64, validate=True)
-    except (binascii.Error, ValueError):
-        raise ApiProblem("validation_error", "data_b64 is not base64") from None
-    if len(data) > MAX_FRAME_BYTES:
-        raise ApiProblem("too_large", f"at most {MAX_FRAME_BYTES} bytes of input a call", limit=MAX_FRAME_BYTES)
+    data = body.bytes()
     if session.process_state != ProcessState.LIVE:
         raise ApiProblem("state_conflict", f"the session is {session.process_state}: its shell takes no input")
     owner = await db(owner_of_execution)(session.execution_id)
