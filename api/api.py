@@ -173,8 +173,9 @@ def _missing(request, error):
 
 
 @api.exception_handler(RequestDataTooBig)
-def _too_big(request, error):
-    return problem_response(ApiProblem("too_large", str(error)))
+def _too_big(request, error):  # Django's words name its setting: said in the caller's terms
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return problem_response(ApiProblem("too_large", f"the body is larger than {limit} bytes", limit=limit))
 
 
 def problem_of(error: Exception, token=None) -> ApiProblem | None:

@@ -8,9 +8,11 @@ not reached) may be sent again."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
+import time
 
 from channels.db import database_sync_to_async as db
 from django.db import IntegrityError, transaction
@@ -32,6 +34,7 @@ from terminals.protocol import MAX_FRAME_BYTES, ErrorCode
 from terminals.protocol import ApiInput as InputMessage
 
 router = Router(tags=["executions"])
+START_WAIT_SECONDS = 5.0  # input to a command not started yet waits this long for it before a 503
 MAX_INPUT_BYTES = MAX_FRAME_BYTES  # the most one input call writes (keys, or a command's stdin)
 
 
@@ -95,7 +98,7 @@ def _claim(token, target: dict, seq: int, client: str, data: bytes, closes: bool
                     expected=expected,
                 )
             return None
-        if ApiInput.objects.filter(closes=True, **target).exclude(state=InputState.SENDING).exists():
+        if closed(target):
             raise ApiProblem("state_conflict", "its stdin was closed before: nothing more is written to it")
         given_back = span["lowest"] is not None and span["lowest"] < seq < expected
         if seq != expected and not given_back:
@@ -110,6 +113,11 @@ def _claim(token, target: dict, seq: int, client: str, data: bytes, closes: bool
                 )
         except IntegrityError:  # taken meanwhile (SQLite, without the lock): a retry
             return None
+
+
+def closed(target: dict) -> bool:
+    """An input that closes it (a command's stdin) was sent and not given back: nothing more is taken."""
+    return ApiInput.objects.filter(closes=True, **target).exclude(state=InputState.SENDING).exists()
 
 
 def written_before(token, target: dict, seq: int, client: str, data: bytes) -> bool:
@@ -206,6 +214,12 @@ async def execution_input(request, pk: int, body: CommandInputIn):
     target = {"execution": execution}
     if await db(written_before)(token, target, body.seq, body.client, encoded):  # a retry: so said, whenever
         return {"written": True, "repeated": True, "seq": body.seq}
+    if await db(closed)(target):  # said before the state: whether it has ended yet or not, this is the answer
+        raise ApiProblem("state_conflict", "its stdin was closed before: nothing more is written to it")
+    deadline = time.monotonic() + START_WAIT_SECONDS  # input sent just after the submit: it waits for the start
+    while execution.state in (State.PENDING, State.DISPATCHED) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        execution = await db(_mine)(request, pk)
     if execution.state in ENDED_STATES:
         raise ApiProblem("state_conflict", f"the command is {execution.state}: it takes no input now")
     if execution.state != State.RUNNING:

@@ -177,10 +177,12 @@ async def terminal_output(
     try:
         answer = await read_output(load, since, size, wait, f"api:{token.pk}")
     except ApiProblem as problem:  # past the end: of this stream, or of one that started again since
-        if problem.code != "offset_out_of_range" or not _moved(problem.extra, generation, epoch):
+        # (The record's own past-the-end names no generation: it is the session's, which ended meanwhile.)
+        where = {"generation": session.generation, **problem.extra}
+        if problem.code != "offset_out_of_range" or not _moved(where, generation, epoch):
             raise
-        answer = problem.extra
-    if answer.get("epoch") and since and _moved(answer, generation, epoch):  # no epoch: no worker holds it yet
+        answer = where
+    if since and _moved(answer, generation, epoch) and (answer.get("epoch") or "data" not in answer):
         answer = await read_output(load, 0, size, 0.0, f"api:{token.pk}")
         answer["restarted"] = True
     return answer

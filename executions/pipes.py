@@ -27,6 +27,8 @@ from enum import StrEnum
 LINE = re.compile(
     rb"([OE])(\d{1,20}),(\d{1,20}),(\d{1,5}):((?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?)\r?"
 )
+LINE_BYTES = 4200  # the longest line the mux writes: a 3,072-byte piece in base64 and its head
+NOT_STARTED = re.compile(rb"N((?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?)\r?")
 INPUT_PIECE = 768  # bytes of input a line: 1,024 characters, well inside a cooked terminal's 4,095
 CLOSE_INPUT = b"C\n"
 
@@ -180,3 +182,13 @@ def encode_input(data: bytes, close: bool = False) -> bytes:
     """``data`` for a command's stdin as the mux reads it (and its end, when ``close``)."""
     lines = [b"D" + base64.b64encode(data[at : at + INPUT_PIECE]) + b"\n" for at in range(0, len(data), INPUT_PIECE)]
     return b"".join(lines) + (CLOSE_INPUT if close else b"")
+
+
+def not_started(encoded: bytes) -> str | None:
+    """Why the program never ran, when the mux said so (its line ``N<base64>``), else None."""
+    at = 0
+    while (end := encoded.find(b"\n", at)) >= 0:
+        if match := NOT_STARTED.fullmatch(encoded, at, end):
+            return base64.b64decode(match.group(1)).decode("utf-8", "replace")
+        at = end + 1
+    return None

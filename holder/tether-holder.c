@@ -962,7 +962,8 @@ static int forget(int argc, char **argv) {
    It exits as the program did (re-raising the signal that ended it), once both pipes are closed, or have
    stayed quiet for QUIET_MS after the program's end (a background child may hold them open for ever), or
    MUX_DRAIN_MS after it (one may write for ever), and leaves its terminal's modes as it found them.
-   HUP, INT, TERM and QUIT sent to it are passed to the program's process group. */
+   HUP, INT, TERM and QUIT sent to it are passed to the program's process group. A program that cannot be
+   started is said in a line "N<base64 of why>", and the mux exits 127 (126: found, not executable). */
 #define MUX_PIECE 3072                 /* bytes of output a line: 4096 characters of base64 */
 #define MUX_LINE (96 * 1024)           /* the longest input line taken; a longer one is dropped whole */
 #define MUX_STDIN_HIGH (64 * 1024)     /* stdin bytes waiting for the program: above this, input waits */
@@ -1050,8 +1051,11 @@ static int mux(int argc, char **argv) {
     struct termios raw, saved;
     int is_tty = isatty(0) && tcgetattr(0, &saved) == 0;
     if (is_tty) { raw = saved; cfmakeraw(&raw); tcsetattr(0, TCSANOW, &raw); }
-    int in[2], out[2], err[2];
-    if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) { perror("pipe"); return 126; }
+    int in[2], out[2], err[2], started[2];
+    if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(started, O_CLOEXEC)) {
+        perror("pipe");
+        return 126;
+    }
     sigset_t mask, old;
     sigemptyset(&mask);
     int passed[] = {SIGHUP, SIGINT, SIGTERM, SIGQUIT};
@@ -1068,13 +1072,29 @@ static int mux(int argc, char **argv) {
         signal(SIGPIPE, SIG_DFL);
         sigprocmask(SIG_SETMASK, &old, NULL);
         execvp(argv[0], argv);
-        int e = errno;
-        dprintf(2, "tether-holder mux: cannot run %s: %s\n", argv[0], strerror(e));
+        int e = errno;  /* told to the mux: the program did not start (an exec that works closes the pipe) */
+        if (write(started[1], &e, sizeof e) != sizeof e) {}
         _exit(e == ENOENT ? 127 : 126);
     }
     close(in[0]);
     close(out[1]);
     close(err[1]);
+    close(started[1]);
+    int exec_errno = 0;
+    ssize_t told;
+    while ((told = read(started[0], &exec_errno, sizeof exec_errno)) < 0 && errno == EINTR) {}
+    close(started[0]);
+    if (told == sizeof exec_errno) {
+        /* "N<base64 of why>": the program never ran (Tether records that it did not start, not an exit). */
+        char why[512], line[8 + sizeof why / 3 * 4 + 8];
+        int n = snprintf(why, sizeof why, "could not start %s: %s", argv[0], strerror(exec_errno));
+        if (n < 0) n = 0;
+        if ((size_t)n >= sizeof why) n = sizeof why - 1;
+        line[0] = 'N';
+        size_t len = 1 + b64_encode((const unsigned char *)why, (size_t)n, line + 1);
+        line[len++] = '\n';
+        if (write_all(1, line, len) != 0) {}
+    }
     signal(SIGPIPE, SIG_IGN);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     int fds[2] = {out[0], err[0]};

@@ -12,11 +12,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import replace
 
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 
 from config import logs
+from executions import pipes
 from executions.models import Backend as BackendKind
 from executions.models import Execution, Kind, State
 from executions.spec import ExecutionSpec
@@ -25,8 +27,8 @@ from terminals.backends.base import Exit, Process
 from terminals.lifetimes import CHECK_SECONDS, Limits, judge
 from terminals.marks import MarkReader
 from terminals.models import TerminalSession
-from terminals.outcome import Outcome
-from terminals.owner.capture import Capture, Saver
+from terminals.outcome import ENDED_BY_US, Outcome
+from terminals.owner.capture import Capture, PipesCapture, Saver
 from terminals.owner.commands import CommandTracker
 from terminals.owner.context import WorkerContext, every, until_recorded
 from terminals.owner.leases import LeaseKeeper
@@ -131,7 +133,8 @@ class SessionHost:
             self.context.live.pop(live.execution_pk, None)
             saver.stop()
             output = bytes(capture.data), capture.start
-            if capture.by_offset and (unread := live.unread_from()) is not None and unread < output[1]:
+            behind = capture.by_offset and isinstance(capture, Capture)  # (on pipes each stream's tail is kept)
+            if behind and (unread := live.unread_from()) is not None and unread < output[1]:
                 # An API reader is further back than the record keeps: it keeps what the reader has to come.
                 first, data, _ = live.buffer.since(unread)
                 output = data, first
@@ -169,6 +172,12 @@ class SessionHost:
         self, live: LiveProcess, execution, exit: Exit | None, output: bytes, truncated: int, complete: bool = True
     ) -> None:
         outcome = Outcome.of(exit, ended_for=live.ended_for, lost=live.lost_observation)
+        if not execution.spec.get("pty", True) and exit is not None and exit.code in (126, 127):
+            if why := pipes.not_started(live.buffer.tail(4096)):  # the mux said its program never ran
+                outcome = Outcome.spawn_failed(why)
+        asked = await db(actions.closed_by)(execution.pk) if live.handled_request else {}
+        if asked.get("why") and outcome.close_reason in ENDED_BY_US:  # why it was asked, kept with how it ended
+            outcome = replace(outcome, note=f"{outcome.note} ({asked['action']}: {asked['why']})")
         command = live.kind == Kind.COMMAND
         reset = outcome.close_reason == Reason.RESET
         execution = await db(actions.settle_execution)(
@@ -185,7 +194,6 @@ class SessionHost:
         )
         log.info("execution %s %s: %s", execution.pk, execution.state, execution.outcome_label)
         if live.viewer or live.observers:
-            asked = await db(actions.closed_by)(execution.pk) if live.handled_request else {}
             # The outcome's reason, not the one we ended it for: an end not observed is controller_lost (4014).
             told = Exited.of(
                 execution, reason=outcome.close_reason, generation=live.generation, epoch=live.token, asked=asked
@@ -309,7 +317,8 @@ def capture_of(live: LiveProcess, execution: Execution) -> Capture:
     """Where a command's capture starts: empty for a fresh one; an adopted one goes on from its record (what its
     earlier owner saved), joined by offset to what a holder resends, else after it and not complete."""
     limit = settings.TETHER_COMMAND_OUTPUT_BYTES
+    kind = Capture if execution.spec.get("pty", True) else PipesCapture  # on pipes: each stream's tail kept
     if not live.adopted or live.kind != Kind.COMMAND:
-        return Capture(limit, start=live.buffer.end)
+        return kind(limit, start=live.buffer.end)
     saved, first = bytes(execution.output or b""), execution.output_truncated
-    return Capture(limit, start=first, data=saved, by_offset=live.process.offsets_survive_owner)
+    return kind(limit, start=first, data=saved, by_offset=live.process.offsets_survive_owner)

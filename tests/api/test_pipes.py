@@ -22,7 +22,8 @@ from tether_client import Client
 
 from api.tokens import create_token
 from executions import pipes
-from tests.bridge.harness import Stack
+from terminals.owner.capture import PipesCapture
+from tests.bridge.harness import Stack, wait_for
 from tests.factories import grant
 
 SCRIPT = "printf out1; printf err1 >&2; test -t 0 || printf ' no-tty' >&2; cat; printf 'done\\n' >&2; exit 3"
@@ -106,15 +107,13 @@ def test_the_encoded_stream_is_read_from_any_place_in_each_view():
 HOLDER = Path(__file__).resolve().parents[2] / "build" / "tether-holder"
 
 
-def _on_a_terminal(*argv: str, signal_after: float | None = None) -> tuple[int, bytes, float]:
-    """``argv`` on a terminal of its own: its wait status, what it printed there, and how long it took."""
+def _on_a_terminal(*argv: str, interrupt_at: bytes = b"") -> tuple[int, bytes, float]:
+    """``argv`` on a terminal of its own: its wait status, what it printed there, and how long it took; with
+    ``interrupt_at``, one SIGINT once the mux has said those bytes of its program's stdout."""
     started = time.monotonic()
     pid, fd = pty.fork()
     if pid == 0:
         os.execv(argv[0], list(argv))
-    if signal_after is not None:
-        time.sleep(signal_after)
-        os.kill(pid, signal.SIGINT)
     seen = b""
     while True:
         try:
@@ -125,6 +124,9 @@ def _on_a_terminal(*argv: str, signal_after: float | None = None) -> tuple[int, 
         if not chunk:
             break
         seen += chunk
+        if interrupt_at and interrupt_at in b"".join(p.data for p in pipes.pieces(seen, 0)):
+            os.kill(pid, signal.SIGINT)
+            interrupt_at = b""
     _, status = os.waitpid(pid, 0)
     os.close(fd)
     return status, seen, time.monotonic() - started
@@ -133,11 +135,12 @@ def _on_a_terminal(*argv: str, signal_after: float | None = None) -> tuple[int, 
 def test_the_mux_passes_a_signal_once_ends_after_its_program_and_leaves_its_terminal_as_it_was():
     # One SIGINT to the mux reaches the program once (it was sent twice: to its group and to it).
     counter = (
-        "import signal,time; n=[0]; signal.signal(2, lambda *a: n.__setitem__(0, n[0]+1)); time.sleep(1.5); print(n[0])"
+        "import signal,time; n=[]; signal.signal(2, lambda *a: n.append(1)); "
+        "print('ready', flush=True); time.sleep(1); print(len(n))"
     )
-    status, seen, _ = _on_a_terminal(str(HOLDER), "mux", "--", sys.executable, "-c", counter, signal_after=0.8)
+    status, seen, _ = _on_a_terminal(str(HOLDER), "mux", "--", sys.executable, "-c", counter, interrupt_at=b"ready")
     assert os.waitstatus_to_exitcode(status) == 0
-    assert [p.data for p in pipes.pieces(seen, 0)] == [b"1\n"]
+    assert b"".join(p.data for p in pipes.pieces(seen, 0)) == b"ready\n1\n"
     # A background child that writes for ever does not hold the command's end for ever.
     status, seen, took = _on_a_terminal(
         str(HOLDER), "mux", "--", "/bin/sh", "-c", "(while :; do echo x; sleep .02; done) & exit 5"
@@ -204,6 +207,9 @@ async def test_a_command_on_pipes_keeps_its_streams_apart_takes_stdin_and_exits_
             assert (conflict.status_code, conflict.json()["code"]) == (409, "input_conflict")
             gap = await _write(api, pk, 5, b"x")
             assert (gap.status_code, gap.json()["code"], gap.json()["expected"]) == (409, "input_gap", 1)
+            body = b'{"seq": 1, "data": "' + b"x" * 1_200_000 + b'"}'  # past the body limit: said in our words
+            huge = await api.post(f"/executions/{pk}/input", content=body, headers={"Content-Type": "application/json"})
+            assert (huge.status_code, huge.json()["code"]) == (413, "too_large") and "settings" not in huge.text
             assert (await _write(api, pk, 1, binary)).json()["written"] is True
             assert (await _read(api, pk, "stdout", since=4, until=b"end\n"))[0] == b"hello\n" + binary
             small = await api.get(f"/executions/{pk}/output", params={"stream": "stdout", "since": 4, "size": 3})
@@ -265,6 +271,28 @@ def _with_the_client(url: str, raw: str) -> None:
         stdin.close("world\n")
         assert client.wait(execution.id, timeout=30).execution.exit_code == 0
         assert b"".join(piece.data for piece in client.output(execution.id, stream="stdout")) == b"HELLO WORLD\n"
+        # A program that cannot be started did not start, as on a terminal (not an exit of 127 made up).
+        missing = client.submit("pipes", "missing", machine="pipes-local", argv=["nosuchprog"], pty=False).execution
+        ended = client.wait(missing.id, timeout=30).execution
+        assert (ended.evidence, ended.exit_code) == ("spawn_failed", None), ended
+        assert (ended.outcome, ended.raw["why"]) == (
+            "Did not start",
+            "could not start nosuchprog: No such file or directory",
+        )
+        # Cancelled while it waits on its stdin: ended by its worker, the reason kept with how it ended.
+        waiting = client.submit("pipes", "waiting", machine="pipes-local", argv=["cat"], pty=False).execution
+        wait_for(lambda: client.get(waiting.id).state == "running", what="cat running")
+        client.cancel(waiting.id, reason="no longer needed")
+        ended = client.wait(waiting.id, timeout=30).execution
+        assert ended.evidence == "killed" and "no longer needed" in ended.raw["why"], ended.raw
+        # 2 MB of stdout after a line of stderr: the record keeps that line (each stream's tail apart).
+        argv = ["sh", "-c", "echo 'error: oops' >&2; head -c 2000000 /dev/zero"]
+        loud = client.submit("pipes", "loud", machine="pipes-local", argv=argv, pty=False).execution
+        assert client.wait(loud.id, timeout=60).execution.exit_code == 0
+        said = client.read(loud.id, stream="stderr")
+        assert (said.data, said.lost, said.final, said.raw["source"]) == (b"error: oops\n", 0, True, "record")
+        out = client.read(loud.id, stream="stdout", since=2_000_000 - 10)
+        assert (out.data, out.end) == (b"\0" * 10, 2_000_000)
         both = client.read(execution.id)
         assert [(c.stream, c.offset, c.seq, c.data) for c in both.chunks] == [
             ("stdout", 0, 0, b"HELLO WORLD\n"),
@@ -304,3 +332,34 @@ async def test_a_command_on_pipes_goes_on_under_a_new_worker_with_its_streams_an
             assert both == b"beforee1 middle aftere2" and answer["complete"] is True
     finally:
         await sync_to_async(stack.stop)()
+
+
+def test_a_small_stderr_stays_in_the_record_however_much_stdout_follows_and_a_new_owner_joins_it():
+    """The record keeps each stream's last bytes apart: an error said on stderr before 5 MB of stdout was
+    pushed out of a record that kept the last 256 KiB of both together (seen from outside: stderr lost 73 of 73)."""
+    err = _line(b"E", 0, 0, b"sha256: 1234\n")
+    stream = err + b"".join(_line(b"O", n * 3000, 13, bytes([65 + n % 26]) * 3000) for n in range(100))
+    capture = PipesCapture(64 * 1024)
+    for at in range(0, len(stream), 7000):  # as it comes, cut anywhere
+        capture.add(at, stream[at : at + 7000])
+    found = pipes.pieces(capture.data, capture.start)
+    first, end = pipes.first_and_end(found, pipes.View.STDERR, whole=capture.start == 0)
+    assert pipes.read(found, pipes.View.STDERR, 0, 1000, first, end).data == b"sha256: 1234\n"
+    first, end = pipes.first_and_end(found, pipes.View.STDOUT, whole=capture.start == 0)
+    tail = pipes.read(found, pipes.View.STDOUT, 0, 10**6, first, end)
+    assert tail.end == 300_000 and tail.lost == tail.offset > 250_000 and tail.data == stream_tail(tail.offset)
+    # A new owner goes on from the record; the holder resends from an earlier offset, cut mid-line: nothing
+    # twice, nothing lost, the last line added.
+    again = PipesCapture(64 * 1024, start=capture.start, data=capture.data)
+    more = _line(b"O", 300_000, 13, b"last\n")
+    again.add(len(stream) - 5000, stream[-5000:] + more)
+    found = pipes.pieces(again.data, again.start)
+    first, end = pipes.first_and_end(found, pipes.View.STDOUT, whole=False)
+    read = pipes.read(found, pipes.View.STDOUT, tail.offset, 10**6, first, end)
+    assert read.data == stream_tail(tail.offset) + b"last\n" and read.lost == 0
+    assert [p.data for p in found if p.stream is pipes.View.STDERR] == [b"sha256: 1234\n"]
+
+
+def stream_tail(offset: int) -> bytes:
+    """Bytes ``offset`` on of the stdout above: 100 runs of 3,000 letters."""
+    return b"".join(bytes([65 + n % 26]) * 3000 for n in range(100))[offset:]
