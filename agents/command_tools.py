@@ -20,7 +20,7 @@ from api import executions as api_executions
 from api import inputs as api_inputs
 from api import output as api_output
 from api.auth import need
-from api.executions import MAX_WAIT, ExecutionOut, visible
+from api.executions import MAX_WAIT, Awaiting, ExecutionOut, visible
 from api.models import Scope
 from api.output import READ_BYTES, OutputOut, read_output
 from api.problems import ApiProblem
@@ -178,7 +178,7 @@ async def _outcome(
             streams = {name: await _output_text(call, pk, pipes.View(name)) for name in streams}
     else:
         output = OutputText(available=False, text="", end=0, first_kept=0, lost=0, omitted=0)
-    check = _operator_check(awaited["execution"]["machine"]) if awaited["awaiting"] == "operator" else ""
+    check = _operator_check(awaited["execution"]["machine"]) if awaited["awaiting"] == Awaiting.OPERATOR else ""
     outcome = CommandOutcome(created=created, final=awaited["final"], awaiting=awaited["awaiting"],
                              detail=awaited["detail"], operator_must_check=check, execution=awaited["execution"],
                              output=output, **streams)  # fmt: skip

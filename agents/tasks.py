@@ -18,6 +18,7 @@ from django.conf import settings
 from mcp import types
 
 from api import executions as api_executions
+from api.executions import Awaiting
 from api.models import Scope
 from executions.models import ENDED_STATES, Execution, Kind, State
 
@@ -92,7 +93,7 @@ def register(lowlevel, serve, outcome, cancel) -> None:
             wait = 0.0 if execution.state == State.UNKNOWN else float("inf")
             result = await outcome(call, execution.pk, wait)
             said = result.structuredContent
-            if not said["final"] and said["awaiting"] != "operator":  # a result is the task's last word
+            if not said["final"] and said["awaiting"] != Awaiting.OPERATOR:  # a result is the task's last word
                 text = f"{request.params.taskId} is still working ({said['detail']}): ask tasks/get, then tasks/result"
                 raise api_executions.ApiProblem("state_conflict", text, state=said["execution"]["state"])
             return types.GetTaskPayloadResult(**result.model_dump(by_alias=True, exclude_none=True))

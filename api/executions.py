@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from enum import StrEnum
 from typing import Annotated
 
 from channels.db import database_sync_to_async as db
@@ -127,11 +128,20 @@ def why_of(execution: Execution) -> str:
     return execution.why or ""
 
 
-def said_of(execution: Execution) -> tuple[str, str]:
+class Awaiting(StrEnum):
+    """What an execution that is not final waits for (``NOTHING`` once it is)."""
+
+    NOTHING = "nothing"
+    START = "start"  # a worker to start it
+    PROGRAM = "program"  # its program to end
+    OPERATOR = "operator"  # its outcome is unknown: an operator resolves it
+
+
+def said_of(execution: Execution) -> tuple[Awaiting, str]:
     """What it awaits, and the detail said with it: how it ended (and why, when not by its own exit)."""
     if execution.state in FINAL_STATES:
         why = why_of(execution)
-        return "nothing", f"{execution.outcome_label}: {why}" if why else execution.outcome_label
+        return Awaiting.NOTHING, f"{execution.outcome_label}: {why}" if why else execution.outcome_label
     return AWAITING[execution.state]
 
 
@@ -326,11 +336,11 @@ class AwaitOut(Schema):
 
 
 AWAITING = {
-    State.PENDING: ("start", "it waits for a worker to start it"),
-    State.DISPATCHED: ("start", "a worker is starting it"),
-    State.RUNNING: ("program", "it is still running"),
+    State.PENDING: (Awaiting.START, "it waits for a worker to start it"),
+    State.DISPATCHED: (Awaiting.START, "a worker is starting it"),
+    State.RUNNING: (Awaiting.PROGRAM, "it is still running"),
     State.UNKNOWN: (
-        "operator",
+        Awaiting.OPERATOR,
         "its outcome is unknown until an operator resolves it (the process may still be running); "
         "an await cannot end this by itself",
     ),

@@ -19,11 +19,11 @@ from terminals.admin_common import WrittenElsewhere, confirmed_action
 from terminals.models import Worker, WorkerEvent
 
 STATUS_COLOURS = {
-    "running": "#16a34a",
-    "draining": "#d97706",
-    "stopped": "#6b7280",
-    "presumed dead": "#b91c1c",
-    "recovery pass": "#9ca3af",  # a short-lived owner of a pass run by hand
+    console.Shown.RUNNING: "#16a34a",
+    console.Shown.DRAINING: "#d97706",
+    console.Shown.STOPPED: "#6b7280",
+    console.Shown.PRESUMED_DEAD: "#b91c1c",
+    console.Shown.RECOVERY_PASS: "#9ca3af",  # a short-lived owner of a pass run by hand
 }
 
 

@@ -6,6 +6,7 @@ which resolution check passes now. It reads and plans; the writes are the same a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async as db
@@ -35,15 +36,25 @@ def with_holdings(workers):
     )
 
 
-def status_of(worker: Worker) -> str:
+class Shown(StrEnum):
+    """A worker's status as the console shows it: its own state, or what its silence makes of it."""
+
+    RUNNING = WorkerState.RUNNING.value
+    DRAINING = WorkerState.DRAINING.value
+    STOPPED = WorkerState.STOPPED.value
+    PRESUMED_DEAD = "presumed dead"  # not stopped, and silent past its lease TTL
+    RECOVERY_PASS = "recovery pass"  # a pass run by hand: no worker that ever served shells
+
+
+def status_of(worker: Worker) -> Shown:
     """running, draining, stopped, or presumed dead: not stopped, and silent past its lease TTL (an annotated
     worker, see ``with_holdings``); a recovery pass run by hand (Run recovery, recover_terminals) is no worker
     that ever served shells, and says so."""
     if getattr(worker, "by_hand", False) and worker.state == WorkerState.STOPPED:
-        return "recovery pass"
+        return Shown.RECOVERY_PASS
     if worker.state != WorkerState.STOPPED and worker.age.total_seconds() > settings.TETHER_LEASE_TTL_SECONDS:
-        return "presumed dead"
-    return worker.state
+        return Shown.PRESUMED_DEAD
+    return Shown(worker.state)
 
 
 @dataclass

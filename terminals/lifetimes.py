@@ -7,6 +7,7 @@ a worker: the worker calls ``judge`` every second and acts on the verdict.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from terminals.models import CloseReason
 
@@ -18,9 +19,14 @@ class Limits:
     output_limit_bytes: int = 0
 
 
+class Act(StrEnum):
+    WARN = "warn"  # tell its viewers the end is near
+    CLOSE = "close"  # end it now
+
+
 @dataclass(frozen=True)
 class Verdict:
-    action: str  # "warn" or "close"
+    action: Act
     reason: str  # a CloseReason
     seconds_left: int = 0
 
@@ -39,7 +45,7 @@ def judge(
 ) -> Verdict | None:
     """What should happen to a process now. Closing wins over warning; the deadline over idleness."""
     if limits.output_limit_bytes and produced > limits.output_limit_bytes:
-        return Verdict("close", CloseReason.OUTPUT_LIMIT)
+        return Verdict(Act.CLOSE, CloseReason.OUTPUT_LIMIT)
     candidates = []
     if limits.session_seconds:
         candidates.append((CloseReason.DEADLINE, limits.session_seconds, started + limits.session_seconds - now))
@@ -47,8 +53,8 @@ def judge(
         candidates.append((CloseReason.IDLE, limits.idle_seconds, last_activity + limits.idle_seconds - now))
     for reason, _limit, left in candidates:
         if left <= 0:
-            return Verdict("close", reason)
+            return Verdict(Act.CLOSE, reason)
     for reason, limit, left in candidates:
         if left <= warning_lead(limit):
-            return Verdict("warn", reason, int(left + 0.999))
+            return Verdict(Act.WARN, reason, int(left + 0.999))
     return None

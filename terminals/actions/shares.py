@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from datetime import timedelta
+from enum import StrEnum
 
 from django.conf import settings
 from django.db import transaction
@@ -84,21 +85,29 @@ def valid_share_link(token: str) -> ShareLink | None:
     return link
 
 
-def link_ended(link_pk: int) -> str:
-    """Why a link no longer opens anything: "revoked", "expired" (on the database's clock), "withdrawn" (its
-    maker may no longer share the session), or "" (it still does)."""
+class LinkEnd(StrEnum):
+    """Why a share link no longer opens anything."""
+
+    OPEN = ""  # it still does
+    REVOKED = "revoked"
+    EXPIRED = "expired"  # on the database's clock
+    WITHDRAWN = "withdrawn"  # its maker may no longer share the session
+
+
+def link_ended(link_pk: int) -> LinkEnd:
+    """Why a link no longer opens anything (``LinkEnd.OPEN``, which is falsy, while it still does)."""
     link = ShareLink.objects.select_related("created_by", "session").annotate(now=Now()).filter(pk=link_pk).first()
     if link is None:
-        return "revoked"
+        return LinkEnd.REVOKED
     if link.revoked_at is not None:
         withdrawn = link.session.events.filter(kind="share_withdrawn", detail__share_link=link.pk).exists()
-        return "withdrawn" if withdrawn else "revoked"
+        return LinkEnd.WITHDRAWN if withdrawn else LinkEnd.REVOKED
     if link.expires_at <= link.now:
-        return "expired"
+        return LinkEnd.EXPIRED
     if may_share(link.created_by, link.session):
-        return ""
+        return LinkEnd.OPEN
     withdraw_share_link(link)
-    return "withdrawn"
+    return LinkEnd.WITHDRAWN
 
 
 def withdraw_share_link(link: ShareLink) -> None:

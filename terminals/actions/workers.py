@@ -103,7 +103,7 @@ def drain_worker(worker_id: str, *, actor: Actor, reason: str = "") -> Worker:
         # A silent worker would never act on the drain: recovery is what takes its leases over.
         raise TransitionRefused(
             f"worker {worker.worker_id}",
-            "presumed dead",
+            "presumed dead",  # (terminals.console.Shown.PRESUMED_DEAD: the console's word for it)
             WorkerState.DRAINING,
             f"it has not beaten for over {settings.TETHER_LEASE_TTL_SECONDS} s, so it would never act on a drain; "
             "its leases are taken over by recovery (a live worker's next pass, recover_terminals, or Run recovery)",

@@ -24,7 +24,7 @@ from executions.models import Execution, Kind, State
 from executions.spec import ExecutionSpec
 from terminals import actions, faults
 from terminals.backends.base import Exit, Process
-from terminals.lifetimes import CHECK_SECONDS, Limits, judge
+from terminals.lifetimes import CHECK_SECONDS, Act, Limits, judge
 from terminals.marks import MarkReader
 from terminals.models import TerminalSession
 from terminals.outcome import ENDED_BY_US, Outcome
@@ -292,7 +292,7 @@ class SessionHost:
             )
             if verdict is None:
                 continue
-            if verdict.action == "close":
+            if verdict.action is Act.CLOSE:
                 self.context.tasks.start(self.end(live, Reason(verdict.reason)))
             elif live.viewer and live.warned != verdict.reason:
                 live.warned = verdict.reason
