@@ -21,6 +21,7 @@ from api import inputs as api_inputs
 from api import output as api_output
 from api.auth import need
 from api.executions import MAX_WAIT, Awaiting, ExecutionOut, visible
+from api.inputs import InputOut
 from api.models import Scope
 from api.output import READ_BYTES, OutputOut, read_output
 from api.problems import ApiProblem
@@ -317,14 +318,6 @@ async def read_output_tool(
     return await _serve(ctx, "read_output", work)
 
 
-class Written(BaseModel):
-    """What became of numbered input (keys, or a command's stdin)."""
-
-    written: bool
-    repeated: bool = Field(description="This seq had been written before: not written again")
-    seq: int
-
-
 @server.tool(
     title="Write to a command's stdin",
     annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=False),
@@ -341,13 +334,13 @@ async def write_stdin(
     client: Annotated[
         str, Field(max_length=100, description="Which of your programs writes (numbers are per client, as the API's)")
     ] = "",
-) -> Annotated[CallToolResult, Written]:
+) -> Annotated[CallToolResult, InputOut]:
     """Write to the stdin of a command run with pty: false, at most once per seq (the next seq is one more than
     the last; the same seq again is not written again), and close it with eof."""
 
     async def work(call):
         body = _input(api_inputs.CommandInputIn, seq=seq, data=data, data_b64=data_b64, eof=eof, client=client)
-        answer = Written(**await api_inputs.execution_input(call, execution, body))
+        answer = InputOut(**await api_inputs.execution_input(call, execution, body))
         said = "written before (not again)" if answer.repeated else "written"
         return _result(f"stdin {seq}: {said}" + (", then closed" if eof else ""), answer)
 

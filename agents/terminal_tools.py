@@ -14,10 +14,11 @@ from mcp.types import (
 )
 from pydantic import BaseModel, Field
 
-from agents.command_tools import Reason, Written
+from agents.command_tools import Reason
 from agents.screen import Screen, render
 from agents.server import _input, _result, _serve, server
 from api import terminals as api_terminals
+from api.inputs import InputOut
 
 SCREEN_BYTES = 256 * 1024  # a screen is rebuilt from at most this much of the output's end
 
@@ -68,13 +69,13 @@ async def send_keys(
     client: Annotated[
         str, Field(max_length=100, description="Which of your programs types (numbers are per client, as the API's)")
     ] = "",
-) -> Annotated[CallToolResult, Written]:
+) -> Annotated[CallToolResult, InputOut]:
     """Type keys into your terminal, at most once per seq: the next seq is one more than the last; a repeated
     seq with the same keys is not written again (input_conflict with other keys, input_gap out of order)."""
 
     async def work(call):
         body = _input(api_terminals.InputIn, seq=seq, data=keys, data_b64=keys_b64, client=client)
-        answer = Written(**await api_terminals.terminal_input(call, terminal, body))
+        answer = InputOut(**await api_terminals.terminal_input(call, terminal, body))
         said = "written before (not again)" if answer.repeated else "written"
         return _result(f"keys {seq}: {said}", answer)
 

@@ -17,7 +17,7 @@ from access.policy import RESOLVE_PERMISSION, Do, may
 from executions import actions as exec_actions
 from executions import admin as executions_admin
 from executions.actions import Actor
-from executions.admin import NothingEditableOnChange, badge
+from executions.admin import badge
 from executions.errors import ExecutionError, Refused
 from executions.models import Execution, State
 from terminals import actions
@@ -66,7 +66,7 @@ class SessionEventInline(admin.TabularInline):
 
 
 @admin.register(TerminalSession)
-class TerminalSessionAdmin(Watched, NothingEditableOnChange, admin.ModelAdmin):
+class TerminalSessionAdmin(Watched, WrittenElsewhere, admin.ModelAdmin):
     list_display = [
         "id",
         "machine",
@@ -210,16 +210,8 @@ class TerminalSessionAdmin(Watched, NothingEditableOnChange, admin.ModelAdmin):
             '<pre style="max-height:30em;overflow:auto;background:#111;color:#eee;padding:8px">{}</pre>', text
         )
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def save_model(self, request, obj, form, change):
-        # Saving wrote every field back as read: the viewer id among them, which superseded both open
-        # windows, with no event. A session changes only through its actions.
-        return
+    # Written elsewhere: saving once wrote every field back as read, the viewer id among them, which
+    # superseded both open windows with no event. A session changes only through its actions.
 
     def _has(self, request, action: str) -> bool:
         return request.user.has_perm(f"terminals.{action}_terminalsession")

@@ -64,6 +64,11 @@ def test_the_encoded_stream_is_read_from_any_place_in_each_view():
         (pipes.View.STDOUT, 6, 11, b"world\n"),
     ]
     assert pipes.read(found, pipes.View.STDOUT, 0, 8, 0, 12).data == b"hello wo"  # bounded by size
+    # Where a worker's read starts: the first piece of the view with bytes at or after the offset.
+    starts = {(view, since): pipes.starting_at(found, view, since) for view in pipes.View for since in (0, 6, 11, 12)}
+    assert [starts[pipes.View.STDOUT, n].data for n in (0, 6, 11)] == [b"hello ", b"world\n", b"world\n"]
+    assert starts[pipes.View.STDOUT, 12] is None and starts[pipes.View.STDERR, 0].data == b"oops\n"
+    assert starts[pipes.View.STDERR, 6] is None and starts[pipes.View.ALL, 6].data == b"oops\n"
 
     # Kept from the middle of a line on (a buffer trimmed anywhere): the cut line is skipped, never guessed,
     # and what is gone before the first whole line is said, in each view's own offsets.
