@@ -22,7 +22,7 @@ def _machine(host: str | None):
 
 
 def _saved(session):
-    from terminals.models import Recording
+    from recordings.models import Recording
 
     return Recording.objects.filter(session=session, state="saved").first()
 

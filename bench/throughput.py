@@ -122,7 +122,7 @@ def _where_it_went(streamed: Streamed, relay_cores: float) -> str:
 
 async def _recording_saved(session, timeout: float = 300) -> bool | None:
     """Whether the session's recording became a file (None: it had no recording, e.g. TETHER_RECORDINGS=0)."""
-    from terminals.models import Recording, RecordingState
+    from recordings.models import Recording, RecordingState
 
     def states() -> set[str]:
         return set(Recording.objects.filter(session_id=session.pk).values_list("state", flat=True))

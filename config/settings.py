@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "executions",
     "access",
     "terminals",
+    "recordings",
     "api",
     "sso",
     "demo",

@@ -14,4 +14,5 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("sso/", include("sso.urls")),
     path("", include("terminals.urls")),
+    path("", include("recordings.urls")),
 ]

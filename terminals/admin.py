@@ -314,5 +314,6 @@ class ExecutionAdmin(Watched, executions_admin.ExecutionAdmin):
         return TemplateResponse(request, "admin/executions/resolve.html", context)
 
 
-# Recordings and share links, and the workers and the recovery console, have admin modules of their own.
-from terminals import admin_recordings, admin_workers  # noqa: E402, F401
+# The workers and the recovery console have an admin module of their own (recordings and share links are in
+# the recordings app's).
+from terminals import admin_workers  # noqa: E402, F401

@@ -1,4 +1,4 @@
-"""What the terminals app's admin modules share (admin.py, admin_recordings.py, admin_workers.py): an action
+"""What the terminals app's admin modules share (admin.py, admin_workers.py, and recordings/admin.py): an action
 confirmed with a reason, lists cut to what a staff member may watch, rows written only elsewhere."""
 
 from __future__ import annotations

@@ -42,10 +42,8 @@ ACCESS_GROUP = "tether.access"  # every terminal socket: told when anyone's acce
 
 @receiver(access_changed)
 def close_what_lost_access(sender, users, **kwargs) -> None:
-    """Each socket of these users checks its right again at once, and so does each socket opened through a
-    share link one of them made (a link dies when its maker may no longer watch); None: every socket."""
-    from terminals.actions.shares import share_group
-    from terminals.models import ShareLink
+    """Each socket of these users checks its right again at once (None: every socket). The sockets opened
+    through their share links are told by the recordings app (recordings/signals.py)."""
     from transport.layers import tell_group
 
     message = {"type": "access.changed"}
@@ -54,14 +52,3 @@ def close_what_lost_access(sender, users, **kwargs) -> None:
         return
     for pk in users:
         tell_group(f"tether.user.{pk}", message, f"user {pk}'s sockets that their access changed")
-    from terminals.actions.permissions import may_share
-    from terminals.actions.shares import withdraw_share_link
-
-    links = ShareLink.objects.filter(created_by__in=users, revoked_at__isnull=True).select_related(
-        "created_by", "session__machine"
-    )
-    for link in links:
-        if not may_share(link.created_by, link.session):
-            withdraw_share_link(link)  # for good, whether or not a socket is open through it (its sockets told)
-        else:
-            tell_group(share_group(link.pk), message, f"share link {link.pk}'s sockets that its maker's access changed")

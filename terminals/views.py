@@ -207,10 +207,10 @@ def terminal(request: HttpRequest, session_id: UUID) -> HttpResponse:
         role="observer" if foreign else "writer",
         via=("staff" if request.user.is_staff else "team") if foreign else "",
         canTakeOver=foreign and actions.may_take_over(request.user, session),
-        sharesUrl=reverse("terminals:session_shares", args=[session.id])
+        sharesUrl=reverse("recordings:session_shares", args=[session.id])
         if actions.may_share(request.user, session)
         else "",
-        recordingsUrl=reverse("terminals:machine_recordings", args=[session.machine.name]),
+        recordingsUrl=reverse("recordings:machine_recordings", args=[session.machine.name]),
         commandsUrl=reverse("terminals:commands", args=[session.id]),
     )
     return render(request, "terminals/terminal.html", {"session": session, "page_state": page_state})

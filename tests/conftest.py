@@ -169,7 +169,7 @@ def operator(django_user_model):
 
     user = _make_user(django_user_model, "operator", is_staff=True)
     user.user_permissions.set(
-        Permission.objects.filter(content_type__app_label__in=["executions", "terminals", "access"])
+        Permission.objects.filter(content_type__app_label__in=["executions", "terminals", "recordings", "access"])
     )
     return user
 

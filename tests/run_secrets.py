@@ -52,12 +52,13 @@ def remember_from_the_database() -> None:
     from django.contrib.sessions.models import Session
 
     from api.models import ApiToken
-    from terminals.models import ProcessLease, ShareLink
+    from recordings.models import ShareLink
+    from terminals.models import ProcessLease
 
     for digest in ApiToken.objects.values_list("digest", flat=True):
         _write("API token", 63, digest)  # tether_ + 12 hex + _ + 43 base64url: api/tokens.py
     for digest in ShareLink.objects.values_list("token_hash", flat=True):
-        _write("share link", 43, digest)  # secrets.token_urlsafe(32): terminals/actions/shares.py
+        _write("share link", 43, digest)  # secrets.token_urlsafe(32): recordings/actions/shares.py
     for handle in ProcessLease.objects.exclude(handle={}).values_list("handle", flat=True):
         holder = (handle or {}).get("holder") or {}
         if isinstance(holder, dict) and isinstance(holder.get("secret"), str):

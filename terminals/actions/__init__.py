@@ -8,9 +8,9 @@ audit event. One module per domain; callers use ``from terminals import actions`
 - ``operator``: requests to a process's owner and operator actions on sessions;
 - ``permissions``: who may open, view or take over a shell (checks only);
 - ``retention``: removing long-closed sessions' screens;
-- ``commands``: the commands typed into sessions, as their shells' marks told them;
-- ``recordings``: sessions' recordings, written, finished, expired and read;
-- ``shares``: share links to a live session or a recording.
+- ``commands``: the commands typed into sessions, as their shells' marks told them.
+
+Recordings and share links are an app of their own (``recordings.actions``).
 """
 
 from executions.actions import Actor
@@ -52,22 +52,11 @@ from terminals.actions.permissions import (
     in_use_refusal,
     may_observe,
     may_operate,
-    may_revoke_share,
     may_see_machine,
     may_share,
     may_take_over,
     may_use_machine,
     may_view_session,
-)
-from terminals.actions.recordings import (
-    begin_recording,
-    cast_lines,
-    expire_recordings,
-    finish_recording,
-    note_recording_seen,
-    remove_leftover_chunks,
-    unfinished_recordings,
-    write_chunk,
 )
 from terminals.actions.retention import expire_closed_sessions
 from terminals.actions.sessions import (
@@ -81,16 +70,6 @@ from terminals.actions.sessions import (
     session_event,
     set_font_size,
     start_next_generation,
-)
-from terminals.actions.shares import (
-    create_share_link,
-    link_ended,
-    note_share_opened,
-    revoke_share_link,
-    share_group,
-    share_links_of,
-    valid_share_link,
-    withdraw_share_link,
 )
 from terminals.actions.workers import (
     drain_worker,
@@ -108,9 +87,7 @@ __all__ = [
     "Actor",
     "LeaseLost",
     "begin_marks",
-    "begin_recording",
     "begin_spawn",
-    "cast_lines",
     "claim_next_execution",
     "close_session",
     "closed_by",
@@ -118,23 +95,18 @@ __all__ = [
     "command_finished",
     "command_started",
     "command_summary",
-    "create_share_link",
     "drain_worker",
     "expire_closed_sessions",
-    "expire_recordings",
     "fenced",
     "fenced_transition",
-    "finish_recording",
     "font_size_of",
     "in_use_refusal",
     "last_takeover",
     "lease_expiry",
     "lease_follows",
-    "link_ended",
     "marks_seen",
     "may_observe",
     "may_operate",
-    "may_revoke_share",
     "may_see_machine",
     "may_share",
     "may_take_over",
@@ -142,9 +114,7 @@ __all__ = [
     "may_view_session",
     "note_holder_ended",
     "note_observer",
-    "note_recording_seen",
     "note_recovery_run",
-    "note_share_opened",
     "note_takeover",
     "note_viewer",
     "open_terminal",
@@ -152,24 +122,16 @@ __all__ = [
     "record_adoption",
     "register_worker",
     "release_lease",
-    "remove_leftover_chunks",
     "request_process_action",
-    "revoke_share_link",
     "save_handle",
     "save_output",
     "session_commands",
     "session_event",
     "set_font_size",
     "settle_execution",
-    "share_group",
-    "share_links_of",
     "start_next_generation",
     "stop_worker",
     "take_over_lease",
     "tracking",
-    "unfinished_recordings",
-    "valid_share_link",
-    "withdraw_share_link",
     "worker_heartbeat",
-    "write_chunk",
 ]

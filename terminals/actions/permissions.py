@@ -47,14 +47,6 @@ def may_operate(user, session: TerminalSession) -> bool:
     return may(user, Do.OPERATE, session)
 
 
-def may_revoke_share(user, link) -> bool:
-    """Who made it, the session's owner, or staff with the permission to revoke any link."""
-    if not (user.is_authenticated and user.is_active):
-        return False
-    mine = user.pk in (link.created_by_id, link.session.user_id)
-    return mine or (user.is_staff and user.has_perm("terminals.revoke_sharelink"))
-
-
 def in_use_refusal(machine: Machine, session: TerminalSession, user) -> str:
     """Why ``user`` may not open ``machine``'s open shell: someone else's is open, and they may not watch it (so
     whose it is is not theirs to know)."""

@@ -1,7 +1,6 @@
 """Terminal models, one module per kind of thing; imported from here (``from terminals.models import X``)."""
 
 from terminals.models.commands import CommandRecord, CommandSource, CommandState
-from terminals.models.recordings import Recording, RecordingChunk, RecordingState, ShareLink
 from terminals.models.sessions import (
     FONT_SIZES,
     CloseReason,
@@ -29,11 +28,7 @@ __all__ = [
     "CommandState",
     "ProcessLease",
     "ProcessState",
-    "Recording",
-    "RecordingChunk",
-    "RecordingState",
     "SessionEvent",
-    "ShareLink",
     "SnapshotKind",
     "TerminalSession",
     "ViewerPreference",

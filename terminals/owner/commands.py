@@ -13,12 +13,12 @@ import time
 
 from channels.db import database_sync_to_async as db
 
+from recordings.recorder import Recorder
 from terminals import actions
 from terminals.marks import Mark
 from terminals.models import CommandSource
 from terminals.owner.context import WorkerContext
 from terminals.owner.live import LiveProcess
-from terminals.owner.recordings import Recorder
 from terminals.owner.viewers import Outbox
 from terminals.protocol import CommandSeen
 

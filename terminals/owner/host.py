@@ -22,6 +22,7 @@ from executions import pipes
 from executions.models import Backend as BackendKind
 from executions.models import Execution, Kind, State
 from executions.spec import ExecutionSpec
+from recordings.recorder import Recorder
 from terminals import actions, faults
 from terminals.backends.base import Exit, Process
 from terminals.lifetimes import CHECK_SECONDS, Act, Limits, judge
@@ -33,7 +34,6 @@ from terminals.owner.commands import CommandTracker
 from terminals.owner.context import WorkerContext, every, until_recorded
 from terminals.owner.leases import LeaseKeeper
 from terminals.owner.live import LiveProcess, Phase
-from terminals.owner.recordings import Recorder
 from terminals.owner.viewers import Outbox
 from terminals.protocol import Closed, ClosingSoon, Exited, NextGeneration, Reason, Request
 from terminals.wake import WAKE_CHANNEL

@@ -16,11 +16,11 @@ from enum import IntEnum
 from django.conf import settings
 
 from executions import pipes
+from recordings.take import Take
 from terminals.backends.base import BackendError, Exit, Process
 from terminals.lifetimes import Limits
 from terminals.marks import MarkReader
 from terminals.owner.buffer import OutputBuffer
-from terminals.owner.take import Take
 from terminals.protocol import Reason
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class LiveProcess:
     grid: tuple[int, int] = (80, 24)  # the writer's grid (observers draw this one)
     writer_name: str = ""  # who wrote last (a change of hands is marked in the recording)
     observers: dict[str, Observer] = field(default_factory=dict)  # viewer id -> observer
-    recording: Take | None = None  # its recording as this owner takes it (terminals.owner.recordings)
+    recording: Take | None = None  # its recording as this owner takes it (recordings.recorder)
     marks: MarkReader | None = None  # the shell's command marks, when it was started with the integration
     marks_seen: bool = False
     # (API client, seq) of the API input written lately: a repeated delivery is not written twice.

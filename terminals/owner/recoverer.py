@@ -19,7 +19,7 @@ from django.conf import settings
 from terminals import actions, faults, metrics, recovery
 from terminals.backends.base import Status
 from terminals.backends.procfs import ProcessIdentity, boot_id
-from terminals.owner.context import WorkerContext, db_apart, every
+from terminals.owner.context import WorkerContext, every
 from terminals.owner.host import SessionHost
 from terminals.owner.launch import load_execution, session_for
 from terminals.owner.leases import LeaseKeeper
@@ -58,10 +58,7 @@ class Recoverer:
                 actor = actions.Actor.worker(self.context.worker.worker_id)
                 if expired := await db(actions.expire_closed_sessions)(actor=actor):
                     log.info("retention: expired the final screens of %d closed session(s)", len(expired))
-                if removed := await db(actions.expire_recordings)(actor=actor):
-                    log.info("retention: removed %d recording(s) past their retention", len(removed))
-                if leftover := await db_apart(actions.remove_leftover_chunks)():  # a listing and deletes
-                    log.info("removed %d chunk file(s) of recordings no longer being made", leftover)
+                await self.host.recorder.clean_up(actor)
 
         await every(settings.TETHER_RECOVERY_SECONDS, step, "recovery pass")
 

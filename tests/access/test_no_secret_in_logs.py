@@ -12,6 +12,7 @@ from asgiref.sync import sync_to_async
 from websockets.asyncio.client import connect
 
 from api.tokens import create_token
+from recordings import actions as recording_actions
 from terminals import actions
 from terminals.models import ProcessLease
 from tests.bridge.harness import Stack, Viewer, session_cookie
@@ -31,7 +32,7 @@ async def test_no_secret_made_here_appears_in_any_log(place, alice, bob):
         await viewer.attach()
         await viewer.type("echo UP-$((1+1))\r")
         await viewer.read_until(b"UP-2")
-        _, share = await sync_to_async(actions.create_share_link)(alice, session)
+        _, share = await sync_to_async(recording_actions.create_share_link)(alice, session)
         _, token = await sync_to_async(create_token)(alice, name="agent", scopes=["read", "run", "terminals"])
         lease = await sync_to_async(ProcessLease.objects.get)(execution_id=session.execution_id)
         holder_secret = lease.handle["holder"]["secret"]

@@ -13,8 +13,10 @@ from api.tokens import create_token
 from config.redact import redact
 from executions.actions import Actor, transition
 from executions.models import Backend, Evidence, State
+from recordings import actions as recording_actions
+from recordings.models import ShareLink
 from terminals import actions
-from terminals.models import ShareLink, TerminalSession
+from terminals.models import TerminalSession
 from tests.factories import TEST_ACTOR, grant, make_execution, make_machine
 
 pytestmark = pytest.mark.django_db
@@ -113,17 +115,17 @@ def wendys_link(alice, django_user_model):
     wendy = django_user_model.objects.create_user("wendy")
     sre.user_set.add(wendy)
     grant(sre, box, "watch")
-    link, token = actions.create_share_link(wendy, session)
+    link, token = recording_actions.create_share_link(wendy, session)
     return session, sre, wendy, link, token
 
 
 def test_a_share_link_withdrawn_when_its_maker_lost_watch_stays_withdrawn(wendys_link):
     session, sre, wendy, link, token = wendys_link
-    assert actions.valid_share_link(token) is not None
+    assert recording_actions.valid_share_link(token) is not None
     sre.user_set.remove(wendy)
-    assert actions.valid_share_link(token) is None
+    assert recording_actions.valid_share_link(token) is None
     sre.user_set.add(wendy)
-    assert actions.valid_share_link(token) is None  # it opened again for up to a week
+    assert recording_actions.valid_share_link(token) is None  # it opened again for up to a week
     link.refresh_from_db()
     assert link.revoked_at is not None and ShareLink.objects.get(pk=link.pk).revoked_by == wendy
     assert session.events.filter(kind="share_withdrawn").exists()
@@ -147,7 +149,7 @@ def test_a_share_link_nobody_has_open_is_withdrawn_as_its_maker_loses_watch(
     link.refresh_from_db()
     assert link.revoked_at is not None
     sre.user_set.add(wendy)
-    assert actions.valid_share_link(token) is None
+    assert recording_actions.valid_share_link(token) is None
 
 
 def test_the_admins_cancel_needs_operate_on_the_workspace(alice, django_user_model):

@@ -57,7 +57,7 @@ def test_access_knows_nothing_of_terminals_or_the_api():
     assert not upward
 
 
-APPS = {"access", "agents", "api", "config", "demo", "executions", "files", "sso", "terminals"}
+APPS = {"access", "agents", "api", "config", "demo", "executions", "files", "recordings", "sso", "terminals"}
 
 
 def test_the_transport_imports_none_of_the_apps():
@@ -82,6 +82,50 @@ def test_nothing_but_its_command_uses_the_demo():
         if module.split(".")[0] == "demo"
     }
     assert not users
+
+
+# What other apps may use of the recordings app: its actions, and (in the owner worker) the recorder with the
+# take it keeps on each live shell. Its models, store, pages and admin are its own; config mounts its routes.
+RECORDINGS_ENTRANCES = {"recordings.actions", "recordings.recorder", "recordings.take"}
+
+
+def _reached_in(source: Path, package: str) -> set[str]:
+    """The modules of ``package`` that ``source`` imports (``from package import module`` names the module)."""
+    found = set()
+    for node in ast.walk(ast.parse(source.read_text(), str(source))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == package:
+            found |= {f"{package}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return {name for name in found if name == package or name.startswith(package + ".")}
+
+
+def test_the_recordings_app_is_reached_through_its_actions():
+    reached = {
+        f"{source.relative_to(ROOT)}: {module}"
+        for app in APPS - {"config", "recordings"}
+        for source in sorted((ROOT / app).rglob("*.py"))
+        if "migrations" not in source.parts
+        for module in _reached_in(source, "recordings")
+        if module not in RECORDINGS_ENTRANCES
+    }
+    assert not reached
+
+
+def test_the_entrance_check_sees_each_form_of_import(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from recordings import actions, store\nimport recordings.views\nfrom recordings.models import X\n"
+    )
+    assert _reached_in(probe, "recordings") == {
+        "recordings.actions",
+        "recordings.store",
+        "recordings.views",
+        "recordings.models",
+    }
+    assert len(list((ROOT / "recordings").rglob("*.py"))) >= 15  # the app is where the check looks
 
 
 def _modules() -> dict[str, Path]:

@@ -17,7 +17,8 @@ from playwright.async_api import Page, expect
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from executions.actions import Actor, add_machine
-from terminals.models import Recording, SessionEvent, TerminalSession, ViewerPreference
+from recordings.models import Recording
+from terminals.models import SessionEvent, TerminalSession, ViewerPreference
 from tests.browser.conftest import committed
 from tests.browser.test_terminal_page import log_in, open_workspace, run, screen_text, wait_for_text, wait_live
 from tests.factories import grant

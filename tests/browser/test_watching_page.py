@@ -13,8 +13,9 @@ from django.utils import timezone
 from playwright.async_api import Page, expect
 
 from executions.actions import Actor, add_machine
-from terminals import actions
-from terminals.models import SessionEvent, ShareLink, TerminalSession
+from recordings import actions
+from recordings.models import ShareLink
+from terminals.models import SessionEvent, TerminalSession
 from tests.browser.conftest import SCREENSHOTS, committed
 from tests.browser.test_terminal_page import log_in, open_workspace, run, wait_for_text
 from tests.factories import grant

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from terminals.asciicast import EventLog, event_line, output_of, parse_lines, v2_from_v3, write_v3
+from recordings.asciicast import EventLog, event_line, output_of, parse_lines, v2_from_v3, write_v3
 
 HEADER = {"term": {"cols": 80, "rows": 24, "type": "xterm-256color"}, "timestamp": 1000}
 

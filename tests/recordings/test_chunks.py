@@ -14,10 +14,12 @@ from django.utils import timezone
 
 from executions import actions as exec_actions
 from executions.models import Backend, Evidence, State
-from terminals import actions, recording_store
-from terminals.actions.recordings import ChunksNotHere
-from terminals.asciicast import EventLog, output_of
-from terminals.models import Recording, RecordingChunk
+from recordings import actions as recording_actions
+from recordings import store
+from recordings.actions.recordings import ChunksNotHere
+from recordings.asciicast import EventLog, output_of
+from recordings.models import Recording, RecordingChunk
+from terminals import actions
 from tests.factories import TEST_ACTOR, grant, make_machine
 
 pytestmark = pytest.mark.django_db
@@ -37,7 +39,7 @@ def stored() -> Path:
 
 
 def chunk_files(recording: Recording) -> list[str]:
-    directory = stored() / recording_store.CHUNKS / str(recording.pk)
+    directory = stored() / store.CHUNKS / str(recording.pk)
     return sorted(path.name for path in directory.iterdir()) if directory.exists() else []
 
 
@@ -71,7 +73,7 @@ def begun(alice):
     )
     execution, lease = actions.claim_next_execution(owner, {"docker"})
     assert execution.pk == session.execution_id
-    recording = actions.begin_recording(
+    recording = recording_actions.begin_recording(
         execution_pk=execution.pk, worker=owner, token=lease.token, cols=80, rows=24, started=1_000.0, stream=0
     )
     return recording, owner, lease.token
@@ -79,7 +81,7 @@ def begun(alice):
 
 def write(owned, number: int, events, file: str, data: bytes | None = None) -> bool:
     recording, owner, token = owned
-    return actions.write_chunk(
+    return recording_actions.write_chunk(
         recording.pk, worker=owner, token=token, execution_pk=recording.execution_id, number=number, taken=events,
         file=file, data=data,
     )  # fmt: skip
@@ -88,9 +90,9 @@ def write(owned, number: int, events, file: str, data: bytes | None = None) -> b
 def test_a_chunk_is_a_file_named_once_and_the_finished_recording_leaves_no_chunk_behind(owned):
     recording = owned[0]
     first = taken(b"first\r\n", 1_001.0)
-    name = recording_store.save_chunk(recording.pk, 0, first.lines)
+    name = store.save_chunk(recording.pk, 0, first.lines)
     assert write(owned, 0, first, name)
-    again = recording_store.save_chunk(recording.pk, 0, first.lines)  # a repeated write of the same number
+    again = store.save_chunk(recording.pk, 0, first.lines)  # a repeated write of the same number
     assert not write(owned, 0, first, again)
     assert list(RecordingChunk.objects.filter(recording=recording).values_list("number", "file", "data")) == [
         (0, name, None)
@@ -98,19 +100,19 @@ def test_a_chunk_is_a_file_named_once_and_the_finished_recording_leaves_no_chunk
     assert write(owned, 0, first, name)  # the same write again (its answer was lost): named, once
     assert RecordingChunk.objects.filter(recording=recording).count() == 1
     second = taken(b"second\r\n", 1_002.0)
-    assert write(owned, 1, second, recording_store.save_chunk(recording.pk, 1, second.lines))
-    recording_store.save_chunk(recording.pk, 2, b"never named")  # its writer died before naming it
+    assert write(owned, 1, second, store.save_chunk(recording.pk, 1, second.lines))
+    store.save_chunk(recording.pk, 2, b"never named")  # its writer died before naming it
     assert len(chunk_files(recording)) == 4
 
     ended(recording)
-    assert actions.finish_recording(recording.pk) is not None
+    assert recording_actions.finish_recording(recording.pk) is not None
     recording.refresh_from_db()
-    lines = list(recording_store.read(recording.file))
+    lines = list(store.read(recording.file))
     assert output_of(lines) == b"first\r\nsecond\r\n"  # once each, in order
     assert not RecordingChunk.objects.filter(recording=recording).exists()
     # The files stay for a page still playing it live, until the cleanup: named or not, they all go then.
     assert len(chunk_files(recording)) == 4
-    assert actions.remove_leftover_chunks() == 4
+    assert recording_actions.remove_leftover_chunks() == 4
     assert chunk_files(recording) == []
 
 
@@ -118,9 +120,9 @@ def test_a_chunk_is_not_named_by_a_worker_that_lost_its_lease(owned):
     recording, owner, token = owned
     events = taken(b"late\r\n", 1_001.0)
     with pytest.raises(actions.LeaseLost):
-        actions.write_chunk(
+        recording_actions.write_chunk(
             recording.pk, worker=owner, token=token + 1, execution_pk=recording.execution_id, number=0, taken=events,
-            file=recording_store.save_chunk(recording.pk, 0, events.lines),
+            file=store.save_chunk(recording.pk, 0, events.lines),
         )  # fmt: skip
     assert not RecordingChunk.objects.filter(recording=recording).exists()
     assert Recording.objects.get(pk=recording.pk).chunks == 0
@@ -130,14 +132,14 @@ def test_a_chunk_the_storage_lost_is_a_marker_where_it_was_and_the_rest_is_kept(
     recording = owned[0]
     for number, text in enumerate([b"one\r\n", b"two\r\n", b"three\r\n"]):
         events = taken(text, 1_001.0 + number)
-        assert write(owned, number, events, recording_store.save_chunk(recording.pk, number, events.lines))
+        assert write(owned, number, events, store.save_chunk(recording.pk, number, events.lines))
     lost = RecordingChunk.objects.get(recording=recording, number=1).file
     (stored() / lost).unlink()
 
     ended(recording)
-    assert actions.finish_recording(recording.pk) is not None
+    assert recording_actions.finish_recording(recording.pk) is not None
     recording.refresh_from_db()
-    lines = list(recording_store.read(recording.file))
+    lines = list(store.read(recording.file))
     assert output_of(lines) == b"one\r\nthree\r\n"
     events = [json.loads(line) for line in lines[1:]]
     markers = [text for _, code, text in events if code == "m"]
@@ -153,18 +155,18 @@ def test_chunks_an_earlier_version_wrote_into_the_database_still_make_the_file(o
     new_events = EventLog(started=1_000.0, limit=1 << 20, end=old.end)
     new_events.output(0, old.end, b"and in a file\r\n", 1_002.0)
     new = new_events.take()
-    assert write(owned, 1, new, recording_store.save_chunk(recording.pk, 1, new.lines))
+    assert write(owned, 1, new, store.save_chunk(recording.pk, 1, new.lines))
 
     ended(recording)
-    assert actions.finish_recording(recording.pk) is not None
+    assert recording_actions.finish_recording(recording.pk) is not None
     recording.refresh_from_db()
-    assert output_of(recording_store.read(recording.file)) == b"kept in the row\r\nand in a file\r\n"
+    assert output_of(store.read(recording.file)) == b"kept in the row\r\nand in a file\r\n"
 
 
 def test_chunk_files_of_recordings_no_longer_being_made_are_removed_by_the_cleanup(owned, alice):
     recording = owned[0]
     events = taken(b"live\r\n", 1_001.0)
-    assert write(owned, 0, events, recording_store.save_chunk(recording.pk, 0, events.lines))
+    assert write(owned, 0, events, store.save_chunk(recording.pk, 0, events.lines))
     # A recording saved by a finisher that died after its commit, before it removed the chunks.
     other = make_machine("chunk-box-2", backend=Backend.DOCKER)
     grant(alice, other)
@@ -173,28 +175,28 @@ def test_chunk_files_of_recordings_no_longer_being_made_are_removed_by_the_clean
         session=other_session, execution=other_session.execution, generation=1, started_at=timezone.now(),
         started_epoch=0.0, cols=80, rows=24, state="saved", file="x.cast.gz", finished_at=timezone.now(),
     )  # fmt: skip
-    recording_store.save_chunk(saved.pk, 0, b"left behind")
-    recording_store.save_chunk(saved.pk, 1, b"left behind too")
+    store.save_chunk(saved.pk, 0, b"left behind")
+    store.save_chunk(saved.pk, 1, b"left behind too")
 
-    assert actions.remove_leftover_chunks() == 2
+    assert recording_actions.remove_leftover_chunks() == 2
     assert chunk_files(saved) == []
     assert len(chunk_files(recording)) == 1  # still being made: kept
-    assert actions.remove_leftover_chunks() == 0
+    assert recording_actions.remove_leftover_chunks() == 0
 
 
 def test_a_chunk_the_storage_could_not_take_is_kept_in_its_row_and_still_makes_the_file(owned):
     recording = owned[0]
     first = taken(b"to the storage\r\n", 1_001.0)
-    assert write(owned, 0, first, recording_store.save_chunk(recording.pk, 0, first.lines))
+    assert write(owned, 0, first, store.save_chunk(recording.pk, 0, first.lines))
     log = EventLog(started=1_000.0, limit=1 << 20, end=first.end)
     log.output(0, first.end, b"to the database\r\n", 1_002.0)
     second = log.take()
     assert write(owned, 1, second, "", data=second.lines)  # what the Recorder does when the storage fails
 
     ended(recording)
-    assert actions.finish_recording(recording.pk) is not None
+    assert recording_actions.finish_recording(recording.pk) is not None
     recording.refresh_from_db()
-    assert output_of(recording_store.read(recording.file)) == b"to the storage\r\nto the database\r\n"
+    assert output_of(store.read(recording.file)) == b"to the storage\r\nto the database\r\n"
 
 
 def test_a_recording_whose_chunks_are_on_another_hosts_disk_is_not_finished_here(owned):
@@ -202,21 +204,21 @@ def test_a_recording_whose_chunks_are_on_another_hosts_disk_is_not_finished_here
     here it would be markers and nothing else, for good; it is left for a finisher that has them."""
     recording = owned[0]
     events = taken(b"on host A\r\n", 1_001.0)
-    assert write(owned, 0, events, recording_store.save_chunk(recording.pk, 0, events.lines))
-    moved = stored() / recording_store.CHUNKS / f"{recording.pk}"
+    assert write(owned, 0, events, store.save_chunk(recording.pk, 0, events.lines))
+    moved = stored() / store.CHUNKS / f"{recording.pk}"
     elsewhere = moved.with_name(f"{recording.pk}-on-host-a")
     moved.rename(elsewhere)  # as this host sees the storage: no chunk of it
 
     ended(recording)
     with pytest.raises(ChunksNotHere, match="every host must share it"):
-        actions.finish_recording(recording.pk)
+        recording_actions.finish_recording(recording.pk)
     assert Recording.objects.get(pk=recording.pk).state == "recording"
     assert RecordingChunk.objects.filter(recording=recording).count() == 1
 
     elsewhere.rename(moved)  # the host that has them
-    assert actions.finish_recording(recording.pk) is not None
+    assert recording_actions.finish_recording(recording.pk) is not None
     recording.refresh_from_db()
-    assert output_of(recording_store.read(recording.file)) == b"on host A\r\n"
+    assert output_of(store.read(recording.file)) == b"on host A\r\n"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -227,11 +229,11 @@ async def test_the_owner_keeps_a_chunk_in_the_database_while_the_storage_refuses
 
     from asgiref.sync import sync_to_async
 
-    from terminals.owner.recordings import Recorder, Take
+    from recordings.recorder import Recorder, Take
 
     recording, owner, token = await sync_to_async(begun)(alice)
-    Path(stored(), recording_store.CHUNKS).mkdir(parents=True, exist_ok=True)
-    blocker = Path(stored(), recording_store.CHUNKS, str(recording.pk))
+    Path(stored(), store.CHUNKS).mkdir(parents=True, exist_ok=True)
+    blocker = Path(stored(), store.CHUNKS, str(recording.pk))
     blocker.write_text("not a directory")
     log = EventLog(started=1_000.0, limit=1 << 20)
     log.output(0, 0, b"printed while the storage was away\r\n", 1_001.0)
@@ -244,9 +246,9 @@ async def test_the_owner_keeps_a_chunk_in_the_database_while_the_storage_refuses
     assert row.file == "" and b"printed while the storage was away\r\n" in bytes(row.data)
     blocker.unlink()
     await sync_to_async(ended)(recording)
-    assert await sync_to_async(actions.finish_recording)(recording.pk) is not None
+    assert await sync_to_async(recording_actions.finish_recording)(recording.pk) is not None
     await recording.arefresh_from_db()
-    assert output_of(recording_store.read(recording.file)) == b"printed while the storage was away\r\n"
+    assert output_of(store.read(recording.file)) == b"printed while the storage was away\r\n"
 
 
 def test_a_chunk_an_older_release_writes_during_an_upgrade_is_stored_and_kept(owned):
@@ -263,6 +265,6 @@ def test_a_chunk_an_older_release_writes_during_an_upgrade_is_stored_and_kept(ow
         )
     Recording.objects.filter(pk=recording.pk).update(chunks=1, output_end=old.end)
     ended(recording)
-    assert actions.finish_recording(recording.pk) is not None
+    assert recording_actions.finish_recording(recording.pk) is not None
     recording.refresh_from_db()
-    assert output_of(recording_store.read(recording.file)) == b"from the older worker\r\n"
+    assert output_of(store.read(recording.file)) == b"from the older worker\r\n"

@@ -13,8 +13,9 @@ from django.contrib.auth.models import Permission
 from django.utils import timezone
 from websockets.exceptions import InvalidStatus
 
-from terminals import actions
-from terminals.models import SessionEvent, ShareLink
+from recordings import actions
+from recordings.models import ShareLink
+from terminals.models import SessionEvent
 from terminals.protocol import CloseCode, ErrorCode
 from tests.bridge.harness import Stack, Viewer, http_post, open_viewer, session_cookie
 

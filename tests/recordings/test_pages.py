@@ -13,9 +13,12 @@ from django.utils import timezone
 
 from executions.errors import UsageError
 from executions.models import Backend
-from terminals import actions, recording_store
-from terminals.asciicast import EventLog, output_of
-from terminals.models import Recording, RecordingChunk, SessionEvent, ShareLink
+from recordings import actions as recording_actions
+from recordings import store
+from recordings.asciicast import EventLog, output_of
+from recordings.models import Recording, RecordingChunk, ShareLink
+from terminals import actions
+from terminals.models import SessionEvent
 from tests.factories import grant, make_machine
 from tests.terminals.test_views import finish, logged_in
 
@@ -38,11 +41,11 @@ def recorded(alice):
         session=session, execution=session.execution, generation=1, started_at=timezone.now(), started_epoch=1_000.0,
         cols=80, rows=24, markers=taken.markers, chunks=1, output_end=taken.end,
     )  # fmt: skip
-    chunk = recording_store.save_chunk(recording.pk, 0, taken.lines)  # as the owner writes it, then names it
+    chunk = store.save_chunk(recording.pk, 0, taken.lines)  # as the owner writes it, then names it
     RecordingChunk.objects.create(recording=recording, number=0, file=chunk)
     finish(session, 7)
-    assert actions.finish_recording(recording.pk) is not None
-    assert actions.finish_recording(recording.pk) is None  # finished once
+    assert recording_actions.finish_recording(recording.pk) is not None
+    assert recording_actions.finish_recording(recording.pk) is None  # finished once
     recording.refresh_from_db()
     return recording
 
@@ -101,7 +104,7 @@ def test_recordings_follow_the_sessions_permissions(recorded, bob, operator, dja
 
 
 def test_the_admin_plays_a_recording_for_staff_who_may_watch_and_not_others(recorded, admin_user, django_user_model):
-    url = f"/admin/terminals/recording/{recorded.pk}/change/"
+    url = f"/admin/recordings/recording/{recorded.pk}/change/"
     page = logged_in(admin_user).get(url)
     assert page.status_code == 200 and b'id="recording-state"' in page.content and b"make deploy" in page.content
     assert events(recorded.session, "recording_played")[-1]["format"] == "admin"
@@ -109,11 +112,11 @@ def test_the_admin_plays_a_recording_for_staff_who_may_watch_and_not_others(reco
     viewer.user_permissions.add(Permission.objects.get(codename="view_recording"))
     page = logged_in(viewer).get(url)  # a workspace he may not watch: the recording is not there for him
     assert page.status_code == 302 and b"make deploy" not in page.content
-    assert b"generation" not in logged_in(viewer).get("/admin/terminals/recording/").content
+    assert b"generation" not in logged_in(viewer).get("/admin/recordings/recording/").content
 
 
 def test_a_share_link_to_a_recording_plays_for_anyone_signed_in_until_revoked(recorded, alice, bob):
-    link, token = actions.create_share_link(alice, recorded.session, recording=recorded, seconds=600)
+    link, token = recording_actions.create_share_link(alice, recorded.session, recording=recorded, seconds=600)
     assert link.token_hash != token and token not in ShareLink.objects.values_list("token_hash", flat=True)
     client = logged_in(bob)
     page = client.get(f"/shares/{token}/")
@@ -126,14 +129,14 @@ def test_a_share_link_to_a_recording_plays_for_anyone_signed_in_until_revoked(re
     assert logged_in(bob).get(f"/shares/{token[:-3]}abc/").status_code == 404
     anonymous = client.__class__().get(f"/shares/{token}/")
     assert anonymous.status_code == 302 and anonymous["Location"].startswith("/accounts/login/")
-    actions.revoke_share_link(link.pk, alice)
+    recording_actions.revoke_share_link(link.pk, alice)
     gone = client.get(f"/shares/{token}/")
     assert gone.status_code == 404 and b"was revoked, or has expired" in gone.content
     assert client.get(f"/shares/{token}/cast").status_code == 404
 
 
 def test_an_expired_share_link_opens_nothing(recorded, alice, bob):
-    link, token = actions.create_share_link(alice, recorded.session, recording=recorded)
+    link, token = recording_actions.create_share_link(alice, recorded.session, recording=recorded)
     assert abs((link.expires_at - timezone.now()) - timedelta(hours=1)) < timedelta(seconds=5)  # an hour by default
     ShareLink.objects.filter(pk=link.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     assert logged_in(bob).get(f"/shares/{token}/").status_code == 404
@@ -162,8 +165,8 @@ def test_sharing_through_the_page_with_csrf_limits_and_only_by_those_allowed(rec
 def test_the_admin_revokes_share_links_after_confirmation_and_only_with_the_permission(
     recorded, alice, operator, django_user_model
 ):
-    link, _ = actions.create_share_link(alice, recorded.session)
-    changelist = "/admin/terminals/sharelink/"
+    link, _ = recording_actions.create_share_link(alice, recorded.session)
+    changelist = "/admin/recordings/sharelink/"
     action = {"action": "revoke_links", "_selected_action": [link.pk]}
     staff = operator  # staff with every terminals permission, revoking another user's link
     asked = logged_in(staff).post(changelist, action)
@@ -187,6 +190,6 @@ def test_a_recording_is_shared_once_its_shell_has_ended(alice):
         cols=80, rows=24,
     )  # fmt: skip
     with pytest.raises(UsageError, match="once its shell has ended"):
-        actions.create_share_link(alice, session, recording=recording)
+        recording_actions.create_share_link(alice, session, recording=recording)
     panel = logged_in(alice).get(f"/terminals/{session.id}/shares/")
     assert b"the recording of generation" not in panel.content  # not offered either

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from asgiref.sync import sync_to_async
 
-from terminals.asciicast import output_of
-from terminals.models import Recording, RecordingState, SessionEvent
+from recordings.asciicast import output_of
+from recordings.models import Recording, RecordingState
+from terminals.models import SessionEvent
 from terminals.protocol import CloseCode
 from tests.bridge.harness import (
     RECORDINGS_DIR,

@@ -67,10 +67,10 @@ def test_cleanup_removes_only_expired_final_screens_and_keeps_the_records(place,
 
 
 def saved_recording(session: TerminalSession, days_ago: float):
-    from terminals import recording_store
-    from terminals.models import Recording
+    from recordings import store
+    from recordings.models import Recording
 
-    name, size = recording_store.save(f"{session.pk}/1-test.cast.gz", [b'{"version": 3}\n', b'[0.5, "o", "hi"]\n'])
+    name, size = store.save(f"{session.pk}/1-test.cast.gz", [b'{"version": 3}\n', b'[0.5, "o", "hi"]\n'])
     recording = Recording.objects.create(
         session=session, execution=session.execution, generation=1, state="saved", started_at=timezone.now(),
         started_epoch=0.0, cols=80, rows=24, file=name, file_bytes=size, markers=[[0.5, "make"]],
@@ -82,19 +82,19 @@ def saved_recording(session: TerminalSession, days_ago: float):
 def test_cleanup_removes_recordings_past_their_retention_and_keeps_their_record(
     place, operator, capsys, django_capture_on_commit_callbacks
 ):
-    from terminals import recording_store
+    from recordings import store
 
     old = saved_recording(closed_session(place, operator, "old-rec", 1), days_ago=31)
     recent = saved_recording(closed_session(place, operator, "new-rec", 1), days_ago=2)
     call_command("cleanup_terminals", "--dry-run")
     assert "1 recording(s) would be removed" in capsys.readouterr().out
-    assert recording_store.storage().exists(old.file)
+    assert store.storage().exists(old.file)
 
     with django_capture_on_commit_callbacks(execute=True):  # the file goes once the row says so
         call_command("cleanup_terminals")
     assert f"removed recording {old.pk}" in capsys.readouterr().out
     old.refresh_from_db()
     assert old.state == "expired" and old.expired_at is not None and old.markers == [[0.5, "make"]]
-    assert not recording_store.storage().exists(old.file)
-    assert recording_store.storage().exists(recent.file)
+    assert not store.storage().exists(old.file)
+    assert store.storage().exists(recent.file)
     assert SessionEvent.objects.filter(session=old.session, kind="recording_expired").count() == 1

@@ -1,7 +1,8 @@
 from django.core.management.base import BaseCommand
 
 from executions.actions import Actor
-from terminals.actions import expire_closed_sessions, expire_recordings, remove_leftover_chunks
+from recordings.actions import expire_recordings, remove_leftover_chunks
+from terminals.actions import expire_closed_sessions
 
 
 class Command(BaseCommand):

@@ -16,13 +16,15 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async as db
 from django.conf import settings
 
+from executions.actions import Actor
 from executions.models import Kind
-from terminals import actions, recording_store
-from terminals.actions.recordings import ChunksNotHere
-from terminals.asciicast import EventLog
+from recordings import actions, store
+from recordings.actions import ChunksNotHere
+from recordings.asciicast import EventLog
+from recordings.take import Take
+from terminals.actions.fencing import LeaseLost
 from terminals.owner.context import DB_OUTAGE, WorkerContext, db_apart, every, until_recorded
 from terminals.owner.live import LiveProcess
-from terminals.owner.take import Take
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ class Recorder:
                     stream=stream_of(live),
                 )
             )
-        except actions.LeaseLost:
+        except LeaseLost:
             raise
         except Exception:  # a shell is never refused for its recording
             log.exception("execution %s: could not begin its recording", live.execution_pk)
@@ -159,7 +161,7 @@ class Recorder:
                         file=file,
                         data=None if file else taken.lines,
                     )
-                except actions.LeaseLost:
+                except LeaseLost:
                     take.stopped = True  # the supervisor lets go; the new owner goes on recording
                     await self._forget(file)
                     return
@@ -183,7 +185,7 @@ class Recorder:
         heartbeats and fenced writes wait on); "" when the storage cannot take them: they then go in the row,
         and the recording loses nothing while the storage is away."""
         try:
-            return await in_thread(recording_store.save_chunk)(take.pk, take.chunks, taken.lines)
+            return await in_thread(store.save_chunk)(take.pk, take.chunks, taken.lines)
         except Exception as error:
             log.warning(
                 "execution %s: the recordings storage did not take a chunk (%r); it is kept in the database",
@@ -196,7 +198,7 @@ class Recorder:
     async def _forget(file: str) -> None:
         if file:
             try:
-                await in_thread(recording_store.remove_chunk)(file)
+                await in_thread(store.remove_chunk)(file)
             except Exception:  # the cleanup removes it once the recording is a file
                 log.warning("could not remove the unnamed recording chunk %s", file, exc_info=True)
 
@@ -217,6 +219,13 @@ class Recorder:
                 await self.sweep()
 
         await every(settings.TETHER_RECORDING_FLUSH_SECONDS, step, "writing recordings")
+
+    async def clean_up(self, actor: Actor) -> None:
+        """The retention: remove the recordings past it, and the chunk files of recordings no longer being made."""
+        if removed := await db(actions.expire_recordings)(actor=actor):
+            log.info("retention: removed %d recording(s) past their retention", len(removed))
+        if leftover := await db_apart(actions.remove_leftover_chunks)():  # a listing and deletes
+            log.info("removed %d chunk file(s) of recordings no longer being made", leftover)
 
     async def sweep(self) -> None:
         """Finish the recordings of shells that ended without their owner finishing them (it died with them)."""

@@ -16,10 +16,11 @@ from django.utils import timezone
 
 from executions.actions import Actor
 from executions.models import ENDED_STATES, Evidence, State
-from terminals import asciicast, recording_store
+from recordings import asciicast, store
+from recordings.models import Recording, RecordingChunk, RecordingState
 from terminals.actions.fencing import fenced
 from terminals.actions.sessions import session_event
-from terminals.models import Recording, RecordingChunk, RecordingState, TerminalSession, Worker
+from terminals.models import TerminalSession, Worker
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def write_chunk(
     data: bytes | None = None,
 ) -> bool:
     """Name chunk ``number``, whose events are already ``file`` in the recordings storage
-    (recording_store.save_chunk), or are ``data`` (kept in the row when the storage could not take them), with
+    (store.save_chunk), or are ``data`` (kept in the row when the storage could not take them), with
     where the recording stands after it: a compare-and-set on the count, so a chunk is named once. True when it
     is named, by this call or by an earlier one whose answer was lost (the same file under the same number);
     False when the number went to another chunk or the recording is finished: nothing names ``file`` then."""
@@ -144,9 +145,9 @@ def _chunks(recording: Recording) -> Iterator[bytes]:
     for number, file, data in rows.iterator(chunk_size=20):
         if not file:
             yield bytes(data)
-        elif (stored := recording_store.read_chunk(file)) is not None:
+        elif (stored := store.read_chunk(file)) is not None:
             yield stored
-        elif not recording_store.has_chunks(recording.pk):
+        elif not store.has_chunks(recording.pk):
             raise ChunksNotHere(
                 f"recording {recording.pk}: its chunk files are not in this recordings storage (every host must"
                 " share it: TETHER_RECORDINGS_DIR or TETHER_RECORDINGS_STORAGE)"
@@ -178,7 +179,7 @@ def finish_recording(recording_pk: int) -> Recording | None:
         last = list(asciicast.parse_lines(closing))[-1][0]
         recording.duration = max(last - recording.started_epoch, 0.0)
         name = f"{recording.session_id}/{recording.generation}-{recording.pk}.cast.gz"
-        recording.file, recording.file_bytes = recording_store.save(
+        recording.file, recording.file_bytes = store.save(
             name, asciicast.write_v3(header(recording), _chunks(recording), recording.started_epoch, closing)
         )
         Recording.objects.filter(pk=recording.pk).update(
@@ -198,11 +199,11 @@ def remove_leftover_chunks(*, dry_run: bool = False) -> int:
     """Remove the chunk files of recordings no longer being made (made into their file, or deleted): every
     file of theirs, named or not (a writer that died between writing a file and naming it leaves one). Returns
     how many files (that would go, with ``dry_run``)."""
-    directories = recording_store.chunk_dirs()
+    directories = store.chunk_dirs()
     being_made = set(
         Recording.objects.filter(pk__in=directories, state=RecordingState.RECORDING).values_list("pk", flat=True)
     )
-    return sum(recording_store.remove_chunks(pk, dry_run=dry_run) for pk in directories if pk not in being_made)
+    return sum(store.remove_chunks(pk, dry_run=dry_run) for pk in directories if pk not in being_made)
 
 
 def unfinished_recordings() -> list[int]:
@@ -230,7 +231,7 @@ def expire_recordings(*, actor: Actor, days: int | None = None, dry_run: bool = 
             )
             if changed:
                 # Only once the row says so: a file removed under a rolled-back change would be lost for good.
-                transaction.on_commit(lambda name=recording.file: recording_store.remove(name))
+                transaction.on_commit(lambda name=recording.file: store.remove(name))
                 session_event(
                     recording.session, "recording_expired", actor, f"finished more than {days} days ago",
                     recording=recording.pk, generation=recording.generation,
@@ -245,7 +246,7 @@ def expire_recordings(*, actor: Actor, days: int | None = None, dry_run: bool = 
 def cast_lines(recording: Recording) -> Iterator[bytes]:
     """The recording as an asciicast v3 file: the saved file, or (still recording) what its chunks hold."""
     if recording.state == RecordingState.SAVED:
-        return recording_store.read(recording.file)
+        return store.read(recording.file)
     return asciicast.write_v3(header(recording), _chunks(recording), recording.started_epoch)
 
 

@@ -3,7 +3,7 @@
 A recording is one generation's shell (one execution) from its start to its end. While the shell runs, its
 owner worker writes the events in chunks to the database, fenced by its lease, so a worker that dies loses
 at most the last moments and the next owner carries on in the same recording. When the shell has ended the
-chunks become one compressed ``.cast`` file in the recordings storage (``terminals.recording_store``), and
+chunks become one compressed ``.cast`` file in the recordings storage (``recordings.store``), and
 the chunks go.
 """
 
@@ -54,6 +54,7 @@ class Recording(models.Model):
     expired_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        db_table = "terminals_recording"  # made when recordings were part of the terminals app
         ordering = ["-started_at", "-id"]
         indexes = [
             models.Index(fields=["finished_at"], name="recording_saved_idx", condition=Q(state="saved")),
@@ -77,8 +78,8 @@ class Recording(models.Model):
 
 class RecordingChunk(models.Model):
     """Events of a recording not yet in its file: its output as read, and its other events as lines of
-    ``[unix_seconds, code, data]`` (the records are in terminals/asciicast.py). The events are a file in the
-    recordings storage (``file``, terminals/recording_store.py); chunks written before that were kept in
+    ``[unix_seconds, code, data]`` (the records are in recordings/asciicast.py). The events are a file in the
+    recordings storage (``file``, terminals/store.py); chunks written before that were kept in
     ``data``, and still make their recording's file. A file's row has no ``data`` (NULL, not empty): a release
     that knows only ``data`` fails on it rather than make a recording without it."""
 
@@ -89,6 +90,7 @@ class RecordingChunk(models.Model):
     written_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        db_table = "terminals_recordingchunk"
         ordering = ["number"]
         constraints = [models.UniqueConstraint(fields=["recording", "number"], name="one_chunk_per_number")]
 
@@ -115,6 +117,7 @@ class ShareLink(models.Model):
     opened = models.PositiveIntegerField(default=0, help_text="Times it was opened.")
 
     class Meta:
+        db_table = "terminals_sharelink"
         ordering = ["-created_at", "-id"]
         constraints = [
             models.CheckConstraint(

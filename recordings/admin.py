@@ -8,10 +8,11 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from executions.admin import badge
-from terminals import actions
+from recordings import actions
+from recordings.models import Recording, RecordingState, ShareLink
+from recordings.views import player_state
+from terminals.actions.permissions import may_view_session
 from terminals.admin_common import Watched, WrittenElsewhere, confirmed_action
-from terminals.models import Recording, RecordingState, ShareLink
-from terminals.recording_views import player_state
 
 STATE_COLOURS = {
     RecordingState.RECORDING: "#2563eb",
@@ -36,12 +37,12 @@ class RecordingAdmin(Watched, WrittenElsewhere, admin.ModelAdmin):
         "commands",
         "links",
     ]
-    change_form_template = "admin/terminals/recording/change_form.html"
+    change_form_template = "admin/recordings/recording/change_form.html"
 
     def get_readonly_fields(self, request, obj=None):
         """The typed commands are the session's to show: only to those who may see it."""
         fields = super().get_readonly_fields(request, obj)
-        if obj is not None and not actions.may_view_session(request.user, obj.session):
+        if obj is not None and not may_view_session(request.user, obj.session):
             return [name for name in fields if name != "commands"]
         return fields
 
@@ -73,7 +74,7 @@ class RecordingAdmin(Watched, WrittenElsewhere, admin.ModelAdmin):
     @admin.display(description="share links")
     def links(self, obj):
         count = obj.share_links.count()
-        url = reverse("admin:terminals_sharelink_changelist") + f"?recording__id__exact={obj.pk}"
+        url = reverse("admin:recordings_sharelink_changelist") + f"?recording__id__exact={obj.pk}"
         return format_html('<a href="{}">{} share link(s)</a>', url, count)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
@@ -81,10 +82,10 @@ class RecordingAdmin(Watched, WrittenElsewhere, admin.ModelAdmin):
         shells); each play is on the record, as in the portal."""
         extra = dict(extra_context or {})
         recording = Recording.objects.select_related("session").filter(pk=object_id).first()
-        if recording and recording.playable and actions.may_view_session(request.user, recording.session):
+        if recording and recording.playable and may_view_session(request.user, recording.session):
             actions.note_recording_seen(recording, request.user, "played", format="admin")
-            extra["player_state"] = player_state(recording, reverse("terminals:recording_cast", args=[recording.pk]))
-            extra["portal_url"] = reverse("terminals:recording", args=[recording.pk])
+            extra["player_state"] = player_state(recording, reverse("recordings:recording_cast", args=[recording.pk]))
+            extra["portal_url"] = reverse("recordings:recording", args=[recording.pk])
         elif recording and recording.playable:
             extra["not_playable"] = "Playing another user's recording needs the permission to watch their shells."
         return super().change_view(request, object_id, form_url, extra)
@@ -121,4 +122,4 @@ class ShareLinkAdmin(Watched, WrittenElsewhere, admin.ModelAdmin):
         return f"{obj.revoked_at:%Y-%m-%d %H:%M} by {obj.revoked_by}" if obj.revoked_at else "—"
 
     def has_revoke_permission(self, request):
-        return request.user.has_perm("terminals.revoke_sharelink")
+        return request.user.has_perm("recordings.revoke_sharelink")

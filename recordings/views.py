@@ -19,8 +19,10 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from access.policy import Do, may
 from executions.errors import ExecutionError
-from terminals import actions, asciicast
-from terminals.models import Recording, RecordingState, ShareLink, TerminalSession
+from recordings import actions, asciicast
+from recordings.models import Recording, RecordingState, ShareLink
+from terminals.actions.permissions import may_share, may_view_session
+from terminals.models import TerminalSession
 from terminals.views import seen_machine, terminal_page_state
 
 SHARE_MINUTES = (15, 60, 8 * 60, 24 * 60)  # the choices the share form offers
@@ -28,7 +30,7 @@ SHARE_MINUTES = (15, 60, 8 * 60, 24 * 60)  # the choices the share form offers
 
 def _recording(request: HttpRequest, pk: int) -> Recording:
     recording = Recording.objects.select_related("session__machine", "session__user", "execution").filter(pk=pk).first()
-    if recording is None or not actions.may_view_session(request.user, recording.session):
+    if recording is None or not may_view_session(request.user, recording.session):
         raise Http404("No such recording")
     return recording
 
@@ -43,7 +45,7 @@ def machine_recordings(request: HttpRequest, name: str) -> HttpResponse:
         recordings = recordings.filter(session__user=request.user)
     visible = list(recordings[:200])
     context = {"machine": machine, "recordings": visible, "retention_days": settings.TETHER_RECORDING_RETENTION_DAYS}
-    return render(request, "terminals/recordings.html", context)
+    return render(request, "recordings/recordings.html", context)
 
 
 async def _streamed(lines: Iterator[bytes]) -> AsyncIterator[bytes]:
@@ -109,9 +111,9 @@ def recording_player(request: HttpRequest, pk: int) -> HttpResponse:
     recording = _recording(request, pk)
     if recording.playable:
         actions.note_recording_seen(recording, request.user, "played")
-    context = _player_context(recording, reverse("terminals:recording_cast", args=[pk]), downloads=True)
-    context["may_share"] = actions.may_share(request.user, recording.session)
-    return render(request, "terminals/recording.html", context)
+    context = _player_context(recording, reverse("recordings:recording_cast", args=[pk]), downloads=True)
+    context["may_share"] = may_share(request.user, recording.session)
+    return render(request, "recordings/recording.html", context)
 
 
 # --- share links -------------------------------------------------------------------------------
@@ -128,12 +130,12 @@ def _share_panel(request: HttpRequest, session: TerminalSession, **extra) -> Htt
         **extra,
     }
     # htmx swaps the panel in place; a plain request (or no JS) gets the whole page.
-    return render(request, "terminals/shares.html#share-panel" if request.htmx else "terminals/shares.html", context)
+    return render(request, "recordings/shares.html#share-panel" if request.htmx else "recordings/shares.html", context)
 
 
 def _shared_session(request: HttpRequest, session_id: UUID) -> TerminalSession:
     session = TerminalSession.objects.select_related("machine", "user").filter(pk=session_id).first()
-    if session is None or not actions.may_share(request.user, session):
+    if session is None or not may_share(request.user, session):
         raise Http404("No such terminal")
     return session
 
@@ -159,7 +161,7 @@ def session_shares(request: HttpRequest, session_id: UUID) -> HttpResponse:
         link, token = actions.create_share_link(request.user, session, recording=recording, seconds=seconds)
     except ExecutionError as refused:
         return _share_panel(request, session, error=str(refused))
-    address = request.build_absolute_uri(reverse("terminals:share", args=[token]))
+    address = request.build_absolute_uri(reverse("recordings:share", args=[token]))
     return _share_panel(request, session, new_link=link, new_address=address)
 
 
@@ -197,9 +199,9 @@ def share(request: HttpRequest, token: str) -> HttpResponse:
         recording.session = link.session
         if recording.playable and opened:
             actions.note_recording_seen(recording, request.user, "played", link=link)
-        cast_url = reverse("terminals:share_cast", args=[token])
+        cast_url = reverse("recordings:share_cast", args=[token])
         return render(
-            request, "terminals/recording.html", _player_context(recording, cast_url, downloads=True, link=link)
+            request, "recordings/recording.html", _player_context(recording, cast_url, downloads=True, link=link)
         )
     session = link.session
     page_state = terminal_page_state(

@@ -1,12 +1,12 @@
 """One shell's recording as its owner takes it: kept on the live process (owner/live.py), worked by the
-recorder (owner/recordings.py)."""
+recorder (recordings/recorder.py)."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
 
-from terminals.asciicast import EventLog, Taken
+from recordings.asciicast import EventLog, Taken
 
 
 @dataclass

@@ -50,10 +50,10 @@ def remove(name: str) -> None:
 
 # --- chunks of recordings still being made ---------------------------------------------------------
 #
-# While a shell prints, its owner writes the recording's events in chunks (terminals/actions/recordings.py):
+# While a shell prints, its owner writes the recording's events in chunks (recordings/actions/recordings.py):
 # each chunk a file of its own under ``chunks/<recording>/`` in this storage, and a small row in the database
 # naming it (written after the file, fenced by the owner's lease). The files are removed once the recording is
-# made into its one file, by the cleanup (terminals.actions.remove_leftover_chunks), with any chunk whose row
+# made into its one file, by the cleanup (recordings.actions.remove_leftover_chunks), with any chunk whose row
 # was never written (its writer died between the two).
 
 CHUNKS = "chunks"

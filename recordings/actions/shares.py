@@ -17,14 +17,23 @@ from django.utils import timezone
 
 from executions.actions import Actor
 from executions.errors import Refused, UsageError
-from terminals.actions.permissions import may_revoke_share, may_share
+from recordings.models import Recording, RecordingState, ShareLink
+from terminals.actions.permissions import may_share
 from terminals.actions.sessions import session_event
-from terminals.models import Recording, RecordingState, ShareLink, TerminalSession
+from terminals.models import TerminalSession
 from transport.layers import tell_group
 
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def may_revoke_share(user, link: ShareLink) -> bool:
+    """Who made it, the session's owner, or staff with the permission to revoke any link."""
+    if not (user.is_authenticated and user.is_active):
+        return False
+    mine = user.pk in (link.created_by_id, link.session.user_id)
+    return mine or (user.is_staff and user.has_perm("recordings.revoke_sharelink"))
 
 
 def share_group(link_pk: int) -> str:

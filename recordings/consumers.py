@@ -12,7 +12,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from terminals import actions
+from recordings import actions
 from terminals.consumers import TerminalConsumer
 from terminals.models import TerminalSession
 from terminals.protocol import Reason
