@@ -20,11 +20,11 @@ from api import executions as api_executions
 from api import inputs as api_inputs
 from api import output as api_output
 from api.auth import need
-from api.executions import MAX_WAIT, Awaiting, ExecutionOut, visible
 from api.inputs import InputOut
 from api.models import Scope
 from api.output import READ_BYTES, OutputOut, read_output
 from api.problems import ApiProblem
+from api.seen import MAX_WAIT, Awaiting, ExecutionOut, visible
 from executions import pipes
 from executions.actions.common import IDENTITY
 from executions.models import Execution, Machine

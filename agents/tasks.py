@@ -18,8 +18,8 @@ from django.conf import settings
 from mcp import types
 
 from api import executions as api_executions
-from api.executions import Awaiting
 from api.models import Scope
+from api.seen import AWAITING, Awaiting
 from executions.models import ENDED_STATES, Execution, Kind, State
 
 PREFIX = "execution-"
@@ -37,7 +37,7 @@ def execution_of(call, task: str) -> Execution:
     number = task.removeprefix(PREFIX)
     if not task.startswith(PREFIX) or not number.isascii() or not number.isdigit() or len(number) > 18:
         raise api_executions.ApiProblem("not_found", f"no task {task[:100]!r} of yours")
-    return api_executions._mine(call, int(number))
+    return api_executions.mine(call, int(number))
 
 
 def status_of(execution: Execution) -> tuple[str, str]:
@@ -52,7 +52,7 @@ def status_of(execution: Execution) -> tuple[str, str]:
         return "cancelled", execution.outcome_label
     if execution.state in ENDED_STATES:
         return "completed", execution.outcome_label
-    return "working", api_executions.AWAITING[execution.state][1]
+    return "working", AWAITING[execution.state][1]
 
 
 def task_of(execution: Execution) -> dict:

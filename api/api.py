@@ -194,7 +194,7 @@ def problem_of(error: Exception, token=None) -> ApiProblem | None:
         checks = [{"name": check.name, "ok": check.ok, "detail": check.detail} for check in error.checks]
         return ApiProblem("resolve_refused", str(error).splitlines()[0], checks=checks)
     if isinstance(error, SlotTaken):
-        from api.executions import visible  # (a router module: it registers on ``api``)
+        from api.seen import visible
 
         if token is not None and visible(token).filter(pk=error.holder_pk).exists():
             return ApiProblem("slot_taken", str(error), held_by=error.holder_label, held_state=error.holder_state)

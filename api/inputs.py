@@ -21,11 +21,11 @@ from ninja import Field, Router, Schema
 
 from access.policy import Do, may
 from api.auth import need
-from api.executions import _mine
 from api.models import ApiInput, InputState, Scope
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem, answers
 from api.schemas import NO_NUL, Body
+from api.seen import mine
 from executions import pipes
 from executions.locks import Lock, held_until_commit
 from executions.models import ENDED_STATES, State
@@ -198,7 +198,7 @@ async def execution_input(request, pk: int, body: CommandInputIn):
     """For a command on pipes: bytes for its stdin, and with `eof` its end. Each `seq` is written at most once
     however often it is sent (the same contract as a terminal's input)."""
     token = await db(need)(request, Scope.RUN)
-    execution = await db(_mine)(request, pk)
+    execution = await db(mine)(request, pk)
     if not await db(may)(token, Do.OPERATE, execution):
         raise ApiProblem("forbidden", f"you may not write to execution {pk}")
     if execution.spec.get("pty", True):
@@ -217,7 +217,7 @@ async def execution_input(request, pk: int, body: CommandInputIn):
     deadline = time.monotonic() + START_WAIT_SECONDS  # input sent just after the submit: it waits for the start
     while execution.state in (State.PENDING, State.DISPATCHED) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-        execution = await db(_mine)(request, pk)
+        execution = await db(mine)(request, pk)
     if execution.state in ENDED_STATES:
         raise ApiProblem("state_conflict", f"the command is {execution.state}: it takes no input now")
     if execution.state != State.RUNNING:

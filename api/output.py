@@ -19,10 +19,10 @@ from django.http import HttpResponse, StreamingHttpResponse
 from ninja import Field, Query, Router, Schema
 
 from api.auth import need
-from api.executions import MAX_WAIT, WAITS, _mine, execution_out, said_of, still
 from api.models import Scope
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem, answers
+from api.seen import MAX_WAIT, WAITS, execution_out, mine, said_of, still
 from executions import pipes
 from executions.models import ENDED_STATES, Execution, State
 from terminals.owner_client import owner_of_execution
@@ -258,14 +258,14 @@ async def execution_output(
     stream: Literal["all", "stdout", "stderr"] = Query("all", description=STREAMS),
 ):
     token = await db(need)(request, Scope.READ)
-    view = view_of(await db(_mine)(request, pk), stream)
+    view = view_of(await db(mine)(request, pk), stream)
     wait = min(wait, settings.TETHER_API_MAX_WAIT_SECONDS)
     return await read_output(lambda: _still_mine(request, pk), since, size, wait, f"api:{token.pk}", view)
 
 
 def _still_mine(request, pk: int) -> Execution:
     still(request)
-    return _mine(request, pk)
+    return mine(request, pk)
 
 
 # --- output as Server-Sent Events ----------------------------------------------------------------------------
@@ -334,7 +334,7 @@ async def execution_output_stream(
     """The output from ``since`` as it comes, then its end: the long poll's answers, pushed. Across a worker's
     loss it says `waiting` and goes on from the same offset; bytes no longer kept are said (`lost`)."""
     token = await db(need)(request, Scope.READ)
-    view = view_of(await db(_mine)(request, pk), stream)
+    view = view_of(await db(mine)(request, pk), stream)
     since = _resume_from(request, since)
     viewer = f"api:{token.pk}"
 

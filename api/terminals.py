@@ -15,13 +15,14 @@ from ninja import Field, Query, Router, Schema, Status
 
 from access.policy import Do, machine_named, may
 from api.auth import need
-from api.executions import MACHINE_NAME, MAX_WAIT, WAITS, ExecutionOut, actor_of, execution_out, namespace_of, still
+from api.executions import MACHINE_NAME, actor_of
 from api.inputs import InputOut, NumberedIn, deliver
 from api.models import Scope
 from api.output import READ_BYTES, OutputOut, past_the_end, read_output, shaped
 from api.owner_calls import NotSent, ask
 from api.problems import ApiProblem, answers
 from api.schemas import NO_NUL, Body
+from api.seen import MAX_WAIT, WAITS, ExecutionOut, execution_out, namespace_of, still
 from executions.models import ExecutionAlias
 from terminals import actions
 from terminals.actions.sessions import NoLongerAllowed

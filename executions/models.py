@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
+from executions.engines import engine_problem
 from executions.outcomes import wait_status_label
 
 
@@ -93,39 +94,6 @@ _ENDED_LABELS = {
 
 # Evidence that carries an exit code (a program's own exit, or a wait status that may be one).
 CODED_EVIDENCE = (Evidence.EXITED, Evidence.EXIT_STATUS)
-
-
-# The docker SDK's engine URL schemes (DOCKER_HOST style); http(s) are tcp without and with TLS.
-ENGINE_SCHEMES = ("unix", "tcp", "ssh", "http", "https")
-
-
-def engine_problem(backend: str, engine: str) -> str | None:
-    """Why ``engine`` cannot be this machine's engine URL, or None when it can (empty: the local socket).
-
-    Checked when a machine is added, so a typo is refused at once instead of at its first spawn.
-    """
-    if not engine:
-        return None
-    if backend != Backend.DOCKER:
-        return f"an engine URL is only for docker machines, not {backend}"
-    shape = "unix:///PATH, tcp://HOST:PORT, ssh://[USER@]HOST, http://HOST:PORT or https://HOST:PORT"
-    parts = urlsplit(engine)
-    try:
-        port = parts.port
-    except ValueError:
-        return f"engine {engine!r} has a port that is not a number; use {shape}"
-    if parts.scheme not in ENGINE_SCHEMES:
-        return f"engine {engine!r} is not a docker engine URL; use {shape}"
-    if parts.scheme == "unix":
-        wrong = not (parts.path or parts.netloc)
-    else:
-        # the SDK refuses a tcp(-like) URL without a port, and an ssh URL with a path
-        wrong = (
-            not parts.hostname
-            or (parts.scheme != "ssh" and port is None)
-            or (parts.scheme == "ssh" and bool(parts.path))
-        )
-    return f"engine {engine!r} is not a docker engine URL; use {shape}" if wrong else None
 
 
 class Machine(models.Model):
@@ -213,8 +181,9 @@ class Machine(models.Model):
             found["ref"] = "a docker machine needs the container id or name"
         if self.host and not self.needs_host:
             found["host"] = "a docker machine on a network engine has no host: any worker that reaches it serves it"
-        engine = engine_problem(self.backend, self.engine)
-        if engine:
+        if self.engine and self.backend != Backend.DOCKER:
+            found["engine"] = f"an engine URL is only for docker machines, not {self.backend}"
+        elif engine := engine_problem(self.engine):
             found["engine"] = engine
         return found
 

@@ -7,7 +7,7 @@
 import { ReplayWatch } from "./replay.js";
 import { markerLine, showLoss } from "./screen.js";
 import { StoredPosition } from "./stored.js";
-import { ACK_AT_ONCE_BYTES, ACK_IDLE_MS } from "./wire.js";
+import { ACK_AT_ONCE_BYTES, ACK_IDLE_MS, ToServer } from "./wire.js";
 
 const ACK_EVERY_BYTES = 64 * 1024; // well inside the worker's flow window (TETHER_FLOW_HIGH_BYTES)
 
@@ -123,7 +123,7 @@ export class AttachedStream {
     this.confirmed = true;
     if (this.replay.end !== null && this.screen.received >= this.replay.end) return;
     this.confirming = true;
-    this.send(this.request("attach", this.screen.received));
+    this.send(this.request(ToServer.ATTACH, this.screen.received));
   }
 
   gap(message) {
@@ -170,7 +170,7 @@ export class AttachedStream {
     this.ackTimer = null;
     const rendered = this.screen.rendered;
     if (!this.live || rendered <= this.lastAck) return;
-    this.send({ type: "ack", offset: rendered });
+    this.send({ type: ToServer.ACK, offset: rendered });
     this.lastAck = rendered;
     this.persist();
   }

@@ -1,7 +1,7 @@
 // One viewer socket at a time (docs/protocol.md): opening it, letting it go (its late events are then
 // ignored), sending, and noticing a path that went silent without saying so (not even a pong).
 
-import { CloseCode } from "./wire.js";
+import { CloseCode, ToServer } from "./wire.js";
 
 const PING_EVERY_MS = 20 * 1000;
 const SILENCE_LIMIT_MS = 45 * 1000;
@@ -79,7 +79,7 @@ export class Connection {
   ping() {
     if (!this.open) return;
     if (Date.now() - this.lastMessageAt > SILENCE_LIMIT_MS) this.onSilent();
-    else this.send({ type: "ping", echo_ms: this.echoSamples.splice(0) });
+    else this.send({ type: ToServer.PING, echo_ms: this.echoSamples.splice(0) });
   }
 }
 

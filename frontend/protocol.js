@@ -1,9 +1,9 @@
 // Words and numbers of docs/protocol.md as the page uses them. The protocol's own words (close codes,
-// reasons, codes) come from wire.js, which is generated from terminals/protocol.py.
+// reasons, codes) come from wire.js, which is generated from terminals/protocol/.
 
 import { AUTO_RESET_REASONS, CloseCode, Reason } from "./wire.js";
 
-export { CloseCode, ErrorCode, Reason, StatusCode } from "./wire.js";
+export { CloseCode, ErrorCode, Reason, StatusCode, ToServer } from "./wire.js";
 
 export const STATUS = {
   connecting: "Connecting…",

@@ -7,7 +7,7 @@ import { Backoff } from "./backoff.js";
 import { Connection, probeWelcome } from "./connection.js";
 import { GridWatch } from "./grid.js";
 import { InputGate } from "./input.js";
-import { CloseCode, closeVerdict, ErrorCode, Reason, STATUS, StatusCode, warningText } from "./protocol.js";
+import { CloseCode, closeVerdict, ErrorCode, Reason, STATUS, StatusCode, ToServer, warningText } from "./protocol.js";
 
 const ATTACH_WAIT_MS = 10 * 1000;
 const ATTACH_WAIT_STARTING_MS = 25 * 1000; // the server waits up to 20 s for a worker to start the shell
@@ -64,7 +64,7 @@ export class SessionClient {
 
   start() {
     this.conn.start();
-    this.connect("attach");
+    this.connect(ToServer.ATTACH);
   }
 
   get observing() {
@@ -74,8 +74,8 @@ export class SessionClient {
   connect(kind) {
     // An observer's every connect watches; into another user's shell every connect after the take-over
     // (a regrid, a reconnect) is the take-over it was confirmed as.
-    if (this.observing) kind = "observe";
-    else if (this.config.owner) kind = "takeover";
+    if (this.observing) kind = ToServer.OBSERVE;
+    else if (this.config.owner) kind = ToServer.TAKEOVER;
     this.clearTimer("retry");
     if (!this.observing) this.grid.fitNow();
     Object.assign(this, { kind, sawHello: false, closedInfo: null });
@@ -228,7 +228,7 @@ export class SessionClient {
   }
 
   keepOpen() {
-    this.send({ type: "keepalive" });
+    this.send({ type: ToServer.KEEPALIVE });
     this.page.warn(null);
   }
 
@@ -274,7 +274,7 @@ export class SessionClient {
     this.setPhase("reconnecting", STATUS.reconnecting, "warn");
     // A browser cannot see why a handshake was refused: ask the page whether we are still welcome.
     if (!sawHello) this.probePage();
-    this.timers.retry = setTimeout(() => this.connect("attach"), wait);
+    this.timers.retry = setTimeout(() => this.connect(ToServer.ATTACH), wait);
   }
 
   async probePage() {
@@ -306,12 +306,12 @@ export class SessionClient {
     this.role = "writer"; // confirmed: from now on every connect takes over, at this window's own grid
     this.page.drawGrid(null);
     this.grid.fitNow(true);
-    this.connect("takeover");
+    this.connect(ToServer.TAKEOVER);
   }
 
   startNewShell() {
     this.backoff.reset();
-    this.connect("attach"); // the server answers a closed session's attach with a fresh shell
+    this.connect(ToServer.ATTACH); // the server answers a closed session's attach with a fresh shell
   }
 
   reconnect() {
@@ -323,7 +323,7 @@ export class SessionClient {
       this.page.notice("Not connected: the shell was not reset.");
       return false;
     }
-    this.send({ type: "reset" });
+    this.send({ type: ToServer.RESET });
     return true;
   }
 
@@ -350,7 +350,7 @@ export class SessionClient {
     this.dropSocket(CloseCode.PAGE_LEFT, "grid change");
     await this.screen.drained();
     this.grid.fitNow(true);
-    this.connect("attach");
+    this.connect(ToServer.ATTACH);
   }
 
   // --- housekeeping -------------------------------------------------------------------

@@ -1,10 +1,41 @@
-// Generated from terminals/protocol.py by `manage.py wire_js`: do not edit (a test compares them).
+// Generated from terminals/protocol/ by `manage.py wire_js`: do not edit (a test compares them).
 
 export const PROTOCOL_VERSION = 1;
 
-// When the page acknowledges what it drew (terminals/protocol.py says why).
+// When the page acknowledges what it drew (terminals/protocol/words.py says why).
 export const ACK_AT_ONCE_BYTES = 1024;
 export const ACK_IDLE_MS = 25;
+
+// The types of the page's frames, and of what the server tells it (terminals/protocol/page.py): the page
+// has an on_<type> handler for each of the second (a test checks).
+export const ToServer = Object.freeze({
+  OBSERVE: "observe",
+  ATTACH: "attach",
+  TAKEOVER: "takeover",
+  RESIZE: "resize",
+  RESET: "reset",
+  ACK: "ack",
+  KEEPALIVE: "keepalive",
+  PING: "ping",
+});
+
+export const FromServer = Object.freeze({
+  HELLO: "hello",
+  STATUS: "status",
+  ERROR: "error",
+  CLOSED: "closed",
+  PONG: "pong",
+  TAKEN_OVER: "taken_over",
+  GAP: "gap",
+  WARNING: "warning",
+  SUPERSEDED: "superseded",
+  RESET: "reset",
+  ATTACHED: "attached",
+  EXIT: "exit",
+  COMMAND: "command",
+  GRID: "grid",
+  OBSERVERS: "observers",
+});
 
 export const CloseCode = Object.freeze({
   PAGE_LEFT: 4000,

@@ -73,7 +73,7 @@ class SharedTerminalConsumer(TerminalConsumer):
                 log.info("share link %s: cannot check it now (%r)", self.link.pk, error)
                 ended = "expired" if self.link.expires_at <= timezone.now() else ""
             if ended:
-                await self._end(*ENDS[ended])
+                await self.end_for(*ENDS[ended])
                 return
 
     async def access_changed(self, event: dict) -> None:
@@ -81,15 +81,10 @@ class SharedTerminalConsumer(TerminalConsumer):
         if why := await db(self.still_allowed)():
             await self.not_allowed(why)
         elif ended := await db(actions.link_ended)(self.link.pk):
-            await self._end(*ENDS[ended])
+            await self.end_for(*ENDS[ended])
 
     async def share_revoked(self, event: dict) -> None:
-        await self._end(*ENDS["revoked"])
+        await self.end_for(*ENDS["revoked"])
 
     async def share_withdrawn(self, event: dict) -> None:
-        await self._end(*ENDS["withdrawn"])
-
-    async def _end(self, reason: Reason, text: str) -> None:
-        await self.detach()  # the writer's page stops listing this observer at once
-        await self.send_json({"type": "closed", "reason": reason, "text": text})
-        await self.close(reason.close_code)
+        await self.end_for(*ENDS["withdrawn"])

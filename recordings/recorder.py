@@ -14,7 +14,6 @@ import time
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async as db
-from django.conf import settings
 
 from executions.actions import Actor
 from executions.models import Kind
@@ -52,7 +51,7 @@ class Recorder:
     async def begin(self, live: LiveProcess, adopted_screen: bytes = b"") -> None:
         """Begin (or, for an adopted shell, go on with) the recording of a terminal session's shell. A database
         outage is waited out (the shell's output waits meanwhile, so none of it goes unrecorded)."""
-        if not settings.TETHER_RECORDINGS or live.kind != Kind.TERMINAL or not live.session_id:
+        if not self.context.config.recordings or live.kind != Kind.TERMINAL or not live.session_id:
             return
         now = time.time()
         try:
@@ -78,7 +77,7 @@ class Recorder:
         live.grid = (recording.grid_cols, recording.grid_rows)
         event_log = EventLog(
             started=recording.started_epoch,
-            limit=settings.TETHER_RECORDING_MAX_BYTES,
+            limit=self.context.config.recording_max_bytes,
             grid=live.grid,
             stream=recording.stream,
             end=recording.output_end,
@@ -218,7 +217,7 @@ class Recorder:
                 swept = time.monotonic()
                 await self.sweep()
 
-        await every(settings.TETHER_RECORDING_FLUSH_SECONDS, step, "writing recordings")
+        await every(self.context.config.recording_flush_seconds, step, "writing recordings")
 
     async def clean_up(self, actor: Actor) -> None:
         """The retention: remove the recordings past it, and the chunk files of recordings no longer being made."""

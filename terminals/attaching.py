@@ -2,7 +2,8 @@
 how a closed one ended, starting a fresh one when allowed), then checking that it stays attached to the
 owner the database names, and that a replay arrived whole.
 
-The consumer owns the socket; this owns the attach and the checks, run as the consumer's named tasks.
+The consumer owns the socket; this owns the attach and the checks, run as the consumer's named tasks, and
+says what the socket should do as verdicts (``Tell``, ``Draw``, ``End``...) that the consumer carries out.
 """
 
 from __future__ import annotations
@@ -10,16 +11,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from channels.db import database_sync_to_async as db
+from channels.layers import get_channel_layer
 from django.conf import settings
 
 from executions.models import State
 from terminals import actions
 from terminals.models import ProcessState, TerminalSession
 from terminals.owner_client import OwnerClient, owner_or_lost
-from terminals.protocol import ATTACH_WAIT_SECONDS, CloseCode, Exited, Reason, StatusCode
+from terminals.protocol import ATTACH_WAIT_SECONDS, CloseCode, ErrorCode, Exited, Reason, StatusCode, page
 from terminals.stream import ViewerStream
 from terminals.tasks import Tasks
 from terminals.wake import WAKE_CHANNEL
@@ -27,28 +30,61 @@ from terminals.wake import WAKE_CHANNEL
 log = logging.getLogger(__name__)
 
 
-class ViewerSocket(Protocol):
-    """What the attacher needs of the consumer."""
+@dataclass(frozen=True, slots=True)
+class Viewer:
+    """Who is attaching, as the attacher needs it: the socket's user and login, and the question of whether
+    they may still do what they do (asked on the database thread, "" while they may)."""
 
     user: object
     username: str
     viewer_id: str
-    scope: dict
-    channel_layer: object
+    login: object  # the browser's login session (None for an API token's socket)
+    still_allowed: Callable[[], str]
 
-    async def send_json(self, data: dict) -> None: ...
 
-    async def send(self, text_data=None, bytes_data=None) -> None: ...
+# What the attacher decides and the consumer carries out (the consumer owns the socket).
 
-    async def close(self, code=None, reason=None) -> None: ...
 
-    async def superseded(self, by: str | None) -> None: ...
+@dataclass(frozen=True, slots=True)
+class Tell:
+    """Say this to the page."""
 
-    async def user_logged_out(self, event: dict) -> None: ...
+    message: page.ToPage
 
-    def still_allowed(self) -> str: ...
 
-    async def not_allowed(self, why: str) -> None: ...
+@dataclass(frozen=True, slots=True)
+class Draw:
+    """Draw a closed shell's last screen (its bytes, before any stream)."""
+
+    screen: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """Close the socket with ``code``, after telling the page ``said``."""
+
+    code: CloseCode
+    said: page.ToPage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SignedOut:
+    """The browser's login is gone (logged out elsewhere, and the message of it was missed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NotAllowed:
+    """They may no longer do what they do here (``why``, in their words)."""
+
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Replaced:
+    """Another window took the shell while this one missed the message saying so."""
+
+
+Verdict = Tell | Draw | End | SignedOut | NotAllowed | Replaced
 
 
 def _attach_target(session_id) -> dict:
@@ -96,8 +132,17 @@ def _restart(session_id, user, reason: str) -> None:
 
 
 class Attacher:
-    def __init__(self, socket: ViewerSocket, session_id, stream: ViewerStream, owner: OwnerClient, tasks: Tasks):
-        self.socket, self.session_id, self.stream, self.owner, self.tasks = socket, session_id, stream, owner, tasks
+    def __init__(
+        self,
+        viewer: Viewer,
+        session_id,
+        stream: ViewerStream,
+        owner: OwnerClient,
+        tasks: Tasks,
+        act: Callable[[Verdict], Awaitable[None]],
+    ):
+        self.viewer, self.session_id, self.stream, self.owner, self.tasks = viewer, session_id, stream, owner, tasks
+        self.act = act  # carries out a verdict (the consumer's)
         self.grid: tuple[int, int] | None = None
         self.observing = False  # read-only, beside the writer: never a new shell, never the grid
         self.via = ""  # how an observer came: "share link", "staff", or "" (the shell's own user)
@@ -128,6 +173,20 @@ class Attacher:
         self.start(delay=0.2, follow=self.following)
         return True
 
+    async def refused(self, code: ErrorCode) -> bool:
+        """The worker refused something of this viewer's: True when that was the attach's business, handled
+        here (the page hears of a refused attach only if it never settles)."""
+        if code == ErrorCode.ATTACH_REFUSED and not self.stream.attached and self.retry_refused():
+            return True
+        if code == ErrorCode.SUPERSEDED and self.following and not self.stream.attached:
+            await self.act(Replaced())  # followed its session to a new owner, where another window was first
+            return True
+        if code == ErrorCode.NOT_WATCHING and self.observing:
+            self.stream.leave()  # observe again, from where this viewer's stream is
+            self.start()
+            return True
+        return False
+
     async def _attach(self, delay: float = 0.0) -> None:
         """Find the worker holding the session (waiting while it starts) and ask it to attach this viewer."""
         await asyncio.sleep(delay)
@@ -142,7 +201,7 @@ class Attacher:
             if owner := target["owner"]:
                 attach, since = self.stream.next_attach(target["generation"])
                 fields = {"attach": attach, "since": since, "generation": target["generation"]}
-                fields |= {"epoch": self.stream.epoch, "by": self.socket.username}
+                fields |= {"epoch": self.stream.epoch, "by": self.viewer.username}
                 if self.observing:  # no grid: an observer draws the writer's
                     await self.owner.observe(owner, **fields, via=self.via)
                 else:
@@ -150,35 +209,34 @@ class Attacher:
                     await self.owner.attach(owner, **fields, cols=cols, rows=rows, follow=self.following)
                 return
             if target["lost"]:  # its worker stopped beating: say so, and wait for whoever takes it over
-                status = {"process_state": "live", "code": StatusCode.OWNER_LOST, "text": target["lost"]}
+                status = page.Status(StatusCode.OWNER_LOST, target["lost"], process_state="live")
             else:
                 text = "Waiting for the shell to start…" if self.observing else "Starting your session…"
-                status = {"process_state": "starting", "code": StatusCode.STARTING, "text": text}
-            if status["code"] != said:
-                await self.socket.send_json({"type": "status", **status})
-                said = status["code"]
+                status = page.Status(StatusCode.STARTING, text, process_state="starting")
+            if status.code != said:
+                await self.act(Tell(status))
+                said = status.code
             await asyncio.sleep(0.1)
         text = "No worker is serving this session right now"
-        await self.socket.send_json({"type": "status", "code": StatusCode.NO_WORKER, "text": text})
-        await self.socket.close(CloseCode.SERVER_RESTART)
+        await self.act(End(CloseCode.SERVER_RESTART, page.Status(StatusCode.NO_WORKER, text)))
 
     async def _closed_at_attach(self, target: dict) -> bool:
         """The process had ended: say how, then start a fresh shell if allowed. Returns whether to go on."""
-        await self.socket.send_json(target["exited"].to_browser())
+        await self.act(Tell(page.Exit.of(target["exited"])))
         # A resolved outcome has freed the machine's slot, as a known one does: a fresh shell may start.
         again = Reason.auto_resets(target["close_reason"]) or target["state"] == State.RESOLVED
         if settings.TETHER_AUTO_RESET and again and not self.observing:  # an observer starts no shell
-            await db(_restart)(self.session_id, self.socket.user, f"auto-reset after {target['close_reason']}")
-            await self.socket.channel_layer.send(WAKE_CHANNEL, {"type": "wake"})
-            await self.socket.send_json({"type": "reset", "text": "Started a fresh session"})
+            await db(_restart)(self.session_id, self.viewer.user, f"auto-reset after {target['close_reason']}")
+            await get_channel_layer().send(WAKE_CHANNEL, {"type": "wake"})
+            await self.act(Tell(page.Fresh()))
             self.stream.next_generation()
             return True
         if target["expired"]:
             text = f"The final screen is no longer kept (closed sessions keep it {settings.TETHER_RETENTION_HOURS} h)"
-            await self.socket.send_json({"type": "status", "code": StatusCode.NOT_KEPT, "text": text})
+            await self.act(Tell(page.Status(StatusCode.NOT_KEPT, text)))
         else:
-            await self.socket.send(bytes_data=target["snapshot"])
-        await self.socket.close(Reason.close_code_for(target["close_reason"]))
+            await self.act(Draw(target["snapshot"]))
+        await self.act(End(Reason.close_code_for(target["close_reason"])))
         return False
 
     async def _check_owner(self) -> None:
@@ -193,23 +251,23 @@ class Attacher:
                 # listing this observer, or tells it that it no longer does.
                 await self.owner.keepalive(observing=True)
             try:
-                signed_in = await db(_still_signed_in)(self.socket.scope.get("session"))
-                refused = await db(self.socket.still_allowed)()
+                signed_in = await db(_still_signed_in)(self.viewer.login)
+                refused = await db(self.viewer.still_allowed)()
                 target = await db(_attach_target)(self.session_id)
             except Exception as error:  # PostgreSQL restarting: the stream itself needs no database
                 log.info("session %s: cannot check its owner now (%r)", self.session_id, error)
                 continue
             if not signed_in:
-                await self.socket.user_logged_out({})
+                await self.act(SignedOut())
                 return
             if refused:  # deactivated, or a permission taken away since it connected
-                await self.socket.not_allowed(refused)
+                await self.act(NotAllowed(refused))
                 return
             if not self.stream.attached:
                 continue
-            if not self.observing and target["viewer"] and target["viewer"] != self.socket.viewer_id:
+            if not self.observing and target["viewer"] and target["viewer"] != self.viewer.viewer_id:
                 log.info("session %s: another window took it over; this one missed the message", self.session_id)
-                await self.socket.superseded(None)
+                await self.act(Replaced())
                 return
             held, owner = self.owner.owner, target["owner"]
             moved = target["execution"] != held.execution or target["process_state"] == ProcessState.CLOSED

@@ -190,3 +190,36 @@ def allowed(remote_addr: str, authorization: str) -> bool:
         return ipaddress.ip_address(remote_addr).is_loopback
     except ValueError:
         return False
+
+
+class ViewerCount:
+    """One viewer's part in the figures an operator watches: what it is (``VIEWERS`` by role), how it came back."""
+
+    def __init__(self) -> None:
+        self.role: str | None = None
+
+    def attached(self, message, asked_from: int | None) -> None:
+        """Attached (a ``terminals.protocol.Attached``), having asked from ``asked_from`` (None: a new viewer)."""
+        if message.lost:
+            result = "gap"
+        elif message.screen:
+            result = "snapshot"
+        elif message.fresh:
+            result = "fresh"
+        else:
+            result = "new" if asked_from is None else "resumed"
+        RECONNECTS.labels(result).inc()
+        REPLAYED.inc(max(message.end - message.offset, 0))
+        LOST.inc(max(message.lost, 0))
+        self.count_as(message.role)
+
+    def left(self) -> None:
+        self.count_as(None)
+
+    def count_as(self, role: str | None) -> None:
+        if role != self.role:
+            if self.role:
+                VIEWERS.labels(self.role).dec()
+            if role:
+                VIEWERS.labels(role).inc()
+            self.role = role

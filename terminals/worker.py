@@ -23,7 +23,6 @@ import uuid
 
 from channels.db import database_sync_to_async as db
 from channels.layers import get_channel_layer
-from django.conf import settings
 
 from config import logs
 from files.protocol import FilesAsk
@@ -36,8 +35,10 @@ from terminals.owner.host import SessionHost
 from terminals.owner.http import WorkerHttp
 from terminals.owner.launch import Launcher
 from terminals.owner.leases import LeaseKeeper
+from terminals.owner.lifetimes import LifetimeWatch
+from terminals.owner.outbox import Outbox
 from terminals.owner.recoverer import Recoverer
-from terminals.owner.viewers import Outbox, ViewerService
+from terminals.owner.viewers import ViewerService
 from terminals.registry import available_backends
 from terminals.wake import WAKE_CHANNEL
 
@@ -56,6 +57,7 @@ class OwnerWorker:
         outbox = Outbox(self.context)
         self.host = SessionHost(self.context, self.leases, outbox)
         self.launcher = Launcher(self.context, self.host)
+        self.lifetimes = LifetimeWatch(self.context, self.leases, outbox, self.host)
         self.recoverer = Recoverer(self.context, self.leases, self.host)
         self.files = FileService(self.context, outbox)
         others = {FilesAsk.TYPE: self.files.take}
@@ -82,7 +84,7 @@ class OwnerWorker:
         me = self.context.me
         self.context.worker = await db(actions.register_worker)(
             worker_id=uuid.uuid4().hex,
-            host=settings.TETHER_HOST,
+            host=self.context.config.host,
             pid=me.pid,
             started_at=me.start_time,
             boot_id=boot_id(),
@@ -109,7 +111,7 @@ class OwnerWorker:
                         *([self.http.run()] if self.http else []),
                         self.viewers.run(),
                         self.leases.run(),
-                        self.host.run_lifetimes(),
+                        self.lifetimes.run(),
                         self.host.recorder.run(),
                         self.recoverer.run(),
                         self.recoverer.watch_siblings(),
@@ -225,4 +227,4 @@ class OwnerWorker:
         await self.leases.beat()
 
     def check_lifetimes(self) -> None:
-        self.host.check_lifetimes()
+        self.lifetimes.check()

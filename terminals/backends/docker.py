@@ -55,8 +55,11 @@ from terminals.backends.docker_exec import (
     end_tree,
     exec_state,
     exit_of,
+    failed_start,
     host_identity,
+    resize_when_started,
     settled,
+    started,
     survivors,
 )
 from terminals.backends.docker_held import (
@@ -172,10 +175,10 @@ class DockerBackend(Backend):
         try:
             conn = await asyncio.to_thread(api.exec_start, created["Id"], tty=True, socket=True)
         except (APIError, *ENGINE_ERRORS) as error:
-            await self._failed_start(api, created["Id"], program, error)
+            await failed_start(api, created["Id"], f"{program!r} in {self.container!r}", error)
         process = DockerProcess(api, handle, conn)
         try:
-            info = await self._started(api, created["Id"])
+            info = await started(api, created["Id"])
             if not info["Pid"]:
                 # Nothing started; docker wrote runc's reason (missing program or directory) into the stream.
                 reason = "no reason given"
@@ -185,7 +188,7 @@ class DockerBackend(Backend):
             if api.base_url == "http+docker://localhost" and (identity := await _our_process(info["Pid"], tags.marker)):
                 handle["process"] = identity.to_json()  # dockerd shares our /proc: signal from here
             if info["Running"]:
-                await self._resize_when_started(api, created["Id"], spec.cols, spec.rows)
+                await resize_when_started(api, created["Id"], spec.cols, spec.rows)
         except BaseException:
             # SpawnError: nothing ran. Anything else: it may have; it is ended here, and the error (no
             # SpawnError) has the worker record the outcome unknown.
@@ -193,46 +196,6 @@ class DockerBackend(Backend):
                 await process.terminate(grace=0)
             raise
         return process
-
-    async def _failed_start(self, api: docker.APIClient, exec_id: str, program: str, error: Exception) -> None:
-        """exec_start failed: a refusal proves nothing started only if the exec is still unstarted; a broken
-        connection or a timeout may have come after docker started it."""
-        try:
-            info = await exec_state(api, exec_id)
-        except BackendError:
-            info = None
-        explanation = getattr(error, "explanation", None) or error
-        if info is not None and not info.get("Pid") and not info.get("Running") and info.get("ExitCode") is None:
-            raise SpawnError(f"docker could not start {program!r} in {self.container!r}: {explanation}") from None
-        raise BackendError(f"docker failed while starting exec {exec_id[:12]}, which may have started: {explanation}")
-
-    async def _started(self, api: docker.APIClient, exec_id: str, timeout: float = 10.0) -> dict:
-        """exec inspect once the exec has a pid or an exit code (Pid stays 0 if it could not start)."""
-        deadline = time.monotonic() + timeout
-        # Docker answers the start request before it marks the exec running: not running, no code, no pid yet.
-        while (info := await exec_state(api, exec_id)) and not info["Pid"] and info["ExitCode"] is None:
-            if time.monotonic() > deadline:  # asked to start: it may yet, so this is no proof it did not
-                raise BackendError(f"exec {exec_id[:12]} did not start within {timeout}s")
-            await asyncio.sleep(0.01)
-        if not info:
-            raise SpawnError(f"exec {exec_id[:12]} vanished at start (container removed?)")
-        return info
-
-    async def _resize_when_started(self, api: docker.APIClient, exec_id: str, cols: int, rows: int) -> None:
-        """Docker fails to resize an exec that is not ready yet (20.10: after 10s); retry with a short backoff."""
-        delay, deadline = 0.01, time.monotonic() + 5
-        while True:
-            try:
-                await asyncio.to_thread(api.exec_resize, exec_id, height=rows, width=cols)
-                return
-            except APIError as error:
-                if not (await exec_state(api, exec_id)).get("Running"):
-                    return  # already over: there is no terminal left to size
-                if time.monotonic() > deadline:  # it runs at another size: worse than it should be, not fatal
-                    log.warning("docker would not set exec %s's terminal size: %s", exec_id[:12], error.explanation)
-                    return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.2)
 
     async def attach(self, handle: dict) -> Process:
         if "holder" not in handle:

@@ -4,16 +4,19 @@ code is the program's own (see terminals.backends.docker for what docker does wh
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import docker
 import requests
-from docker.errors import DockerException, NotFound
+from docker.errors import APIError, DockerException, NotFound
 
 from executions.outcomes import AMBIGUOUS_STATUSES
-from terminals.backends import procfs
-from terminals.backends.base import BackendError, Exit
+from terminals.backends import ending, procfs
+from terminals.backends.base import BackendError, Exit, SpawnError
 from terminals.backends.docker_tree import run_tree_script
+
+log = logging.getLogger(__name__)
 
 SOURCE = "docker exec inspect"
 LAST_OUTPUT_LIMIT = 8 * 1024 * 1024  # what the terminal and dockerd still buffer once the tree is gone
@@ -59,7 +62,7 @@ async def end_tree(api: docker.APIClient, handle: dict, grace: float) -> None:
     identity = host_identity(handle)
     if identity is not None:
         # Our /proc shows the container's processes: the exec leads its own session there.
-        await procfs.terminate_tree(marker=handle["marker"], leader=identity, grace=grace)
+        await ending.terminate_tree(marker=handle["marker"], leader=identity, grace=grace)
         return
     container = handle["container"]
     if left := await run_tree_script(api, container, handle["marker"], "HUP TERM", grace):
@@ -92,3 +95,49 @@ async def survivors(api: docker.APIClient, handle: dict) -> int:
     if identity is not None:
         return len(await asyncio.to_thread(procfs.find_tree, marker=handle["marker"], leader=identity))
     return await run_tree_script(api, handle["container"], handle["marker"], "0")
+
+
+# --- starting one -------------------------------------------------------------------------------------
+
+
+async def failed_start(api: docker.APIClient, exec_id: str, what: str, error: Exception) -> None:
+    """exec_start failed: a refusal proves nothing started only if the exec is still unstarted; a broken
+    connection or a timeout may have come after docker started it."""
+    try:
+        info = await exec_state(api, exec_id)
+    except BackendError:
+        info = None
+    explanation = getattr(error, "explanation", None) or error
+    if info is not None and not info.get("Pid") and not info.get("Running") and info.get("ExitCode") is None:
+        raise SpawnError(f"docker could not start {what}: {explanation}") from None
+    raise BackendError(f"docker failed while starting exec {exec_id[:12]}, which may have started: {explanation}")
+
+
+async def started(api: docker.APIClient, exec_id: str, timeout: float = 10.0) -> dict:
+    """exec inspect once the exec has a pid or an exit code (Pid stays 0 if it could not start)."""
+    deadline = time.monotonic() + timeout
+    # Docker answers the start request before it marks the exec running: not running, no code, no pid yet.
+    while (info := await exec_state(api, exec_id)) and not info["Pid"] and info["ExitCode"] is None:
+        if time.monotonic() > deadline:  # asked to start: it may yet, so this is no proof it did not
+            raise BackendError(f"exec {exec_id[:12]} did not start within {timeout}s")
+        await asyncio.sleep(0.01)
+    if not info:
+        raise SpawnError(f"exec {exec_id[:12]} vanished at start (container removed?)")
+    return info
+
+
+async def resize_when_started(api: docker.APIClient, exec_id: str, cols: int, rows: int) -> None:
+    """Docker fails to resize an exec that is not ready yet (20.10: after 10s); retry with a short backoff."""
+    delay, deadline = 0.01, time.monotonic() + 5
+    while True:
+        try:
+            await asyncio.to_thread(api.exec_resize, exec_id, height=rows, width=cols)
+            return
+        except APIError as error:
+            if not (await exec_state(api, exec_id)).get("Running"):
+                return  # already over: there is no terminal left to size
+            if time.monotonic() > deadline:  # it runs at another size: worse than it should be, not fatal
+                log.warning("docker would not set exec %s's terminal size: %s", exec_id[:12], error.explanation)
+                return
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.2)

@@ -30,7 +30,8 @@ from docker.errors import APIError, NotFound
 from terminals.backends.base import BackendError, Exit, Inspection, Launch, SpawnError, SpawnSpec, Status, Tags
 from terminals.backends.docker_exec import ENGINE_ERRORS, end_tree, exec_state
 from terminals.backends.docker_process import DockerProcess
-from terminals.backends.holder import HeldProcess, Session, parse_record, parse_started, ring_bytes
+from terminals.backends.holder import HeldProcess, ring_bytes
+from terminals.backends.holder_wire import Session, parse_record, parse_started
 from terminals.backends.procfs import MARKER_VARIABLE
 
 ROOT = "/tmp/.tether"  # Tether's own directory in the container

@@ -36,9 +36,10 @@ from terminals.backends.base import (
     Tags,
     child_env,
 )
+from terminals.backends.ending import terminate_tree
 from terminals.backends.holder import holder_binary, mux_program
 from terminals.backends.local_held import attach_held, inspect_held, remove_held, spawn_held
-from terminals.backends.procfs import ProcessIdentity, boot_id, find_tree, find_tree_by_session_label, terminate_tree
+from terminals.backends.procfs import ProcessIdentity, boot_id, find_tree, find_tree_by_session_label
 
 _BUILT = object()
 

@@ -16,8 +16,10 @@ from pathlib import Path
 
 from terminals.backends.base import BackendError, Exit, Inspection, SpawnError, SpawnSpec, Status, Tags
 from terminals.backends.config import holder_config
-from terminals.backends.holder import HeldProcess, Session, SocketLink, parse_record, parse_started, ring_bytes
-from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, boot_id, terminate_descendants, terminate_tree
+from terminals.backends.ending import terminate_descendants, terminate_tree
+from terminals.backends.holder import HeldProcess, ring_bytes
+from terminals.backends.holder_wire import Session, SocketLink, parse_record, parse_started
+from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, boot_id
 from terminals.children import PIPE, Child
 
 PROGRAM_ONLY = (MARKER_VARIABLE, "TETHER_SESSION")

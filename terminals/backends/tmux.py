@@ -28,7 +28,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from terminals.backends import procfs
+from terminals.backends import ending, procfs
 from terminals.backends.base import (
     Backend,
     BackendError,
@@ -245,8 +245,8 @@ class TmuxBackend(Backend):
 
     async def remove(self, handle: dict, grace: float = 2.0) -> None:
         if "pane" not in handle:  # an intent whose session was never found: only processes by their markers
-            await procfs.terminate_tree(marker=handle["marker"], grace=grace)
-            await procfs.terminate_tree(marker=handle["marker"], variable=SHIM_MARKER_VARIABLE, grace=0)
+            await ending.terminate_tree(marker=handle["marker"], grace=grace)
+            await ending.terminate_tree(marker=handle["marker"], variable=SHIM_MARKER_VARIABLE, grace=0)
             return
         state = await self.server.state(handle)
         await self.server.end_tree(handle, grace, state)

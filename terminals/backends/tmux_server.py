@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from signal import SIGTERM
 
-from terminals.backends import procfs
+from terminals.backends import ending, procfs
 from terminals.backends.base import BackendError, Exit, Status
 from terminals.backends.tmux_shim import SHIM_MARKER_VARIABLE
 from terminals.children import DEVNULL, PIPE, Child
@@ -208,7 +208,7 @@ class TmuxServer:
         if state.pid and procfs._has_marker(state.pid, handle["marker"], SHIM_MARKER_VARIABLE):
             shim = procfs.ProcessIdentity.of(state.pid)  # checked: tmux may have reaped it, freeing the pid
         await self.run("wait-for", "-U", f"tether-release-{handle['marker']}")
-        ended = await procfs.terminate_tree(marker=handle["marker"], grace=grace)
+        ended = await ending.terminate_tree(marker=handle["marker"], grace=grace)
         no_program = not ended and not state.program_ended
         until = asyncio.get_running_loop().time() + SHIM_GRACE
         while shim is not None and shim.is_alive() and asyncio.get_running_loop().time() < until:
@@ -216,7 +216,7 @@ class TmuxServer:
                 await asyncio.to_thread(_end_go_wait, handle["marker"])
             await asyncio.sleep(0.02)
         if (shim is not None and shim.is_alive()) or (state.status != Status.ALIVE and not state.program_ended):
-            await procfs.terminate_tree(marker=handle["marker"], variable=SHIM_MARKER_VARIABLE, grace=0)
+            await ending.terminate_tree(marker=handle["marker"], variable=SHIM_MARKER_VARIABLE, grace=0)
 
     async def unlock(self, gate: str, marker: str) -> None:
         await self.run("wait-for", "-U", f"tether-{gate}-{marker}")

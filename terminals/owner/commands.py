@@ -19,7 +19,7 @@ from terminals.marks import Mark
 from terminals.models import CommandSource
 from terminals.owner.context import WorkerContext
 from terminals.owner.live import LiveProcess
-from terminals.owner.viewers import Outbox
+from terminals.owner.outbox import Outbox
 from terminals.protocol import CommandSeen
 
 log = logging.getLogger(__name__)

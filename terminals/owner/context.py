@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 from channels.db import database_sync_to_async
 from channels.layers import BaseChannelLayer
-from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
 from terminals import metrics
 from terminals.backends.procfs import ProcessIdentity
 from terminals.models import Worker
+from terminals.owner.config import WorkerConfig
 from terminals.owner.live import FlowBudget, LiveProcess
 from terminals.tasks import Tasks
 
@@ -33,10 +33,14 @@ class WorkerContext:
     channel: str = ""
     live: dict[int, LiveProcess] = field(default_factory=dict)  # execution pk -> the process held for it
     tasks: Tasks = field(default_factory=Tasks)
-    budget: FlowBudget = field(default_factory=lambda: FlowBudget(settings.TETHER_FLOW_WORKER_BYTES))
+    config: WorkerConfig = field(default_factory=WorkerConfig.from_settings)  # the settings, read once
+    budget: FlowBudget = field(init=False)
     # Trees ended at once: they share their passes over /proc (procfs.shared_table).
     ending: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
     draining: bool = False  # taking no new work
+
+    def __post_init__(self) -> None:
+        self.budget = FlowBudget(self.config.flow_worker_bytes, self.config.flow_high_bytes)
 
 
 def db_apart(function):

@@ -15,7 +15,6 @@ import time
 from dataclasses import replace
 
 from channels.db import database_sync_to_async as db
-from django.conf import settings
 
 from config import logs
 from executions import pipes
@@ -25,17 +24,17 @@ from executions.spec import ExecutionSpec
 from recordings.recorder import Recorder
 from terminals import actions, faults
 from terminals.backends.base import Exit, Process
-from terminals.lifetimes import CHECK_SECONDS, Act, Limits, judge
+from terminals.lifetimes import Limits
 from terminals.marks import MarkReader
 from terminals.models import TerminalSession
 from terminals.outcome import ENDED_BY_US, Outcome
 from terminals.owner.capture import Capture, PipesCapture, Saver
 from terminals.owner.commands import CommandTracker
-from terminals.owner.context import WorkerContext, every, until_recorded
+from terminals.owner.context import WorkerContext, until_recorded
 from terminals.owner.leases import LeaseKeeper
 from terminals.owner.live import LiveProcess, Phase
-from terminals.owner.viewers import Outbox
-from terminals.protocol import Closed, ClosingSoon, Exited, NextGeneration, Reason, Request
+from terminals.owner.outbox import Outbox
+from terminals.protocol import Closed, Exited, NextGeneration, Reason, Request
 from terminals.wake import WAKE_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -66,6 +65,7 @@ class SessionHost:
             token=token,
             kind=execution.kind,
             process=process,
+            config=self.context.config,
             session_id=str(session.id) if session else None,
             generation=session.generation if session else 0,
             handle_backend=backend,
@@ -266,57 +266,11 @@ class SessionHost:
         if ending:
             await asyncio.wait(ending, timeout=15)
 
-    # --- lifetimes ---------------------------------------------------------------------------
-
-    async def run_lifetimes(self) -> None:
-        async def check() -> None:
-            self.check_lifetimes()
-
-        await every(CHECK_SECONDS, check, "lifetime check")
-
-    def check_lifetimes(self) -> None:
-        """Warn the viewer before an idle or deadline close; close what is past its limits."""
-        now = time.monotonic()
-        for live in list(self.context.live.values()):
-            if live.closing:
-                continue
-            self._forget_silent_observers(live, now)
-            live.update_flow()  # a departed viewer's grace period may have run out
-            verdict = judge(
-                live.limits,
-                now=now,
-                started=live.started,
-                last_activity=live.last_activity,
-                produced=live.buffer.end,
-                interactive=live.session_id is not None,
-            )
-            if verdict is None:
-                continue
-            if verdict.action is Act.CLOSE:
-                self.context.tasks.start(self.end(live, Reason(verdict.reason)))
-            elif live.viewer and live.warned != verdict.reason:
-                live.warned = verdict.reason
-                warning = ClosingSoon(Reason(verdict.reason), verdict.seconds_left, live.token)
-                self.context.tasks.start(self.outbox.to_viewer(live, warning))
-
-    def _forget_silent_observers(self, live: LiveProcess, now: float) -> None:
-        """An observer whose consumer went without a word (its daphne died) stops being listed as watching. Not
-        while the leases are unconfirmed: this worker drops every message then, keep-alives too. One forgotten
-        by mistake is told at its next keep-alive, and observes again."""
-        if now > self.leases.fresh_until:
-            return
-        silent = 3 * settings.TETHER_VIEWER_CHECK_SECONDS  # three keep-alives missed
-        gone = [key for key, observer in live.observers.items() if now - observer.seen > silent]
-        for key in gone:
-            del live.observers[key]
-        if gone:
-            self.context.tasks.start(self.outbox.watchers(live))
-
 
 def capture_of(live: LiveProcess, execution: Execution) -> Capture:
     """Where a command's capture starts: empty for a fresh one; an adopted one goes on from its record (what its
     earlier owner saved), joined by offset to what a holder resends, else after it and not complete."""
-    limit = settings.TETHER_COMMAND_OUTPUT_BYTES
+    limit = live.config.command_output_bytes
     kind = Capture if execution.spec.get("pty", True) else PipesCapture  # on pipes: each stream's tail kept
     if not live.adopted or live.kind != Kind.COMMAND:
         return kind(limit, start=live.buffer.end)

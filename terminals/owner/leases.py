@@ -12,7 +12,6 @@ import time
 from collections.abc import Awaitable, Callable
 
 from channels.db import database_sync_to_async as db
-from django.conf import settings
 
 from terminals import actions, metrics
 from terminals.owner.context import WorkerContext, every
@@ -46,7 +45,7 @@ class LeaseKeeper:
             if pk not in held and self.tokens.get(pk) == token:
                 del self.tokens[pk]
         # Until then our leases provably stand: no other worker may claim them before they expire.
-        self.fresh_until = began + settings.TETHER_LEASE_TTL_SECONDS
+        self.fresh_until = began + self.context.config.lease_ttl_seconds
         await self.on_beat(state, held)
 
     async def confirmed(self) -> bool:
@@ -62,4 +61,4 @@ class LeaseKeeper:
 
     async def run(self) -> None:
         # While PostgreSQL is away the beats fail; once the leases are stale, output waits (``confirmed``).
-        await every(settings.TETHER_HEARTBEAT_SECONDS, self.beat, "heartbeat")
+        await every(self.context.config.heartbeat_seconds, self.beat, "heartbeat")

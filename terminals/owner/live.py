@@ -13,14 +13,13 @@ import time
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from django.conf import settings
-
 from executions import pipes
 from recordings.take import Take
 from terminals.backends.base import BackendError, Exit, Process
 from terminals.lifetimes import Limits
 from terminals.marks import MarkReader
 from terminals.owner.buffer import OutputBuffer
+from terminals.owner.config import WorkerConfig
 from terminals.protocol import Reason
 
 log = logging.getLogger(__name__)
@@ -62,11 +61,12 @@ class FlowBudget:
     hundredth, so a keystroke's echo waits behind a bounded amount of other sessions' output."""
 
     total: int
+    high: int  # the most a session is given (TETHER_FLOW_HIGH_BYTES)
     streaming: set[int] = field(default_factory=set)  # execution pks with unacknowledged output
 
     def window(self) -> int:
         share = self.total // max(len(self.streaming), 1)
-        return max(MIN_WINDOW_BYTES, min(settings.TETHER_FLOW_HIGH_BYTES, share))
+        return max(MIN_WINDOW_BYTES, min(self.high, share))
 
 
 class Phase(IntEnum):
@@ -83,9 +83,10 @@ class LiveProcess:
     token: int
     kind: str
     process: Process
+    config: WorkerConfig  # its worker's
     session_id: str | None = None
     generation: int = 0
-    buffer: OutputBuffer = field(default_factory=lambda: OutputBuffer(settings.TETHER_BUFFER_BYTES))
+    buffer: OutputBuffer = field(init=False)
     # A command on pipes: its buffer's lines parsed as they come (executions.pipes), once the API reads it.
     pipes_index: pipes.Index | None = None
     viewer: Viewer | None = None
@@ -125,6 +126,7 @@ class LiveProcess:
     readers: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.buffer = OutputBuffer(self.config.buffer_bytes)
         self.flow_open.set()
 
     def advance(self, to: Phase) -> bool:
@@ -157,7 +159,7 @@ class LiveProcess:
         buffer keeps only the tail (a reconnect is then told how much was lost).
         """
         in_flight = self.buffer.end - held_at if (held_at := self._held_back_at()) is not None else 0
-        high, low = settings.TETHER_FLOW_HIGH_BYTES, settings.TETHER_FLOW_LOW_BYTES
+        high, low = self.config.flow_high_bytes, self.config.flow_low_bytes
         if self.budget is not None:
             if in_flight > 0 and self.viewer is not None and not self.closing:  # in the shared pipes now
                 self.budget.streaming.add(self.execution_pk)
@@ -179,7 +181,7 @@ class LiveProcess:
     def _held_back_at(self) -> int | None:
         """The offset output waits at: the least of the writer's acknowledgement (while it views, or for the
         grace after it left) and the offsets API readers asked from within the grace; None: it runs free."""
-        now, grace = time.monotonic(), settings.TETHER_RECONNECT_GRACE_SECONDS
+        now, grace = time.monotonic(), self.config.reconnect_grace_seconds
         self.readers = {client: read for client, read in self.readers.items() if now - read[1] < grace}
         held = [offset for offset, _ in self.readers.values()]
         if self.viewer is not None or (self.viewer_gone_at is not None and now - self.viewer_gone_at < grace):

@@ -14,7 +14,6 @@ import os
 import time
 
 from channels.db import database_sync_to_async as db
-from django.conf import settings
 
 from terminals import actions, faults, metrics, recovery
 from terminals.backends.base import Status
@@ -60,7 +59,7 @@ class Recoverer:
                     log.info("retention: expired the final screens of %d closed session(s)", len(expired))
                 await self.host.recorder.clean_up(actor)
 
-        await every(settings.TETHER_RECOVERY_SECONDS, step, "recovery pass")
+        await every(self.context.config.recovery_seconds, step, "recovery pass")
 
     async def recover_once(self, *, adopt: bool = True) -> list[str]:
         """Settle what dead owners left behind (see terminals.recovery). Returns what was done.
@@ -114,13 +113,13 @@ class Recoverer:
             silent = await db(recovery.silent_workers_with_work_here)(self.context.worker, self.context.backends)
             # Again while one is left (a takeover skipped a locked row), but not every beat: a lease left
             # to wait would otherwise cost a pass each time.
-            due = time.monotonic() - self.silent_pass_at >= 3 * settings.TETHER_HEARTBEAT_SECONDS
+            due = time.monotonic() - self.silent_pass_at >= 3 * self.context.config.heartbeat_seconds
             if silent and due and not self.context.draining and not self.recovering.locked():
                 self.silent_pass_at = time.monotonic()
                 self.context.tasks.start(self.recover_once())
 
         try:
-            await every(settings.TETHER_HEARTBEAT_SECONDS, look, "listing the workers here", at_once=True)
+            await every(self.context.config.heartbeat_seconds, look, "listing the workers here", at_once=True)
         finally:
             for fd in self.siblings.values():
                 if fd is not None:

@@ -192,6 +192,19 @@ def test_the_backends_run_without_django():
     assert (loaded.returncode, loaded.stdout.strip()) == (0, "[]"), loaded.stderr
 
 
+def test_the_owner_worker_reads_its_settings_once():
+    """The worker's services read what they run by from their context's WorkerConfig, made once at its start
+    (terminals/owner/config.py): none reads Django's settings, on its hot path or anywhere else."""
+    sources = [*sorted((ROOT / "terminals" / "owner").glob("*.py")), ROOT / "terminals" / "worker.py"]
+    sources.append(ROOT / "recordings" / "recorder.py")
+    readers = {
+        str(source.relative_to(ROOT))
+        for source in sources
+        if source.name != "config.py" and "django.conf" in _imported_modules(source)
+    }
+    assert len(sources) > 12 and not readers
+
+
 def test_the_import_check_sees_imports_in_functions_too(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def later():\n    from terminals.resolution import resolve\n    import terminals.wake\n")

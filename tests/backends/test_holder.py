@@ -25,7 +25,8 @@ import pytest
 
 from terminals.backends.base import SpawnSpec
 from terminals.backends.docker import DockerBackend
-from terminals.backends.holder import Frame, frame, holder_binary, parse_record
+from terminals.backends.holder import holder_binary
+from terminals.backends.holder_wire import Frame, frame, parse_record
 from terminals.backends.local import LocalBackend
 from terminals.backends.procfs import ProcessIdentity
 from tests.backends.conftest import make_tags, settled_exec_processes, wait_until
@@ -407,7 +408,7 @@ async def test_ending_a_held_shell_ends_its_daemons_below_the_holder_without_a_s
 
 def test_serve_says_whether_its_holder_is_a_subreaper_and_an_answer_of_another_shape_is_refused():
     from terminals.backends.base import BackendError
-    from terminals.backends.holder import parse_started
+    from terminals.backends.holder_wire import parse_started
 
     assert parse_started("holder 10 20 program 11 21 subreaper\n").subreaper
     assert not parse_started("holder 10 20 program 11 21\n").subreaper  # a holder built before: by marker

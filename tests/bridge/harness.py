@@ -56,7 +56,7 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-# How the page acknowledges what it drew (frontend/attached-stream.js, terminals/protocol.py): at once from
+# How the page acknowledges what it drew (frontend/attached-stream.js, terminals/protocol/words.py): at once from
 # ACK_AT_ONCE_BYTES new (this client draws everything at once), ACK_IDLE_MS after the last draw when less.
 ACK_IDLE_SECONDS = ACK_IDLE_MS / 1000
 TEST_IMAGE = "tether/busybox:test"  # built locally by scripts/ensure-services.sh

@@ -23,6 +23,7 @@ from terminals.protocol import (
     decode_to_owner,
     grid,
     integer,
+    page,
     wire_js,
 )
 
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_page_reads_the_words_the_server_speaks():
-    """frontend/wire.js is generated from terminals/protocol.py: edited by hand, or left behind by a change
+    """frontend/wire.js is generated from terminals/protocol/: edited by hand, or left behind by a change
     to the protocol, it differs, and the page would misread a close."""
     assert (ROOT / "frontend" / "wire.js").read_text() == wire_js(), "run: manage.py wire_js"
 
@@ -88,11 +89,83 @@ def test_messages_round_trip_through_the_layers_dict():
 
 def test_an_exit_tells_the_browser_who_asked_only_when_someone_did():
     plain = Exited("completed", "exit_code", 7, "Exited with code 7", Reason.EXITED, 1, 2)
-    said = plain.to_browser()
+    said = page.Exit.of(plain).encode()
     assert said["type"] == "exit" and said["exit_code"] == 7 and "by" not in said
-    assert json.loads(json.dumps(said))["reason"] == "exited"
+    assert json.loads(page.Exit.of(plain).dumps())["reason"] == "exited"
     asked = Exited("completed", "killed", None, "Killed", Reason.KILLED, 1, 2, by="ops", action="kill", why="")
-    assert asked.to_browser() | {} == {**said, **asked.to_browser()} and asked.to_browser()["by"] == "ops"
+    told = page.Exit.of(asked).encode()
+    assert set(told) == set(said) | {"by", "action", "why"} and (told["by"], told["why"]) == ("ops", "")
+
+
+def test_each_frame_the_page_sends_is_decoded_once_into_its_type():
+    frames = {
+        '{"type": "observe", "since": 5, "generation": 2, "epoch": 9}': page.Observe(page.Position(5, 2, 9)),
+        '{"type": "attach", "since": 0, "cols": 80, "rows": 24}': page.Attach(page.Position(), (80, 24)),
+        '{"type": "takeover", "since": 3}': page.TakeOver(page.Position(3), None, takeover=True),
+        '{"type": "resize", "cols": 100, "rows": 30}': page.Resize(100, 30),
+        '{"type": "reset"}': page.Reset(),
+        '{"type": "ack", "offset": 4096}': page.Ack(4096),
+        '{"type": "keepalive"}': page.Keepalive(),
+        '{"type": "ping", "echo_ms": [1.5]}': page.Ping([1.5]),
+    }
+    for text, frame in frames.items():
+        assert page.decode(text) == frame, text
+    assert {frame.TYPE for frame in frames.values()} == set(page.FROM_PAGE)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("{", "malformed JSON"),
+        ("[1, 2]", "JSON object with a string 'type'"),
+        ('{"type": 7}', "JSON object with a string 'type'"),
+        ('{"type": "format_disk"}', "unknown message type 'format_disk'"),
+        ('{"type": "ack"}', "ack offset must be an integer"),
+        ('{"type": "ack", "offset": -1}', "ack offset must be an integer"),
+        ('{"type": "resize"}', "resize needs cols and rows"),
+        ('{"type": "resize", "cols": 900, "rows": 24}', "out of range"),
+        ('{"type": "attach", "since": "0"}', "since must be an integer"),
+        ('{"type": "observe", "epoch": true}', "epoch must be an integer"),
+        ('{"type": "attach", "pad": "' + "x" * 70_000 + '"}', "over the 65536-byte limit"),
+        ("[" * 30_000 + "]" * 30_000, "malformed JSON"),  # nested past the parser: refused, no crash
+    ],
+)
+def test_a_bad_frame_from_the_page_says_what_is_wrong(text, said):
+    with pytest.raises(ProtocolError, match=re.escape(said)):
+        page.decode(text)
+
+
+def test_what_the_page_is_told_keeps_its_shape():
+    """The page reads these objects (frontend/session-client.js): the types and fields it has always had."""
+    assert page.Status(page.StatusCode.STARTING, "Starting", process_state="starting").encode() == {
+        "type": "status", "code": "starting", "text": "Starting", "process_state": "starting",
+    }  # fmt: skip
+    assert page.Status(page.StatusCode.NO_WORKER, "None").encode() == {
+        "type": "status",
+        "code": "no_worker",
+        "text": "None",
+    }
+    assert page.Superseded("Superseded by another window").encode() == {
+        "type": "superseded",
+        "text": "Superseded by another window",
+    }
+    assert page.Superseded("Taken over by ops", "ops").encode()["by"] == "ops"
+    attached = Attached(attach=1, offset=3, end=9, lost=2, generation=1, epoch=7, execution=4, screen=b"\x1b[H")
+    told = page.Attached.of(attached).encode()
+    assert told["screen"] == "G1tI" and (told["offset"], told["end"], told["lost"], told["role"]) == (3, 9, 2, "writer")
+    assert "attach" not in told and "execution" not in told  # the worker's bookkeeping stays on the server
+    assert page.Fresh().encode() == {"type": "reset", "text": "Started a fresh session"}
+    # A message with a field named as a method of every message (a status's ``text``) still goes out whole.
+    assert json.loads(page.Status(page.StatusCode.STARTING, "Starting").dumps())["text"] == "Starting"
+
+
+def test_the_page_handles_every_message_the_server_sends():
+    """Each type in wire.js's FromServer has its on_<type> handler in the page's client; a message without one
+    would be dropped there in silence."""
+    client = (ROOT / "frontend" / "session-client.js").read_text()
+    handled = set(re.findall(r"^  (?:async )?on_([a-z_]+)\(", client, re.M))
+    assert {kind.TYPE for kind in page.TO_PAGE} <= handled
+    assert len(page.TO_PAGE) == len({kind.TYPE for kind in page.TO_PAGE})  # one type, one meaning
 
 
 def test_a_broken_message_is_a_protocol_error_not_a_crash():

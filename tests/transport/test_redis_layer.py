@@ -17,7 +17,7 @@ import redis
 from asgiref.sync import async_to_sync
 
 from tests.bridge.harness import REDIS_URL, RedisServer, free_port
-from transport import redis_layer
+from transport import redis_wire
 from transport.redis_layer import RedisPubSubLayer
 
 PREFIX = f"tether-test-{uuid.uuid4().hex[:8]}."  # as every process of one install shares its prefix
@@ -186,12 +186,12 @@ async def test_members_joining_one_group_at_once_share_its_confirmation_and_its_
     believing it is in a group Redis does not deliver to; once Redis answers, joining works."""
     async with pair() as (sender, receiver):
         first, second = await receiver.new_channel(), await receiver.new_channel()
-        monkeypatch.setattr(redis_layer, "CONFIRM_SECONDS", 0)
+        monkeypatch.setattr(redis_wire, "CONFIRM_SECONDS", 0)
         results = await asyncio.gather(
             receiver.group_add("crowd", first), receiver.group_add("crowd", second), return_exceptions=True
         )
         assert [type(result) for result in results] == [ConnectionError, ConnectionError]
-        monkeypatch.setattr(redis_layer, "CONFIRM_SECONDS", 5.0)
+        monkeypatch.setattr(redis_wire, "CONFIRM_SECONDS", 5.0)
         await asyncio.gather(receiver.group_add("crowd", first), receiver.group_add("crowd", second))
         await sender.group_send("crowd", {"type": "hello"})
         assert await asyncio.wait_for(receiver.receive(first), 5) == {"type": "hello"}
@@ -218,14 +218,14 @@ async def test_a_cancelled_new_channel_leaves_no_subscription_in_redis():
 def test_what_a_closing_loop_has_buffered_still_reaches_redis(monkeypatch):
     """A view's async_to_sync send returns once its bytes are buffered; when that call's loop closes, they
     are still sent, not thrown away (a small send buffer stands in for a slow link to Redis)."""
-    connect = redis_layer._connect
+    connect = redis_wire._connect
 
     async def slow_link(url):
         reader, writer = await connect(url)
         writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         return reader, writer
 
-    monkeypatch.setattr(redis_layer, "_connect", slow_link)
+    monkeypatch.setattr(redis_wire, "_connect", slow_link)
     layer = make_layer()
     client = redis.Redis.from_url(REDIS_URL)
     listener = client.pubsub()
@@ -256,7 +256,7 @@ async def test_a_redis_that_stops_answering_makes_publishes_raise_then_they_conn
     """A Redis that stops answering (stopped, or its host gone without a reset) is found out: publishes
     raise once they have gone unanswered a while, instead of piling up unseen; after it answers again
     they go through. The same whether Redis answers one publish a second or, refusing CLIENT REPLY, each."""
-    monkeypatch.setattr(redis_layer, "ANSWER_SECONDS", 1.0)
+    monkeypatch.setattr(redis_wire, "ANSWER_SECONDS", 1.0)
     server = RedisServer()
     server.start()
     url = server.url if answers == "one a second" else _restricted_user(server, "-client")
@@ -399,7 +399,7 @@ async def test_tls_carries_messages_with_the_ca_the_url_names_and_refuses_a_cert
             channel = await receiver.new_channel()
             await sender.send(channel, {"type": "over tls"})
             assert await asyncio.wait_for(receiver.receive(channel), 5) == {"type": "over tls"}
-        monkeypatch.setattr(redis_layer, "CONFIRM_SECONDS", 1.0)
+        monkeypatch.setattr(redis_wire, "CONFIRM_SECONDS", 1.0)
         untrusted = make_layer(f"rediss://127.0.0.1:{port}/0")
         with pytest.raises(ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
             await untrusted.new_channel()
@@ -479,7 +479,7 @@ async def test_a_refused_publish_is_still_logged_within_a_second(caplog):
             await layer.send(f"{PREFIX}forbidden", {"type": "unanswered"})
             await asyncio.sleep(0.3)
             assert "Redis refused a publish" not in caplog.text
-            await asyncio.sleep(redis_layer.PROBE_SECONDS)
+            await asyncio.sleep(redis_wire.PROBE_SECONDS)
             await layer.send(f"{PREFIX}forbidden", {"type": "answered"})
             for _ in range(50):
                 if "Redis refused a publish" in caplog.text:

@@ -10,9 +10,11 @@
 See clients/python/README.md.
 """
 
-from tether_client.client import Client, Retry, Stdin, Terminal
+from tether_client.calls import Retry
+from tether_client.client import Client
 from tether_client.errors import GaveUp, InputUnconfirmed, Problem, TetherError
 from tether_client.models import Chunk, Execution, Outcome, Output, Submission, TerminalState, Written
+from tether_client.numbered import Stdin, Terminal
 
 __all__ = [
     "Chunk", "Client", "Execution", "GaveUp", "InputUnconfirmed", "Outcome", "Output", "Problem", "Retry", "Stdin",

@@ -9,35 +9,18 @@ cancel, resolve, reset and close.
 
 from __future__ import annotations
 
-import base64
-import random
 import time
-import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import httpx
 
-from tether_client.errors import GaveUp, InputUnconfirmed, Problem
-from tether_client.models import Execution, Outcome, Output, Submission, TerminalState, Written
+from tether_client import calls, files
+from tether_client.calls import Retry, call
+from tether_client.errors import GaveUp, Problem
+from tether_client.models import Execution, Outcome, Output, Submission, TerminalState
+from tether_client.numbered import Stdin, Terminal
 from tether_client.sse import events
-
-RETRIED_STATUS = frozenset({429, 502, 503, 504})
-DONE_NOTHING_STATUS = frozenset({429, 503})  # Tether's own answers when it did nothing (rate limited, no worker)
-
-
-@dataclass(frozen=True)
-class Retry:
-    """How long a call is tried again: ``attempts`` in all, waiting from ``first_delay`` doubling to
-    ``max_delay`` (with jitter), or what a ``Retry-After`` says."""
-
-    attempts: int = 8
-    first_delay: float = 0.25
-    max_delay: float = 5.0
-
-    def delay(self, attempt: int) -> float:
-        return min(self.max_delay, self.first_delay * 2**attempt) * random.uniform(0.75, 1.25)
 
 
 class Client:
@@ -74,26 +57,7 @@ class Client:
 
     def _call(self, method: str, path: str, *, json: Any = None, params: dict | None = None, safe: bool = True) -> Any:
         """One call, tried again as the policy allows; its JSON answer, or the ``Problem`` it was refused with."""
-        last: Exception | None = None
-        for attempt in range(self.retry.attempts):
-            wait = self.retry.delay(attempt)
-            try:
-                response = self._http.request(method, path, json=json, params=params)
-            except httpx.ConnectError as error:  # never sent: trying again cannot do it twice
-                last = error
-            except httpx.TransportError as error:  # sent, and the answer lost: it may have been done
-                if not safe:
-                    raise GaveUp(f"{method} {path}: the answer was lost; it may have been done") from error
-                last = error
-            else:
-                if response.status_code in (DONE_NOTHING_STATUS if not safe else RETRIED_STATUS):
-                    last = _problem(response)
-                    wait = max(wait, _retry_after(response))
-                else:
-                    return _answer(response)
-            if attempt + 1 < self.retry.attempts:
-                time.sleep(wait)
-        raise GaveUp(f"{method} {path}: no answer after {self.retry.attempts} tries") from last
+        return call(self._http, self.retry, method, path, json=json, params=params, safe=safe)
 
     # --- machines and executions ----------------------------------------------------------------------------
 
@@ -198,9 +162,9 @@ class Client:
                         return
                     if answer.status_code >= 400:
                         answer.read()
-                        if answer.status_code not in RETRIED_STATUS:
-                            _answer(answer)  # raises its problem
-                        raise _problem(answer)
+                        if answer.status_code not in calls.RETRIED_STATUS:
+                            calls.answer(answer)  # raises its problem
+                        raise calls.problem(answer)
                     for kind, data in events(answer.iter_lines()):
                         failures = 0
                         if kind == "output":
@@ -214,7 +178,7 @@ class Client:
                             raise Problem(0, data.get("code", "error"), data.get("detail", ""), data)
                 # Closed without an end (the stream's time was up): go on from where it was.
             except (httpx.TransportError, Problem) as error:
-                if isinstance(error, Problem) and (error.status not in RETRIED_STATUS):
+                if isinstance(error, Problem) and (error.status not in calls.RETRIED_STATUS):
                     raise
                 failures += 1
                 if failures >= self.retry.attempts:
@@ -244,60 +208,13 @@ class Client:
         """The file at ``path`` on ``machine``, written to ``to``; how many bytes. A body shorter than its
         Content-Length (the file changed while it was read, or the connection broke) is started again (the
         bytes already written are written again: give a file you can truncate), then raised as ``GaveUp``."""
-        last: Exception | None = None
-        for attempt in range(self.retry.attempts):
-            start, written = to.tell(), 0
-            try:
-                with self._http.stream("GET", f"/machines/{machine}/files/content", params={"path": path}) as answer:
-                    if answer.status_code >= 400:
-                        answer.read()
-                        if answer.status_code not in RETRIED_STATUS:
-                            _answer(answer)  # raises its problem
-                        raise _problem(answer)
-                    size = int(answer.headers["Content-Length"])
-                    for chunk in answer.iter_bytes():
-                        to.write(chunk)
-                        written += len(chunk)
-                    if written == size:
-                        return written
-                    last = Problem(0, "incomplete", f"{written} of {size} bytes arrived")
-            except (httpx.TransportError, Problem) as error:
-                if isinstance(error, Problem) and error.status not in RETRIED_STATUS:
-                    raise
-                last = error
-            to.seek(start)
-            to.truncate()
-            if attempt + 1 < self.retry.attempts:
-                time.sleep(self.retry.delay(attempt))
-        raise GaveUp(f"download of {path} from {machine}: no whole file after {self.retry.attempts} tries") from last
+        return files.download(self._http, self.retry, machine, path, to)
 
     def upload(self, machine: str, path: str, data: bytes | BinaryIO, *, tar: bool = False) -> dict[str, Any]:
         """``data`` (bytes, or a file opened for reading in binary) to ``path`` on ``machine``, moved into place
         once whole; ``tar``: a tar extracted into ``path``. ``{"path", "size", "sha256", "tar"}``. Sent again
         after a lost answer (the same bytes to the same path are the same file)."""
-        kind = "application/x-tar" if tar else "application/octet-stream"
-        last: Exception | None = None
-        for attempt in range(self.retry.attempts):
-            if isinstance(data, bytes):
-                body, size = data, len(data)
-            else:  # read again from its start on each try
-                size = data.seek(0, 2)
-                data.seek(0)
-                body = data
-            headers = {"Content-Type": kind, "Content-Length": str(size)}
-            try:
-                answer = self._http.put(
-                    f"/machines/{machine}/files/content", params={"path": path}, content=body, headers=headers
-                )
-            except httpx.TransportError as error:
-                last = error
-            else:
-                if answer.status_code not in RETRIED_STATUS:
-                    return _answer(answer)
-                last = _problem(answer)
-            if attempt + 1 < self.retry.attempts:
-                time.sleep(self.retry.delay(attempt))
-        raise GaveUp(f"upload of {path} to {machine}: no answer after {self.retry.attempts} tries") from last
+        return files.upload(self._http, self.retry, machine, path, data, tar=tar)
 
     # --- terminals ------------------------------------------------------------------------------------------
 
@@ -311,147 +228,3 @@ class Client:
 
     def terminals(self, *, limit: int = 50) -> list[TerminalState]:
         return [TerminalState.of(t) for t in self._call("GET", "/terminals", params={"limit": limit})]
-
-
-class _Numbered:
-    """Input numbered per ``client_id`` and written at most once however often a call is retried."""
-
-    _path = ""
-
-    def __init__(self, client: Client, *, client_id: str | None, first_seq: int):
-        self._client = client
-        self.client_id = client_id or uuid.uuid4().hex[:16]
-        self.seq = first_seq  # the number the next input takes
-        self._pending: dict[str, Any] | None = None  # input sent whose answer never came
-
-    def _send(self, data: str | bytes, **more: Any) -> Written:
-        """``data`` under the next number. Input whose answer never came (``GaveUp``) is sent again first, under
-        its own number: a number is written at most once, so nothing is written twice. Raises
-        ``InputUnconfirmed`` when input was taken and its writing never confirmed (never written again; read the
-        output to see); the next input takes the next number."""
-        if self._pending is not None:
-            self._deliver(self._pending)
-        body: dict[str, Any] = {"seq": self.seq, "client": self.client_id, **more}
-        if isinstance(data, str):
-            body["data"] = data
-        else:
-            body["data_b64"] = base64.b64encode(data).decode()
-        return self._deliver(body)
-
-    def _deliver(self, body: dict[str, Any]) -> Written:
-        self._pending = body  # until an answer says what became of it
-        try:
-            answer = self._client._call("POST", self._path, json=body)
-        except GaveUp:
-            raise
-        except Problem as problem:
-            self._pending = None  # answered: taken and unconfirmed, or refused (its number not taken)
-            if problem.code == "input_unconfirmed":
-                self.seq = body["seq"] + 1
-            raise
-        self._pending = None
-        self.seq = body["seq"] + 1
-        return Written(answer["seq"], answer["repeated"])
-
-
-class Stdin(_Numbered):
-    """The stdin of a command on pipes."""
-
-    def __init__(self, client: Client, execution: int, *, client_id: str | None = None, first_seq: int = 0):
-        super().__init__(client, client_id=client_id, first_seq=first_seq)
-        self.execution = execution
-        self._path = f"/executions/{execution}/input"
-
-    def write(self, data: str | bytes) -> Written:
-        """Bytes for its stdin (at most 64 KiB a call)."""
-        return self._send(data)
-
-    def close(self, data: str | bytes = b"") -> Written:
-        """Its end (after ``data``, if any): the program reads end-of-file."""
-        return self._send(data, eof=True)
-
-
-class Terminal(_Numbered):
-    """A shell held by Tether. Keys are numbered (per ``client_id``) and written at most once however often a
-    call is retried; output is read by offset and follows the shell across a reset or a change of worker."""
-
-    def __init__(self, client: Client, state: TerminalState, *, client_id: str | None = None, first_seq: int = 1):
-        super().__init__(client, client_id=client_id, first_seq=first_seq)
-        self.state = state
-        self.id = state.id
-        self._path = f"/terminals/{self.id}/input"
-        self.since, self.generation, self.epoch = 0, state.generation, None
-
-    def refresh(self) -> TerminalState:
-        self.state = TerminalState.of(self._client._call("GET", f"/terminals/{self.id}"))
-        return self.state
-
-    def send(self, keys: str | bytes) -> Written:
-        """Type ``keys``, under the next number (see ``_send``: never typed twice)."""
-        return self._send(keys)
-
-    def read(self, *, wait: float = 0) -> Output:
-        """The output from where the last read ended. After a reset or an adoption that starts the stream
-        again, it starts the new one (``raw["restarted"]``)."""
-        params: dict[str, Any] = {"since": self.since, "wait": wait, "generation": self.generation}
-        if self.epoch is not None:
-            params["epoch"] = self.epoch
-        piece = Output.of(self._client._call("GET", f"/terminals/{self.id}/output", params=params))
-        self.since = piece.next
-        self.generation = piece.raw.get("generation") or self.generation
-        self.epoch = piece.raw.get("epoch") or self.epoch
-        return piece
-
-    def read_until(self, marker: bytes | str, *, timeout: float = 30) -> bytes:
-        """Read until ``marker`` has come; what was read (raises ``TimeoutError`` with it otherwise)."""
-        marker = marker.encode() if isinstance(marker, str) else marker
-        seen, deadline = bytearray(), time.monotonic() + timeout
-        while marker not in seen:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{marker!r} did not come in {timeout} s; read: {bytes(seen[-500:])!r}")
-            seen += self.read(wait=min(left, 10)).data
-        return bytes(seen)
-
-    def resize(self, cols: int, rows: int) -> TerminalState:
-        self.state = TerminalState.of(
-            self._client._call("POST", f"/terminals/{self.id}/resize", json={"cols": cols, "rows": rows})
-        )
-        return self.state
-
-    def reset(self, *, reason: str = "") -> TerminalState:
-        answer = self._client._call("POST", f"/terminals/{self.id}/reset", json={"reason": reason}, safe=False)
-        self.state = TerminalState.of(answer)
-        return self.state
-
-    def close(self, *, reason: str = "") -> TerminalState:
-        answer = self._client._call("POST", f"/terminals/{self.id}/close", json={"reason": reason}, safe=False)
-        self.state = TerminalState.of(answer)
-        return self.state
-
-
-def _retry_after(response: httpx.Response) -> float:
-    try:
-        return min(float(response.headers.get("Retry-After", 0)), 60.0)
-    except ValueError:
-        return 0.0
-
-
-def _problem(response: httpx.Response) -> Problem:
-    try:
-        body = response.json()
-    except ValueError:
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    code = body.get("code") or f"http_{response.status_code}"
-    kind = InputUnconfirmed if code == "input_unconfirmed" else Problem
-    detail = body.get("detail") or response.reason_phrase
-    extra = {k: v for k, v in body.items() if k not in {"type", "title", "status", "code", "detail"}}
-    return kind(response.status_code, code, detail, extra)
-
-
-def _answer(response: httpx.Response) -> Any:
-    if response.status_code >= 400:
-        raise _problem(response)
-    return response.json()

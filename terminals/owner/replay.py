@@ -1,0 +1,77 @@
+"""What a viewer attaching (or observing) is sent first: the kept output from where it asks, or, when bytes
+were lost or the stream restarted under a new owner, the screen as it is now where the backend knows it
+(tmux), then the stream from there with no gap and no duplicate."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from terminals.models import ProcessState, ends_with_worker
+from terminals.owner.live import LiveProcess
+from terminals.protocol import Attach, Attached, Observe
+from transport.layers import MessageTooLarge
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    first: int  # the offset the bytes start at
+    data: bytes
+    lost: int  # bytes before ``first`` no longer kept (or replaced by ``screen``)
+    screen: bytes | None  # the screen as it is now, when that beats a torn tail
+    fresh: bool  # the same shell's stream restarted under this owner: the page redraws
+
+    def attached(self, live: LiveProcess, message: Attach | Observe, role: str = "writer") -> Attached:
+        """The answer to the attach, from this replay."""
+        return Attached(
+            attach=message.attach,
+            offset=self.first,
+            end=self.first + len(self.data),
+            lost=self.lost,
+            generation=live.generation,
+            epoch=live.token,
+            execution=live.execution_pk,
+            # The viewer's screen is of this shell, but the stream restarted (adopted): redraw it.
+            screen=self.screen,
+            fresh=self.fresh,
+            process_state=ProcessState.LIVE,
+            ends_with_worker="" if live.process.survives_owner else ends_with_worker(live.process.handle),
+            tracked=live.marks_seen,
+            role=role,
+            cols=live.grid[0],
+            rows=live.grid[1],
+            observers=tuple(observer.said() for observer in live.observers.values()),
+        )
+
+
+async def replay_for(live: LiveProcess, message: Attach | Observe, message_bytes: int) -> Replay:
+    """What a viewer attaching from ``message.since`` is sent first. Called under the send lock; ``message_bytes``
+    is the largest channel-layer message (a screen must fit in one with room to spare)."""
+    # Offsets count within one owner's stream (its epoch: the lease token). After a tmux adoption the
+    # stream restarts with the screen as it is, so a cursor from the old owner means nothing here; a
+    # holder's offsets are the same for every owner, so the viewer's cursor still holds.
+    same_epoch = (message.epoch or 1) == live.token or live.process.offsets_survive_owner
+    same_stream = message.generation == live.generation and same_epoch
+    asked = max(int(message.since or 0), 0)
+    since = asked if same_stream else 0
+    first, data, lost = live.buffer.since(since)
+    screen = None
+    # The screen as adopted was drawn for the grid the shell had then: a viewer that would replay it
+    # gets the screen as it is now, after its own resize (on_attach), drawn for its grid.
+    redraw = bool(live.adopted_screen) and live.buffer.start == 0 and first < live.adopted_screen
+    if (lost or redraw) and live.process.can_snapshot:
+        # tmux knows the screen as it is now: a labelled fresh screen beats a torn tail.
+        try:
+            screen = (await live.process.snapshot()).render()
+            if len(screen) > message_bytes - 64 * 1024:  # room for the rest
+                raise MessageTooLarge(f"a screen of {len(screen)} bytes")
+        except Exception as error:  # fall back to the retained tail
+            log.info("execution %s: no snapshot (%r); replaying the tail", live.execution_pk, error)
+            screen = None
+        else:
+            lost = live.buffer.end - since if lost else 0
+            first, data = live.buffer.end, b""
+    fresh = message.generation == live.generation and not same_stream and asked > 0
+    return Replay(first, data, lost, screen, fresh)

@@ -1,0 +1,34 @@
+"""What a writer does to a held process, the same whoever writes (the window that is its viewer, or an API
+client): its keys, seen by the command tracker, written and recorded; and its grid, recorded and told to the
+observers at the offset from which output is drawn for it."""
+
+from __future__ import annotations
+
+from terminals.owner.live import LiveProcess
+from terminals.owner.outbox import Outbox
+from terminals.protocol import Grid
+
+
+class Writes:
+    """``host`` is the session host (terminals.owner.host): its command tracker and recorder see what is written."""
+
+    def __init__(self, host, outbox: Outbox):
+        self.host, self.outbox = host, outbox
+
+    async def keys(self, live: LiveProcess, data: bytes) -> None:
+        live.touch()
+        await self.host.commands.typed(live, data)
+        await live.process.write(data)
+        self.host.recorder.input(live, data)
+
+    async def grid(self, live: LiveProcess, cols: int, rows: int) -> None:
+        """The writer's grid: the process is resized; a change is recorded and told to the observers, at the
+        offset from which output is drawn for it."""
+        # Under the send lock: output read before the new grid reaches the observers before the word of it.
+        async with live.send_lock:
+            await live.process.resize(cols, rows)
+            if (cols, rows) == live.grid:
+                return
+            live.grid = (cols, rows)
+            self.host.recorder.resize(live, cols, rows)
+            await self.outbox.to_observers(live, Grid(live.buffer.end, cols, rows, live.token))
