@@ -3,7 +3,7 @@
 
 import { AUTO_RESET_REASONS, CloseCode, Reason } from "./wire.js";
 
-export { CloseCode, ErrorCode, Reason, StatusCode, ToServer } from "./wire.js";
+export { CloseCode, ErrorCode, Reason, Role, StatusCode, ToServer, Via } from "./wire.js";
 
 export const STATUS = {
   connecting: "Connecting…",

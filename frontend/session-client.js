@@ -7,7 +7,7 @@ import { Backoff } from "./backoff.js";
 import { Connection, probeWelcome } from "./connection.js";
 import { GridWatch } from "./grid.js";
 import { InputGate } from "./input.js";
-import { CloseCode, closeVerdict, ErrorCode, Reason, STATUS, StatusCode, ToServer, warningText } from "./protocol.js";
+import { CloseCode, closeVerdict, ErrorCode, Reason, Role, STATUS, StatusCode, ToServer, warningText } from "./protocol.js";
 
 const ATTACH_WAIT_MS = 10 * 1000;
 const ATTACH_WAIT_STARTING_MS = 25 * 1000; // the server waits up to 20 s for a worker to start the shell
@@ -20,8 +20,8 @@ export class SessionClient {
     this.screen = screen;
     this.page = page; // setStatus(text, tone), showActions(names), notice(text)
     this.config = config;
-    // "writer" (types, owns the grid) or "observer" (watches read-only, drawing the writer's grid).
-    this.role = config.role === "observer" ? "observer" : "writer";
+    // A writer (types, owns the grid) or an observer (watches read-only, drawing the writer's grid).
+    this.role = config.role === Role.OBSERVER ? Role.OBSERVER : Role.WRITER;
     this.phase = "connecting";
     this.conn = new Connection({
       path: config.wsPath,
@@ -68,7 +68,7 @@ export class SessionClient {
   }
 
   get observing() {
-    return this.role === "observer";
+    return this.role === Role.OBSERVER;
   }
 
   connect(kind) {
@@ -143,7 +143,7 @@ export class SessionClient {
     this.page.durability(message.ends_with_worker || "");
     const regrid = this.phase === "suspended"; // our own reattach for a new grid, not a coming back
     // An observer draws the writer's grid from the start of what it is sent.
-    if (message.role === "observer") this.page.drawGrid(message.cols, message.rows);
+    if (message.role === Role.OBSERVER) this.page.drawGrid(message.cols, message.rows);
     if (!this.stream.attached(message)) return;
     this.backoff.reset();
     // "Connected" is shown once the replay is drawn: keys typed before that are dropped.
@@ -303,7 +303,7 @@ export class SessionClient {
     this.backoff.reset();
     // The watching socket goes (the worker stops listing it as watching); a new one takes over.
     if (this.observing) this.dropSocket(CloseCode.PAGE_LEFT, "taking over");
-    this.role = "writer"; // confirmed: from now on every connect takes over, at this window's own grid
+    this.role = Role.WRITER; // confirmed: from now on every connect takes over, at this window's own grid
     this.page.drawGrid(null);
     this.grid.fitNow(true);
     this.connect(ToServer.TAKEOVER);

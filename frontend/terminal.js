@@ -6,6 +6,7 @@ import { Terminal } from "@xterm/xterm";
 
 import { CommandRail } from "./commands.js";
 import { Screen } from "./screen.js";
+import { Via } from "./protocol.js";
 import { SessionClient } from "./session-client.js";
 import { clipboardKeys, installFontSize, installSearch, installTouchKeys } from "./tools.js";
 
@@ -85,7 +86,7 @@ class Page {
   watchers(list) {
     const names = list
       .filter(({ name, via }) => !(name === this.me && via !== ""))
-      .map(({ name, via }) => (via === "share link" ? `${name} (share link)` : name));
+      .map(({ name, via }) => (via === Via.SHARE_LINK ? `${name} (share link)` : name));
     this.watchersEl.hidden = names.length === 0;
     this.watchersEl.textContent = names.length ? `Watched by ${names.join(", ")}` : "";
     this.watchersEl.dataset.count = String(names.length);
@@ -229,7 +230,7 @@ function installToolsFold(root) {
   measure();
 }
 
-// Share: a dialog over the page whose panel (terminals/shares.html) htmx loads and swaps in place.
+// Share: a dialog over the page whose panel (recordings/shares.html) htmx loads and swaps in place.
 function installShareDialog(root, config) {
   const button = root.querySelector("#terminal-share");
   const dialog = root.querySelector("#share-dialog");

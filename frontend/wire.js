@@ -97,5 +97,17 @@ export const Request = Object.freeze({
   COMPLETE: "complete",
 });
 
+export const Role = Object.freeze({
+  WRITER: "writer",
+  OBSERVER: "observer",
+});
+
+export const Via = Object.freeze({
+  OWN: "",
+  TEAM: "team",
+  STAFF: "staff",
+  SHARE_LINK: "share link",
+});
+
 // Ends after which the server answers a reattach with a fresh shell (TETHER_AUTO_RESET).
 export const AUTO_RESET_REASONS = new Set(["exited", "reset", "killed", "failed", "completed", "spawn_failed", "never_started", "server_restart"]);

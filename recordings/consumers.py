@@ -15,7 +15,7 @@ from django.utils import timezone
 from recordings import actions
 from terminals.consumers import TerminalConsumer
 from terminals.models import TerminalSession
-from terminals.protocol import Reason
+from terminals.protocol import Reason, Via
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class SharedTerminalConsumer(TerminalConsumer):
 
     @property
     def via(self) -> str:
-        return "share link"
+        return Via.SHARE_LINK
 
     def still_allowed(self) -> str:
         """A link's holder needs no permission of their own (the link is checked by ``_watch_link``), only a

@@ -79,7 +79,7 @@ class Recording(models.Model):
 class RecordingChunk(models.Model):
     """Events of a recording not yet in its file: its output as read, and its other events as lines of
     ``[unix_seconds, code, data]`` (the records are in recordings/asciicast.py). The events are a file in the
-    recordings storage (``file``, terminals/store.py); chunks written before that were kept in
+    recordings storage (``file``, recordings/store.py); chunks written before that were kept in
     ``data``, and still make their recording's file. A file's row has no ``data`` (NULL, not empty): a release
     that knows only ``data`` fails on it rather than make a recording without it."""
 

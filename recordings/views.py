@@ -23,6 +23,7 @@ from recordings import actions, asciicast
 from recordings.models import Recording, RecordingState, ShareLink
 from terminals.actions.permissions import may_share, may_view_session
 from terminals.models import TerminalSession
+from terminals.protocol import Role, Via
 from terminals.views import seen_machine, terminal_page_state
 
 SHARE_MINUTES = (15, 60, 8 * 60, 24 * 60)  # the choices the share form offers
@@ -209,8 +210,8 @@ def share(request: HttpRequest, token: str) -> HttpResponse:
         session,
         ws_path=f"/ws/shares/{token}/",
         owner=session.user.get_username(),
-        role="observer",
-        via="share link",
+        role=Role.OBSERVER,
+        via=Via.SHARE_LINK,
         canTakeOver=False,
         expiresAt=link.expires_at.isoformat(),
         commandsUrl="",  # the typed commands are not the link holder's to list

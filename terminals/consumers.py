@@ -38,6 +38,7 @@ from terminals.protocol import (
     Reason,
     Refusal,
     Superseded,
+    Via,
     Watchers,
     page,
 )
@@ -129,10 +130,10 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         """Accepted and in the user's group: anything more this kind of socket needs before ``hello``."""
 
     @property
-    def via(self) -> str:
+    def via(self) -> Via:
         if self.session.user_id == self.scope["user"].pk:
-            return ""
-        return "staff" if self.scope["user"].is_staff else "team"  # a teammate with watch, or staff
+            return Via.OWN
+        return Via.STAFF if self.scope["user"].is_staff else Via.TEAM
 
     async def dispatch(self, message: dict) -> None:
         """As channels' own, less its ``aclose_old_connections()`` before every handler: a hop to the

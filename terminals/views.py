@@ -21,6 +21,7 @@ from executions.models import ENDED_STATES, Execution, Kind, Machine, State
 from executions.spec import ExecutionSpec
 from terminals import actions
 from terminals.models import CommandRecord, ProcessState, TerminalSession
+from terminals.protocol import Role, Via
 
 
 @dataclass
@@ -204,8 +205,8 @@ def terminal(request: HttpRequest, session_id: UUID) -> HttpResponse:
         session,
         ws_path=f"/ws/terminals/{session.id}/",
         owner=session.user.get_username() if foreign else "",
-        role="observer" if foreign else "writer",
-        via=("staff" if request.user.is_staff else "team") if foreign else "",
+        role=Role.OBSERVER if foreign else Role.WRITER,
+        via=(Via.STAFF if request.user.is_staff else Via.TEAM) if foreign else Via.OWN,
         canTakeOver=foreign and actions.may_take_over(request.user, session),
         sharesUrl=reverse("recordings:session_shares", args=[session.id])
         if actions.may_share(request.user, session)

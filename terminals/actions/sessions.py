@@ -19,6 +19,7 @@ from executions.models import Backend, Execution, Kind, Machine
 from executions.spec import ExecutionSpec
 from terminals.actions.permissions import in_use_refusal, may_use_machine, may_view_session
 from terminals.models import ProcessState, SessionEvent, SnapshotKind, TerminalSession, ViewerPreference, Worker
+from terminals.protocol import Via
 
 
 class NoLongerAllowed(Refused):
@@ -189,12 +190,12 @@ def note_takeover(session: TerminalSession, user) -> None:
     )
 
 
-def note_observer(session: TerminalSession, user, via: str) -> None:
+def note_observer(session: TerminalSession, user, via: Via) -> None:
     """Audit someone starting to watch a session read-only (once a socket; not again right after the same)."""
     last = SessionEvent.objects.filter(session=session).order_by("-at", "-id").first()
     if last is not None and last.kind == "observed" and last.user_id == user.pk and last.detail.get("via") == via:
         return
-    how = f" through a {via}" if via == "share link" else ""
+    how = f" through a {via}" if via == Via.SHARE_LINK else ""
     text = f"{user.get_username()} watches {session.user.get_username()}'s shell{how}"
     session_event(session, "observed", Actor.for_user(user), text, via=via or "owner")
 

@@ -9,7 +9,8 @@ import os
 import signal
 import time
 
-from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, shared_table
+from terminals.backends import procfs
+from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity
 
 
 async def terminate_tree(
@@ -34,7 +35,7 @@ async def terminate_tree(
 
     async def scan() -> list[ProcessIdentity]:
         # A pass over every process, read after this moment and shared with the other trees ended meanwhile.
-        table = await shared_table(time.monotonic(), with_sessions=leader is not None)
+        table = await procfs.shared_table(time.monotonic(), with_sessions=leader is not None)
         known.update(table.tree(marker=marker, leader=leader, variable=variable))
         known.difference_update([process for process in known if not process.is_alive()])
         return list(known)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from terminals.models import ProcessState, ends_with_worker
 from terminals.owner.live import LiveProcess
-from terminals.protocol import Attach, Attached, Observe
+from terminals.protocol import Attach, Attached, Observe, Role
 from transport.layers import MessageTooLarge
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ class Replay:
     screen: bytes | None  # the screen as it is now, when that beats a torn tail
     fresh: bool  # the same shell's stream restarted under this owner: the page redraws
 
-    def attached(self, live: LiveProcess, message: Attach | Observe, role: str = "writer") -> Attached:
+    def attached(self, live: LiveProcess, message: Attach | Observe, role: Role = Role.WRITER) -> Attached:
         """The answer to the attach, from this replay."""
         return Attached(
             attach=message.attach,

@@ -39,6 +39,7 @@ from terminals.protocol import (
     Resend,
     ResetShell,
     Resize,
+    Role,
     Superseded,
     ToOwner,
     decode_to_owner,
@@ -193,7 +194,7 @@ class ViewerService:
                 channel=message.reply, viewer_id=message.viewer, name=message.by, via=message.via,
                 attach_id=message.attach,
             )  # fmt: skip
-            await self.outbox.send(message.reply, replay.attached(live, message, role="observer"))
+            await self.outbox.send(message.reply, replay.attached(live, message, role=Role.OBSERVER))
             await self.outbox.output_to(message.reply, live, replay.first, replay.data)
         if old is None:
             await self.outbox.watchers(live)

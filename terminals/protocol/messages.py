@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from functools import cache
 from typing import ClassVar, Self
 
-from terminals.protocol.words import ErrorCode, ProtocolError, Reason
+from terminals.protocol.words import ErrorCode, ProtocolError, Reason, Role, Via
 
 # --- channel-layer messages --------------------------------------------------------------------
 
@@ -72,7 +72,7 @@ class Observe(ToOwner):
     generation: int | None = None
     epoch: int | None = None
     by: str = ""  # who watches, told to the writer
-    via: str = ""  # how: "share link", "staff", or "" (the shell's own user)
+    via: Via = Via.OWN  # how they came
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +180,7 @@ class Attached(Message):
     process_state: str = "live"
     ends_with_worker: str = ""  # why this shell will not outlive its worker ("": a holder or tmux keeps it)
     tracked: bool = False  # its shell marks its commands (terminals.marks): they are on the record
-    role: str = "writer"  # or "observer": read-only, drawing the writer's grid
+    role: Role = Role.WRITER
     cols: int = 80  # the writer's grid
     rows: int = 24
     observers: tuple = ()  # who watches besides the writer: ({"name", "via"}, ...)

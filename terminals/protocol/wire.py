@@ -12,7 +12,9 @@ from terminals.protocol.words import (
     ErrorCode,
     Reason,
     Request,
+    Role,
     StatusCode,
+    Via,
 )
 
 
@@ -41,6 +43,8 @@ def wire_js() -> str:
         f"export const ErrorCode = Object.freeze({table(ErrorCode)});\n\n"
         f"export const StatusCode = Object.freeze({table(StatusCode)});\n\n"
         f"export const Request = Object.freeze({table(Request)});\n\n"
+        f"export const Role = Object.freeze({table(Role)});\n\n"
+        f"export const Via = Object.freeze({table(Via)});\n\n"
         "// Ends after which the server answers a reattach with a fresh shell (TETHER_AUTO_RESET).\n"
         f"export const AUTO_RESET_REASONS = new Set([{auto}]);\n"
     )

@@ -107,6 +107,22 @@ class Request(StrEnum):
     COMPLETE = "complete", Reason.COMPLETED
 
 
+class Role(StrEnum):
+    """What a viewer is to the shell it views."""
+
+    WRITER = "writer"  # types, and its window sets the grid
+    OBSERVER = "observer"  # watches read-only, drawing the writer's grid
+
+
+class Via(StrEnum):
+    """How an observer came to watch another person's shell, as the writer is told and the record keeps it."""
+
+    OWN = ""  # the shell's own user (another window of theirs)
+    TEAM = "team"  # a teammate with watch on the workspace
+    STAFF = "staff"  # staff who may watch every shell
+    SHARE_LINK = "share link"  # whoever holds a share link
+
+
 class ErrorCode(StrEnum):
     """``error`` codes: what a refused frame or message was refused for."""
 

@@ -205,6 +205,22 @@ def test_the_owner_worker_reads_its_settings_once():
     assert len(sources) > 12 and not readers
 
 
+def test_no_module_over_400_lines_and_no_class_over_250():
+    """Code one can hold in one's head: a module past 400 lines or a class past 250 is cut by what it does."""
+    sources = [*_modules().values(), *sorted((ROOT / "clients" / "python" / "src").rglob("*.py"))]
+    too_long = set()
+    for source in sources:
+        text = source.read_text()
+        if len(text.splitlines()) > 400:
+            too_long.add(f"{source.relative_to(ROOT)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 250:
+                too_long.add(
+                    f"{source.relative_to(ROOT)}: class {node.name}, {node.end_lineno - node.lineno + 1} lines"
+                )
+    assert len(sources) > 150 and not too_long
+
+
 def test_the_import_check_sees_imports_in_functions_too(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def later():\n    from terminals.resolution import resolve\n    import terminals.wake\n")

@@ -56,3 +56,35 @@ def test_a_database_from_before_the_move_keeps_its_recordings_links_and_permissi
     page = logged_in(revoker).get("/admin/recordings/sharelink/")
     assert page.status_code == 200 and b"revoke_links" in page.content  # the admin offers what it offered
     assert recording_actions.revoke_share_link(link.pk, revoker).revoked_at is not None  # the permission works
+
+
+@pytest.mark.django_db(transaction=True)
+def test_grants_follow_when_the_new_apps_permissions_were_made_first(django_user_model):
+    """``migrate recordings 0001`` run by itself makes the new app's content types and permissions at its end,
+    beside the old ones: the step that moves them then gives each grant on the new permission."""
+    from django.contrib.auth.models import Group
+    from django.contrib.contenttypes.models import ContentType
+
+    staff = django_user_model.objects.create_user("early-revoker", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="revoke_sharelink"))
+    auditors = Group.objects.create(name="auditors")
+    auditors.permissions.add(Permission.objects.get(codename="view_recording"))
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+
+    migrate(BEFORE)  # the grants are on the terminals app's permissions again
+    ContentType.objects.clear_cache()
+    for model, codenames in (("sharelink", ["revoke_sharelink", "view_sharelink"]), ("recording", ["view_recording"])):
+        made = ContentType.objects.create(app_label="recordings", model=model)  # as post_migrate would make them
+        for codename in codenames:
+            Permission.objects.create(content_type=made, codename=codename, name=codename)
+    assert Permission.objects.filter(codename="revoke_sharelink").count() == 2
+
+    migrate(latest)
+    ContentType.objects.clear_cache()
+    staff = django_user_model.objects.get(pk=staff.pk)
+    assert staff.has_perm("recordings.revoke_sharelink")
+    assert Permission.objects.filter(codename="revoke_sharelink").count() == 1
+    assert not ContentType.objects.filter(app_label="terminals", model__in=["sharelink", "recording"]).exists()
+    assert set(auditors.permissions.values_list("content_type__app_label", "codename")) == {
+        ("recordings", "view_recording")
+    }

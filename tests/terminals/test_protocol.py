@@ -38,10 +38,10 @@ def test_the_page_reads_the_words_the_server_speaks():
 
 def test_the_page_has_no_close_code_or_reason_of_its_own():
     """Every number and protocol word the page branches on comes from wire.js, never a literal."""
-    for script in ("protocol.js", "session-client.js", "attached-stream.js"):
+    for script in ("protocol.js", "session-client.js", "attached-stream.js", "terminal.js"):
         text = (ROOT / "frontend" / script).read_text()
         assert not re.search(r"\b40\d\d\b", text), f"{script} spells a close code"
-        for code in ("no_worker", "not_held", "attach_refused"):
+        for code in ("no_worker", "not_held", "attach_refused", "observer", "share link"):
             assert f'"{code}"' not in text, f"{script} spells {code}"
 
 
