@@ -104,7 +104,8 @@ async def main(args) -> Report:
     from tests.bridge.harness import Stack, session_cookie, start_container
 
     report = Report()
-    user = await sync_to_async(get_user_model().objects.create_user)("bench", is_staff=True)
+    # A superuser: access is denied by default (docs/access.md), and the bench opens shells on machines it makes.
+    user = await sync_to_async(get_user_model().objects.create_user)("bench", is_staff=True, is_superuser=True)
     cookie = await sync_to_async(session_cookie)(user)
     stack = Stack(worker_poll=0.5)  # the worker's default, not the tests' quick poll
     stack.extra_env.update(TETHER_SESSIONS_PER_USER="100000", TETHER_STRIKE_LIMIT="100000")

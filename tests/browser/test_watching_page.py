@@ -54,8 +54,9 @@ async def grid(page: Page) -> tuple[int, int]:
 
 async def wait_watching(page: Page) -> None:
     await expect(page.locator("#terminal-foreign")).to_contain_text("shell read-only")
+    # The page's text is there before its script has run (a loaded machine is slow to start it): wait for both.
     await page.wait_for_function(
-        "() => { const s = window.tetherTerminal.state(); return s.phase === 'live' && s.role === 'observer'; }"
+        "() => { const s = window.tetherTerminal?.state(); return s?.phase === 'live' && s.role === 'observer'; }"
     )
 
 
