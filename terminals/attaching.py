@@ -22,7 +22,7 @@ from executions.models import State
 from terminals import actions
 from terminals.models import ProcessState, TerminalSession
 from terminals.owner_client import OwnerClient, owner_or_lost
-from terminals.protocol import ATTACH_WAIT_SECONDS, CloseCode, ErrorCode, Exited, Reason, StatusCode, page
+from terminals.protocol import ATTACH_WAIT_SECONDS, CloseCode, ErrorCode, Exited, Reason, StatusCode, Via, page
 from terminals.stream import ViewerStream
 from terminals.tasks import Tasks
 from terminals.wake import WAKE_CHANNEL
@@ -145,7 +145,7 @@ class Attacher:
         self.act = act  # carries out a verdict (the consumer's)
         self.grid: tuple[int, int] | None = None
         self.observing = False  # read-only, beside the writer: never a new shell, never the grid
-        self.via = ""  # how an observer came: "share link", "staff", or "" (the shell's own user)
+        self.via = Via.OWN  # how an observer came (a share link, staff, a teammate, or the shell's own user)
         self.refused_since: float | None = None  # when the worker first refused this attach, if it did
         self.following = False  # the attach under way follows the session to a new owner (no one asked)
 

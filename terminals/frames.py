@@ -24,7 +24,16 @@ from terminals import actions, metrics
 from terminals.attaching import Attacher
 from terminals.models import TerminalSession
 from terminals.owner_client import OwnerClient
-from terminals.protocol import MAX_FRAME_BYTES, STRIKE_WINDOW_SECONDS, CloseCode, ErrorCode, ProtocolError, Reason, page
+from terminals.protocol import (
+    MAX_FRAME_BYTES,
+    STRIKE_WINDOW_SECONDS,
+    CloseCode,
+    ErrorCode,
+    ProtocolError,
+    Reason,
+    Via,
+    page,
+)
 from terminals.stream import OBSERVER_WINDOW_BYTES, ViewerStream
 from terminals.tasks import Tasks
 
@@ -71,7 +80,7 @@ class PageFrames:
         right: Right,
         *,
         read_only: bool,
-        via: str,
+        via: Via,
         stream: ViewerStream,
         attacher: Attacher,
         owner: OwnerClient,

@@ -176,11 +176,8 @@ async def judge_lease(lease: ProcessLease, why: str, *, can_adopt: bool, can_wat
     if handle.get("launch") == Launch.CLAIMED:
         return finding(Action.NEVER_STARTED, "its owner died before it asked the backend to start anything")
     backend = backend_for(machine)
-    if handle.get("launch"):
-        seen = await backend.inspect_launch(handle)
-        handle = seen.handle or handle
-    else:
-        seen = await backend.inspect(handle)
+    seen = await backend.look(handle)
+    handle = seen.handle or handle  # from an intent: the process's own handle, when it was found
     if seen.status == Status.NEVER_STARTED:
         if not seen.fenced and not owner_proven_gone(lease.worker):
             return finding(Action.UNKNOWN, f"{seen.detail}, but its owner is not proven gone and may still start it")

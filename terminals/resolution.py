@@ -157,7 +157,7 @@ def _short(instance: str) -> str:
 
 
 async def _inspect(backend, handle: dict) -> Check:
-    seen = await (backend.inspect_launch(handle) if handle.get("launch") else backend.inspect(handle))
+    seen = await backend.look(handle)
     if seen.status in (Status.GONE, Status.EXITED, Status.NEVER_STARTED):
         return Check("process", True, seen.detail or (seen.exit.describe() if seen.exit else str(seen.status)))
     if seen.status == Status.ALIVE:

@@ -191,6 +191,12 @@ class Backend(abc.ABC):
         instance it was placed in). NEVER_STARTED only with proof; GONE when it may have run and ended."""
         return Inspection(Status.GONE, detail="no handle was saved: it may have run")
 
+    async def look(self, handle: dict) -> Inspection:
+        """What a lease's saved handle says now, whoever asks (recovery, the checked resolution): an owner that
+        died mid-launch saved its intent (``launch``), looked for with ``inspect_launch``; a started process's
+        own handle is inspected."""
+        return await (self.inspect_launch(handle) if handle.get("launch") else self.inspect(handle))
+
     async def instance(self, *, ensure: bool = False) -> str:
         """The identity of the object behind the machine now (a container's id, the tmux server), "" when
         there is none; ``ensure`` starts what a spawn would start anyway (the tmux server)."""
