@@ -41,7 +41,7 @@ class SharedTerminalConsumer(TerminalConsumer):
         return session
 
     @property
-    def via(self) -> str:
+    def via(self) -> Via:
         return Via.SHARE_LINK
 
     def still_allowed(self) -> str:
