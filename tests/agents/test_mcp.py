@@ -259,7 +259,9 @@ def test_a_terminal_is_opened_typed_into_read_as_a_screen_and_closed(stack, plac
             deadline = time.monotonic() + 20
             while True:
                 screen = (await a.call("read_screen", terminal=terminal)).structuredContent
-                if "screen-42" in screen["lines"]:
+                # the echo and the prompt after it (a read can come between the two writes)
+                drawn = screen["lines"][1:2] != [""] and screen["lines"][1].endswith(("$", "#"))
+                if "screen-42" in screen["lines"] and drawn:
                     break
                 assert time.monotonic() < deadline, screen
                 await asyncio.sleep(0.2)
