@@ -104,11 +104,13 @@ class OwnerWorker:
         try:
             async with asyncio.TaskGroup() as group:
                 self.context.tasks.group = group
+                # Its health and metrics answer from the start: the first recovery pass may take a while (and
+                # what it does, a holder swept, is counted there).
+                loops = [group.create_task(self.http.run())] if self.http else []
                 await self.recover_once()  # what it adopts or watches is owned by the group too
-                loops = [
+                loops += [
                     group.create_task(work)
                     for work in (
-                        *([self.http.run()] if self.http else []),
                         self.viewers.run(),
                         self.leases.run(),
                         self.lifetimes.run(),
