@@ -61,7 +61,7 @@ def _state_of(session_pk) -> dict:
         "process_state": session.process_state,
         "execution": (session.execution.state, session.execution.evidence),
         "lease": lease
-        and (lease.worker and lease.worker.host, lease.token, lease.handle.get("launch"), lease.released_at),
+        and (lease.worker and lease.worker.host, lease.token, lease.handle and lease.handle.launch, lease.released_at),
     }
 
 

@@ -128,14 +128,14 @@ async def _idle_memory(ctx: Context) -> None:
     for process in processes:
         await process.read()  # "up": each holder has served output once
     await asyncio.sleep(0.5)
-    holders = [ProcessIdentity.from_json(p.handle["holder"]["process"]) for p in processes]
+    holders = [p.handle.holder.process for p in processes]
     per_session = sum(_rss_kib(holder.pid) for holder in holders) / count
     for process in processes:
         await process.terminate(0.2)
         await process.release()
     await asyncio.sleep(0.5)
     left = [holder for holder in holders if holder.is_alive()]  # by pid and start time: never another's
-    left += [p for process in processes for p in find_tree(marker=process.handle["marker"])]
+    left += [p for process in processes for p in find_tree(marker=process.handle.marker)]
     ctx.report.add(
         Figure(
             f"holder: RSS per idle held session ({count} sessions)",

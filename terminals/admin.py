@@ -140,7 +140,7 @@ class TerminalSessionAdmin(Watched, WrittenElsewhere, admin.ModelAdmin):
     def outlives_worker(self, obj):
         """No, with why, for a live shell that no session holder (or tmux server) keeps."""
         lease = self._lease(obj)
-        if lease is None or lease.released_at or not lease.handle or lease.handle.get("launch"):
+        if lease is None or lease.released_at or lease.handle is None or not lease.handle.started:
             return "—"
         why = lease.ends_with_worker
         return badge("no", "#d97706", f"ends with its worker: {why}") if why else "yes"

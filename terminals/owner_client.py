@@ -42,7 +42,7 @@ def _owner(lease) -> Owner | None:
     """Only a worker that holds a started process can attach a viewer: one still launching it (its lease's
     handle says how far it got) would refuse, so a viewer waits as for a shell that is starting. A worker
     that stopped beating (its lease expired) or stopped would never answer."""
-    if lease is None or lease.worker is None or lease.expired or "launch" in lease.handle:
+    if lease is None or lease.worker is None or lease.expired or not lease.handle.started:
         return None
     if lease.worker.state == WorkerState.STOPPED:
         return None

@@ -40,7 +40,8 @@ from django.db.models.functions import Now
 from executions.models import FINAL_STATES, Kind, Machine, MachineState, State
 from executions.models import Backend as BackendKind
 from terminals import actions, liveness, metrics
-from terminals.backends.base import Exit, Launch, Status
+from terminals.backends.base import Exit, Status
+from terminals.backends.handles import Handle, Launch, Unreadable
 from terminals.backends.procfs import boot_id
 from terminals.models import ProcessLease, Worker, WorkerState, lease_expired, lease_expiry_expression
 from terminals.outcome import Outcome
@@ -71,7 +72,7 @@ class Finding:
     detail: str
     lease: ProcessLease | None = None
     exit: Exit | None = None
-    handle: dict | None = None
+    handle: Handle | None = None
     still_running: bool = False  # an unadoptable process that recovery must end before recording unknown
 
     def __str__(self) -> str:
@@ -171,9 +172,11 @@ async def judge_lease(lease: ProcessLease, why: str, *, can_adopt: bool, can_wat
     if execution.state not in (State.DISPATCHED, State.RUNNING):
         return finding(Action.RELEASE, f"already {execution.state}")
     handle = lease.handle
-    if not handle:  # a lease from before launches were written down step by step
+    if handle is None:  # a lease from before launches were written down step by step
         return finding(Action.UNKNOWN, "dispatched but no process handle was saved: it may have started")
-    if handle.get("launch") == Launch.CLAIMED:
+    if isinstance(handle, Unreadable):  # a later release's: left to a worker of that release
+        return finding(Action.WAIT, f"this release cannot look at it ({handle.why})")
+    if handle.launch == Launch.CLAIMED:
         return finding(Action.NEVER_STARTED, "its owner died before it asked the backend to start anything")
     backend = backend_for(machine)
     seen = await backend.look(handle)
@@ -220,8 +223,8 @@ async def judge_lease(lease: ProcessLease, why: str, *, can_adopt: bool, can_wat
 
 
 def _claimed_markers() -> set[str]:
-    handles = ProcessLease.objects.filter(released_at__isnull=True).values_list("handle", flat=True)
-    return {handle.get("marker") for handle in handles if handle}
+    leases = ProcessLease.objects.filter(released_at__isnull=True).only("handle")
+    return {lease.handle.marker for lease in leases if lease.handle is not None}
 
 
 def _tmux_sockets() -> list[str]:
@@ -249,7 +252,7 @@ async def find_orphan_sessions() -> list[Finding]:
             found.append(
                 Finding(
                     Action.REMOVE,
-                    f"tmux session {tagged.handle['session']}",
+                    f"tmux session {tagged.handle.session}",
                     BackendKind.TMUX,
                     f"tagged for {tags['session']}, no execution claims it, owner {why}",
                     handle=tagged.handle,
@@ -370,6 +373,6 @@ async def settle(finding: Finding, worker: Worker, token: int | None = None) -> 
 
 
 async def remove_orphan(finding: Finding) -> str:
-    backend = tmux_backend(finding.handle["socket"])
+    backend = tmux_backend(finding.handle.socket)
     await backend.remove(finding.handle, grace=1.0)
     return "removed"

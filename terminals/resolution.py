@@ -24,7 +24,8 @@ from executions.actions import Actor
 from executions.errors import Refused, TransitionRefused
 from executions.models import Backend, Evidence, Execution, ExecutionEvent, State
 from terminals import liveness
-from terminals.backends.base import Launch, Status
+from terminals.backends.base import Status
+from terminals.backends.handles import Handle, Launch, Unreadable
 from terminals.backends.procfs import MARKER_VARIABLE
 from terminals.models import ProcessLease, Worker
 from terminals.registry import backend_for
@@ -156,7 +157,7 @@ def _short(instance: str) -> str:
     return instance.rpartition(":")[2] if instance.startswith("/") else instance  # SOCKET-PATH:pid@start
 
 
-async def _inspect(backend, handle: dict) -> Check:
+async def _inspect(backend, handle: Handle) -> Check:
     seen = await backend.look(handle)
     if seen.status in (Status.GONE, Status.EXITED, Status.NEVER_STARTED):
         return Check("process", True, seen.detail or (seen.exit.describe() if seen.exit else str(seen.status)))
@@ -180,16 +181,17 @@ async def _search(backend, machine, label: str) -> Check:
     )
 
 
-async def _process_check(execution: Execution, handle: dict, label: str) -> Check:
+async def _process_check(execution: Execution, handle: Handle | None, label: str) -> Check:
     """In this order: its owner never asked for it; no process of its tree is left (by its marker, whatever
     became of the machine: a child that ignores SIGHUP outlives even its tmux server); what it ran in is gone
     or stopped; else its own process, as its handle finds it."""
     machine = execution.machine
     backend = backend_for(machine)
-    if handle.get("launch") == Launch.CLAIMED:
+    if isinstance(handle, Unreadable):
+        return Check("process", False, f"this release cannot look at it ({handle.why}): check with a later one")
+    if handle is not None and handle.launch == Launch.CLAIMED:
         return Check("process", True, "its owner never asked the backend to start it")
-    if "marker" in handle and (left := await backend.survivors(handle)):
-        marker = handle["marker"]
+    if handle is not None and (marker := handle.marker) and (left := await backend.survivors(handle)):
         docker = machine.backend == Backend.DOCKER
         where = f"in container {machine.ref}" if docker else f"on {machine.host or 'its host'}"
         return Check(
@@ -201,7 +203,7 @@ async def _process_check(execution: Execution, handle: dict, label: str) -> Chec
         )
     if proof := await backend.vacancy(execution.ran_on_instance):
         return Check("process", True, proof)
-    if handle:
+    if handle is not None:
         return await _inspect(backend, handle)
     return await _search(backend, machine, label)
 
@@ -216,7 +218,7 @@ def check_process(execution: Execution, lease: ProcessLease | None) -> Check:
             f"(run exec_resolve on {machine.host})",
         )
     try:
-        handle = lease.handle if lease is not None else {}
+        handle = lease.handle if lease is not None else None
         return async_to_sync(_process_check)(execution, handle, _session_label(execution))
     except Exception as error:  # an unreachable engine proves nothing
         return Check("process", False, f"cannot look at it: {error!r}")

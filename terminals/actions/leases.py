@@ -22,7 +22,7 @@ from terminals import metrics
 from terminals.actions import commands
 from terminals.actions.fencing import fenced
 from terminals.actions.sessions import close_session, start_next_generation
-from terminals.backends.base import Launch
+from terminals.backends.handles import CLAIMED, Handle
 from terminals.models import ProcessLease, TerminalSession, Worker, lease_expired
 from terminals.outcome import Outcome
 
@@ -72,7 +72,7 @@ def claim_next_execution(worker: Worker, backends: set[str]) -> tuple[Execution,
             execution=execution,
             worker=worker,
             token=1,
-            handle={"launch": Launch.CLAIMED},  # a crash from here to begin_spawn provably started nothing
+            handle=CLAIMED,  # a crash from here to begin_spawn provably started nothing
             expires_at=lease_expiry(),
         )
     lease.refresh_from_db()
@@ -98,7 +98,7 @@ def note_holder_ended(execution_pk: int) -> None:
     ProcessLease.objects.filter(execution_id=execution_pk, holder_ended_at__isnull=True).update(holder_ended_at=Now())
 
 
-def save_handle(execution_pk: int, worker: Worker, token: int, handle: dict) -> None:
+def save_handle(execution_pk: int, worker: Worker, token: int, handle: Handle) -> None:
     with fenced(execution_pk, worker, token):
         ProcessLease.objects.filter(execution_id=execution_pk).update(handle=handle)
 
@@ -107,10 +107,12 @@ def lease_follows(execution_pk: int, worker: Worker, marker: str) -> bool:
     """Whether another worker now holds this execution's process by its marker: it found (adopted, watches)
     what ``worker`` started. If not, nobody observes that process and whoever started it must end it."""
     lease = ProcessLease.objects.filter(execution_id=execution_pk, released_at__isnull=True).first()
-    return lease is not None and lease.worker_id != worker.pk and (lease.handle or {}).get("marker") == marker
+    if lease is None or lease.handle is None:
+        return False
+    return lease.worker_id != worker.pk and lease.handle.marker == marker
 
 
-def begin_spawn(execution: Execution, worker: Worker, token: int, intent: dict, instance: str) -> Execution:
+def begin_spawn(execution: Execution, worker: Worker, token: int, intent: Handle, instance: str) -> Execution:
     """Before the backend is asked to start anything: the intent (``launch``: spawning, with the tags'
     marker) and where it will run, in one fenced transaction. Recovery reads the intent if we die next."""
     with fenced(execution.pk, worker, token):

@@ -1,8 +1,8 @@
 """The one small async protocol every process backend implements.
 
 A ``Backend`` starts programs and looks at them from any process; a ``Process``
-is the live handle the owner worker holds. Handles are plain JSON so that a
-later worker can find the process again from the lease row.
+is the live handle the owner worker holds. Its ``handle`` (``handles``: one type per
+backend) is what a later worker finds the process again by, from the lease row.
 
 Honesty rules shared by all backends:
 - ``Process.wait()`` returns an ``Exit`` only from a trustworthy source
@@ -23,6 +23,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from executions.outcomes import wait_status_label
+from terminals.backends.handles import Handle
 
 READ_CHUNK = 64 * 1024
 BASE_ENV = {
@@ -41,7 +42,7 @@ class SpawnError(BackendError):
     """Nothing was started (bad program, missing container, unreachable engine)."""
 
 
-BeforeStart = Callable[[dict], Awaitable[None]]
+BeforeStart = Callable[[Handle], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -93,21 +94,12 @@ class Status(StrEnum):
     NEVER_STARTED = "never_started"  # proven: the program never ran, and nothing can start it now
 
 
-class Launch(StrEnum):
-    """How far an owner got with starting a program, as the ``launch`` key of its lease's handle says.
-    A handle without the key is the process's own: the program was started."""
-
-    CLAIMED = "claimed"  # nothing begun: the program cannot have started
-    SPAWNING = "spawning"  # the backend was asked to start it; the handle is the worker's intent
-    STARTING = "starting"  # created, not started (a docker exec between create and start)
-
-
 @dataclass(frozen=True)
 class Inspection:
     status: Status
     exit: Exit | None = None
     detail: str = ""
-    handle: dict | None = None  # found from an intent (a tmux session by its marker): the process's own handle
+    handle: Handle | None = None  # found from an intent (a tmux session by its marker): the process's own handle
     # NEVER_STARTED even should its owner only be frozen: the owner's next step towards starting it is fenced
     # by its lease (a docker exec is started only after a fenced write), so a take-over stops it.
     fenced: bool = False
@@ -119,14 +111,14 @@ class Inspection:
 class TaggedSession:
     """A process a backend can list with its owner tags (tmux)."""
 
-    handle: dict
+    handle: Handle
     tags: dict[str, str]
 
 
 class Process(abc.ABC):
     """A live process held by its owner."""
 
-    handle: dict
+    handle: Handle
     can_snapshot = False  # whether ``snapshot`` can tell the screen as it is now (a terminal that keeps one)
     survives_owner = False  # it runs on once its owner lets go, for a later owner to attach to
     offsets_survive_owner = False  # output offsets continue across owners (a holder's), not per owner
@@ -182,20 +174,20 @@ class Backend(abc.ABC):
         by id) starts the program there and nowhere else. Raises SpawnError only when nothing started."""
 
     @abc.abstractmethod
-    async def inspect(self, handle: dict) -> Inspection:
+    async def inspect(self, handle: Handle) -> Inspection:
         """Look at a process from any OS process, e.g. after its spawner died."""
 
-    async def inspect_launch(self, intent: dict) -> Inspection:
+    async def inspect_launch(self, intent: Handle) -> Inspection:
         """Look for what an owner that died mid-launch may have started. ``intent`` is the handle it saved
         before spawning (``launch``: spawning or starting, with the tags' marker and session and the
         instance it was placed in). NEVER_STARTED only with proof; GONE when it may have run and ended."""
         return Inspection(Status.GONE, detail="no handle was saved: it may have run")
 
-    async def look(self, handle: dict) -> Inspection:
+    async def look(self, handle: Handle) -> Inspection:
         """What a lease's saved handle says now, whoever asks (recovery, the checked resolution): an owner that
         died mid-launch saved its intent (``launch``), looked for with ``inspect_launch``; a started process's
         own handle is inspected."""
-        return await (self.inspect_launch(handle) if handle.get("launch") else self.inspect(handle))
+        return await (self.inspect(handle) if handle.started else self.inspect_launch(handle))
 
     async def instance(self, *, ensure: bool = False) -> str:
         """The identity of the object behind the machine now (a container's id, the tmux server), "" when
@@ -219,15 +211,15 @@ class Backend(abc.ABC):
         engine, another user's tmux socket): absence seen from the wrong place is no proof."""
         return None
 
-    async def survivors(self, handle: dict) -> int:
+    async def survivors(self, handle: Handle) -> int:
         """How many processes of the handle's tree are still alive (descendants that outlived the program)."""
         return 0
 
-    def adoptable(self, handle: dict) -> bool:
+    def adoptable(self, handle: Handle) -> bool:
         """Whether ``attach`` can take over this process (a held one, or any on a backend that can adopt)."""
         return self.can_adopt
 
-    async def attach(self, handle: dict) -> Process:
+    async def attach(self, handle: Handle) -> Process:
         """Take over observation of a live process (adoption). Backends that cannot, refuse."""
         raise BackendError(f"the {self.name} backend cannot adopt a process from another owner")
 
@@ -235,7 +227,7 @@ class Backend(abc.ABC):
         """Every tagged process this backend can see; untagged ones are never listed."""
         return []
 
-    async def tag(self, handle: dict, **values: str | int) -> None:
+    async def tag(self, handle: Handle, **values: str | int) -> None:
         """Rewrite owner tags (``can_retag``)."""
         raise BackendError(f"the {self.name} backend cannot retag a process")
 
@@ -243,11 +235,11 @@ class Backend(abc.ABC):
         """What carries the session label ``label`` (``can_find_by_label``), said for people; None: nothing."""
         raise BackendError(f"the {self.name} backend cannot find a process by its label")
 
-    async def snapshot(self, handle: dict):
+    async def snapshot(self, handle: Handle):
         """A session's screen as it is now (``can_snapshot``), read without holding it."""
         raise BackendError(f"the {self.name} backend keeps no screen")
 
-    async def remove(self, handle: dict, grace: float = 2.0) -> None:
+    async def remove(self, handle: Handle, grace: float = 2.0) -> None:
         """End a process found through its handle (recovery of a dead owner's leftovers)."""
         raise BackendError(f"the {self.name} backend cannot remove a process it does not hold")
 

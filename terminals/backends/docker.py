@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import docker
@@ -40,7 +41,6 @@ from terminals.backends.base import (
     BackendError,
     BeforeStart,
     Inspection,
-    Launch,
     Process,
     SpawnError,
     SpawnSpec,
@@ -72,6 +72,7 @@ from terminals.backends.docker_held import (
     spawn_held,
 )
 from terminals.backends.docker_process import DockerProcess
+from terminals.backends.handles import DockerHandle, Launch
 from terminals.backends.holder import holder_binary, mux_program
 
 log = logging.getLogger(__name__)
@@ -164,14 +165,14 @@ class DockerBackend(Backend):
                 api.exec_create, container, list(spec.argv), stdin=True, tty=True,
                 environment=env, workdir=spec.cwd or None,
             )  # fmt: skip
-        handle = {"backend": "docker", "engine": self.engine, "container": container, "exec_id": created["Id"]}
-        handle |= {"marker": tags.marker, "session": tags.session}
-        handle |= {"owner_pid": tags.owner_pid, "owner_started_at": tags.owner_started_at}
-        if unheld:
-            handle["unheld"] = unheld  # said on the page and in the admin: this shell ends with its worker
+        handle = DockerHandle(
+            engine=self.engine, container=container, exec_id=created["Id"], marker=tags.marker, session=tags.session,
+            owner_pid=tags.owner_pid, owner_started_at=tags.owner_started_at,
+            unheld=unheld or None,  # said on the page and in the admin: this shell ends with its worker
+        )  # fmt: skip
         if before_start is not None:
             # Kept before it can run: an exec that is created but never started is proof nothing ran.
-            await before_start(dict(handle))
+            await before_start(handle)
         try:
             conn = await asyncio.to_thread(api.exec_start, created["Id"], tty=True, socket=True)
         except (APIError, *ENGINE_ERRORS) as error:
@@ -186,7 +187,7 @@ class DockerBackend(Backend):
                     reason = (await asyncio.wait_for(process.read(), 2)).decode(errors="replace").strip()
                 raise SpawnError(f"could not start {program!r} in {self.container!r}: {reason}")
             if api.base_url == "http+docker://localhost" and (identity := await _our_process(info["Pid"], tags.marker)):
-                handle["process"] = identity.to_json()  # dockerd shares our /proc: signal from here
+                process.handle = replace(handle, process=identity)  # dockerd shares our /proc: signal from here
             if info["Running"]:
                 await resize_when_started(api, created["Id"], spec.cols, spec.rows)
         except BaseException:
@@ -197,42 +198,40 @@ class DockerBackend(Backend):
             raise
         return process
 
-    async def attach(self, handle: dict) -> Process:
-        if "holder" not in handle:
+    async def attach(self, handle: DockerHandle) -> Process:
+        if handle.holder is None:
             return await super().attach(handle)
-        return await attach_held(await self._client(handle["engine"]), handle)
+        return await attach_held(await self._client(handle.engine), handle)
 
-    async def inspect(self, handle: dict) -> Inspection:
-        if "holder" in handle:
+    async def inspect(self, handle: DockerHandle) -> Inspection:
+        if handle.holder is not None:
             try:
-                api = await self._client(handle["engine"])
+                api = await self._client(handle.engine)
             except BackendError as error:
                 return Inspection(Status.UNKNOWN, detail=str(error))
             return await inspect_held(api, handle)
         try:
-            api = await self._client(handle["engine"])
-            info = await exec_state(api, handle["exec_id"])
+            api = await self._client(handle.engine)
+            info = await exec_state(api, handle.exec_id)
             if not info:
                 try:
-                    await asyncio.to_thread(api.inspect_container, handle["container"])
+                    await asyncio.to_thread(api.inspect_container, handle.container)
                 except NotFound:
-                    return Inspection(Status.GONE, detail=f"container {handle['container']!r} is gone")
+                    return Inspection(Status.GONE, detail=f"container {handle.container!r} is gone")
                 return Inspection(Status.GONE, detail="docker no longer knows the exec (daemon restarted?)")
         except (BackendError, *ENGINE_ERRORS) as error:
             return Inspection(Status.UNKNOWN, detail=str(error))
         if info["Running"]:
-            return Inspection(Status.ALIVE, detail=f"exec {handle['exec_id'][:12]} is running")
+            return Inspection(Status.ALIVE, detail=f"exec {handle.exec_id[:12]} is running")
         identity = host_identity(handle)
         if identity is not None and identity.is_alive():
             # Docker stops tracking an exec whose client vanished mid-write; its process may well go on.
             return Inspection(
                 Status.ALIVE, detail=f"docker says ended ({info['ExitCode']}) but pid {identity.pid} runs"
             )
-        if info["ExitCode"] is None and not info.get("Pid") and handle.get("launch") == Launch.STARTING:
+        if info["ExitCode"] is None and not info.get("Pid") and handle.launch == Launch.STARTING:
             # Created, never started, and only its owner (dead, for whoever looks from outside) starts it.
-            return Inspection(
-                Status.NEVER_STARTED, detail=f"exec {handle['exec_id'][:12]} was created but never started"
-            )
+            return Inspection(Status.NEVER_STARTED, detail=f"exec {handle.exec_id[:12]} was created but never started")
         if info["ExitCode"] is None:
             return Inspection(Status.UNKNOWN, detail="docker says the exec is not running but records no exit code")
         try:
@@ -250,10 +249,10 @@ class DockerBackend(Backend):
             )
         return Inspection(Status.EXITED, exit=exit_of(info["ExitCode"]))
 
-    async def inspect_launch(self, intent: dict) -> Inspection:
-        if "holder" in intent:  # its serve exec may have run: the holder tells
+    async def inspect_launch(self, intent: DockerHandle) -> Inspection:
+        if intent.holder is not None:  # its serve exec may have run: the holder tells
             return await self.inspect(intent)
-        if "exec_id" not in intent:
+        if not intent.exec_id:
             # The exec is started only once its id is kept, by a fenced write: without one, nothing was started,
             # and an owner that wakes now finds its lease taken before it can start one.
             return Inspection(Status.NEVER_STARTED, detail="its owner stopped before it created the exec", fenced=True)
@@ -326,14 +325,14 @@ class DockerBackend(Backend):
             return f"container {shown} is stopped ({found['State']['Status']}): none of its processes runs"
         return None
 
-    async def survivors(self, handle: dict) -> int:
-        api = await self._client(handle.get("engine", self.engine))
-        return await survivors(api, {"container": self.container, **handle})
+    async def survivors(self, handle: DockerHandle) -> int:
+        api = await self._client(handle.engine or self.engine)
+        return await survivors(api, handle if handle.container else replace(handle, container=self.container))
 
-    async def remove(self, handle: dict, grace: float = 2.0) -> None:
-        api = await self._client(handle["engine"])
-        if "holder" in handle:
+    async def remove(self, handle: DockerHandle, grace: float = 2.0) -> None:
+        api = await self._client(handle.engine)
+        if handle.holder is not None:
             await remove_held(api, handle, grace)
             return
         await end_tree(api, handle, grace)
-        await settled(api, handle["exec_id"])
+        await settled(api, handle.exec_id)

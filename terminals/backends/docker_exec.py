@@ -15,6 +15,7 @@ from executions.outcomes import AMBIGUOUS_STATUSES
 from terminals.backends import ending, procfs
 from terminals.backends.base import BackendError, Exit, SpawnError
 from terminals.backends.docker_tree import run_tree_script
+from terminals.backends.handles import DockerHandle
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +30,10 @@ def exit_of(code: int) -> Exit:
     return Exit(code=code, source=SOURCE, ambiguous=code in AMBIGUOUS_STATUSES)
 
 
-def host_identity(handle: dict) -> procfs.ProcessIdentity | None:
+def host_identity(handle: DockerHandle) -> procfs.ProcessIdentity | None:
     """The exec's process as seen in this host's /proc, if it was seen there at spawn and this is the same boot."""
-    data = handle.get("process")
-    if not data or data["boot_id"] != procfs.boot_id():
-        return None
-    return procfs.ProcessIdentity.from_json(data)
+    identity = handle.process
+    return identity if identity is not None and identity.boot_id == procfs.boot_id() else None
 
 
 async def exec_state(api: docker.APIClient, exec_id: str) -> dict:
@@ -57,19 +56,19 @@ async def settled(api: docker.APIClient, exec_id: str, timeout: float = 10.0) ->
     return info
 
 
-async def end_tree(api: docker.APIClient, handle: dict, grace: float) -> None:
+async def end_tree(api: docker.APIClient, handle: DockerHandle, grace: float) -> None:
     """End the exec's process and every process of its tree; return once none is left."""
     identity = host_identity(handle)
     if identity is not None:
         # Our /proc shows the container's processes: the exec leads its own session there.
-        await ending.terminate_tree(marker=handle["marker"], leader=identity, grace=grace)
+        await ending.terminate_tree(marker=handle.marker, leader=identity, grace=grace)
         return
-    container = handle["container"]
-    if left := await run_tree_script(api, container, handle["marker"], "HUP TERM", grace):
+    container = handle.container
+    if left := await run_tree_script(api, container, handle.marker, "HUP TERM", grace):
         raise BackendError(f"{left} process(es) still alive in {container!r} after SIGKILL")
 
 
-async def doubt(api: docker.APIClient, handle: dict, code: int, settle: float = 0.0) -> str:
+async def doubt(api: docker.APIClient, handle: DockerHandle, code: int, settle: float = 0.0) -> str:
     """Why docker's recorded exit code is not the program's exit, or "" when nothing says otherwise.
 
     Docker records 126 for an exec whose client went away while docker was writing to it, and hangs
@@ -82,19 +81,19 @@ async def doubt(api: docker.APIClient, handle: dict, code: int, settle: float = 
     while left := await survivors(api, handle):
         if time.monotonic() >= deadline:
             return (
-                f"docker records {code} for exec {handle['exec_id'][:12]}, as it does when it drops an"
+                f"docker records {code} for exec {handle.exec_id[:12]}, as it does when it drops an"
                 f" exec whose client went away, but {left} of its processes still run"
             )
         await asyncio.sleep(0.2)
     return ""
 
 
-async def survivors(api: docker.APIClient, handle: dict) -> int:
+async def survivors(api: docker.APIClient, handle: DockerHandle) -> int:
     """How many processes of the exec's tree are alive, where docker says the exec has ended."""
     identity = host_identity(handle)
     if identity is not None:
-        return len(await asyncio.to_thread(procfs.find_tree, marker=handle["marker"], leader=identity))
-    return await run_tree_script(api, handle["container"], handle["marker"], "0")
+        return len(await asyncio.to_thread(procfs.find_tree, marker=handle.marker, leader=identity))
+    return await run_tree_script(api, handle.container, handle.marker, "0")
 
 
 # --- starting one -------------------------------------------------------------------------------------

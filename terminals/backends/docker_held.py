@@ -22,14 +22,16 @@ import platform
 import secrets
 import struct
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import docker
 from docker.errors import APIError, NotFound
 
-from terminals.backends.base import BackendError, Exit, Inspection, Launch, SpawnError, SpawnSpec, Status, Tags
+from terminals.backends.base import BackendError, Exit, Inspection, SpawnError, SpawnSpec, Status, Tags
 from terminals.backends.docker_exec import ENGINE_ERRORS, end_tree, exec_state
 from terminals.backends.docker_process import DockerProcess
+from terminals.backends.handles import DockerHandle, DockerHolder, Launch
 from terminals.backends.holder import HeldProcess, ring_bytes
 from terminals.backends.holder_wire import Session, parse_record, parse_started
 from terminals.backends.procfs import MARKER_VARIABLE
@@ -170,18 +172,19 @@ async def spawn_held(
         if name in env:
             argv += ["--setenv", f"{name}={env[name]}"]
     held_env = {name: value for name, value in env.items() if name not in PROGRAM_ONLY}
-    handle = {"backend": "docker", "engine": engine, "container": container, "marker": tags.marker}
-    handle |= {"session": tags.session, "owner_pid": tags.owner_pid, "owner_started_at": tags.owner_started_at}
-    handle["holder"] = {"binary": holder, "dir": place, "secret": secret, "ring": ring}
+    handle = DockerHandle(
+        engine=engine, container=container, marker=tags.marker, session=tags.session, owner_pid=tags.owner_pid,
+        owner_started_at=tags.owner_started_at, holder=DockerHolder(binary=holder, dir=place, secret=secret, ring=ring),
+    )  # fmt: skip
     try:
         created = await asyncio.to_thread(
             api.exec_create, container, [*argv, "--", *spec.argv], stdin=True, tty=False, environment=held_env,
             workdir=spec.cwd or None,
         )  # fmt: skip
-        handle["exec_id"] = created["Id"]  # the serve exec: created, not started, proves nothing ran
+        handle = replace(handle, exec_id=created["Id"])  # the serve exec: created, not started, proves nothing ran
         if before_start is not None:
             # Kept before anything can run: recovery finds the holder (or the unstarted exec) from it.
-            await before_start(dict(handle))
+            await before_start(handle)
         text = await _start(api, created["Id"], f"{secret}\n".encode(), one_line=True)
     except APIError as error:
         raise SpawnError(f"docker could not start the session holder in {container!r}: {error.explanation}") from None
@@ -196,27 +199,27 @@ async def spawn_held(
         if info and not info.get("Pid") and not info.get("Running"):
             raise SpawnError(f"docker refused to start the shell: {text.strip() or 'no answer'}")
     started = parse_started(text)
-    handle["holder"] |= {"pid": started.holder_pid, "program": started.pid}
+    handle = replace(handle, holder=replace(handle.holder, pid=started.holder_pid, program=started.pid))
     return await attach_held(api, handle)
 
 
-async def attach_held(api: docker.APIClient, handle: dict, since: int = 0) -> HeldProcess:
-    holder, container = handle["holder"], handle["container"]
+async def attach_held(api: docker.APIClient, handle: DockerHandle, since: int = 0) -> HeldProcess:
+    holder, container = handle.holder, handle.container
 
     async def connect(since: int):
         try:
             created = await asyncio.to_thread(
-                api.exec_create, container, [holder["binary"], "attach", holder["dir"]], stdin=True, tty=False
+                api.exec_create, container, [holder.binary, "attach", holder.dir], stdin=True, tty=False
             )
             conn = await asyncio.to_thread(api.exec_start, created["Id"], tty=False, socket=True)
         except NotFound:
             raise BackendError(f"container {container!r} is gone") from None
         except (APIError, *ENGINE_ERRORS) as error:
             raise BackendError(f"cannot reach the session holder in {container!r}: {error}") from None
-        link = RelayLink(DockerProcess(api, {"exec_id": created["Id"], "container": container}, conn))
+        link = RelayLink(DockerProcess(api, DockerHandle(exec_id=created["Id"], container=container), conn))
         try:
             session = Session(link)
-            return session, await session.attach(holder["secret"], since)
+            return session, await session.attach(holder.secret, since)
         except BaseException:
             await link.close()
             raise
@@ -229,11 +232,11 @@ async def attach_held(api: docker.APIClient, handle: dict, since: int = 0) -> He
 
     async def end(grace: float) -> None:
         # What left the program's session still carries the marker: ended from inside the container.
-        await end_tree(api, {"container": container, "marker": handle["marker"]}, grace)
+        await end_tree(api, DockerHandle(container=container, marker=handle.marker), grace)
 
     async def forget() -> None:
         with contextlib.suppress(BackendError, *ENGINE_ERRORS):
-            await _run(api, container, [holder["binary"], "forget", holder["dir"]])
+            await _run(api, container, [holder.binary, "forget", holder.dir])
 
     async def alive() -> bool:
         try:
@@ -277,12 +280,12 @@ class RelayLink:
         await self.process.detach()
 
 
-async def status(api: docker.APIClient, handle: dict) -> str:
+async def status(api: docker.APIClient, handle: DockerHandle) -> str:
     """The holder's own account (``tether-holder status``): "exit RECORD", "running ...", "gone" or "none";
     for a stopped container, its exit record read from the filesystem ("gone" without one)."""
-    holder, container = handle["holder"], handle["container"]
+    holder, container = handle.holder, handle.container
     try:
-        return (await _run(api, container, [holder["binary"], "status", holder["dir"]])).strip()
+        return (await _run(api, container, [holder.binary, "status", holder.dir])).strip()
     except NotFound:
         # The exec may have vanished (dockerd restarting) while the container and its shell run on: only
         # the container's own absence says the holder went with it.
@@ -296,18 +299,18 @@ async def status(api: docker.APIClient, handle: dict) -> str:
     except APIError as error:
         if "is not running" not in str(error.explanation):
             raise BackendError(f"cannot ask the session holder in {container!r}: {error.explanation}") from None
-    record = await asyncio.to_thread(_read_archive, api, container, f"{holder['dir']}/exit")
+    record = await asyncio.to_thread(_read_archive, api, container, f"{holder.dir}/exit")
     return f"exit {record.decode(errors='replace')}" if record else "gone"
 
 
-async def inspect_held(api: docker.APIClient, handle: dict) -> Inspection:
+async def inspect_held(api: docker.APIClient, handle: DockerHandle) -> Inspection:
     try:
         state = await status(api, handle)
     except ENGINE_ERRORS as error:
         return Inspection(Status.UNKNOWN, detail=str(error))
     except BackendError as error:
         return Inspection(Status.UNKNOWN, detail=str(error))
-    where = f"in {handle['container']!r}"
+    where = f"in {handle.container!r}"
     if state.startswith("running"):
         return Inspection(Status.ALIVE, detail=f"held by its session holder {where}", held=True)
     if state.startswith("exit ") and (exit := parse_record(state.removeprefix("exit "))) is not None:
@@ -315,8 +318,8 @@ async def inspect_held(api: docker.APIClient, handle: dict) -> Inspection:
         detail = f"the session holder {where} recorded: {exit.describe()}{'; it keeps the last output' if kept else ''}"
         return Inspection(Status.EXITED, exit=exit, detail=detail, held=kept)
     if state == "container-gone":
-        return Inspection(Status.GONE, detail=f"container {handle['container']!r} is gone, and its holder with it")
-    if state == "none" and handle.get("launch") == Launch.STARTING and (serve := handle.get("exec_id")):
+        return Inspection(Status.GONE, detail=f"container {handle.container!r} is gone, and its holder with it")
+    if state == "none" and handle.launch == Launch.STARTING and (serve := handle.exec_id):
         # Its serve exec was created; nothing is there: was it ever started? Docker remembers.
         info = await exec_state(api, serve)
         if info and not info.get("Pid") and not info.get("Running") and info.get("ExitCode") is None:
@@ -328,7 +331,7 @@ async def inspect_held(api: docker.APIClient, handle: dict) -> Inspection:
     return Inspection(Status.GONE, detail=f"the session holder {where} is gone and left no exit record")
 
 
-async def remove_held(api: docker.APIClient, handle: dict, grace: float) -> None:
+async def remove_held(api: docker.APIClient, handle: DockerHandle, grace: float) -> None:
     """End a held program found through its handle (no owner holds it), then let its holder go."""
     with contextlib.suppress(BackendError, TimeoutError):
         said = await status(api, handle)
@@ -338,4 +341,4 @@ async def remove_held(api: docker.APIClient, handle: dict, grace: float) -> None
             await process.terminate(grace=grace)
             await process.release()
             return
-    await end_tree(api, {"container": handle["container"], "marker": handle["marker"]}, grace)
+    await end_tree(api, DockerHandle(container=handle.container, marker=handle.marker), grace)

@@ -22,6 +22,7 @@ from terminals.backends.docker_exec import (
     exit_of,
     settled,
 )
+from terminals.backends.handles import DockerHandle
 
 
 def _loop_can_drive(raw: Any) -> bool:
@@ -32,7 +33,7 @@ def _loop_can_drive(raw: Any) -> bool:
 class DockerProcess(Process):
     adoptable = False  # docker cannot attach a new client to a running exec
 
-    def __init__(self, api: docker.APIClient, handle: dict, conn: Any):
+    def __init__(self, api: docker.APIClient, handle: DockerHandle, conn: Any):
         self.handle = handle
         self._api = api
         self._conn = conn
@@ -63,7 +64,7 @@ class DockerProcess(Process):
 
     @property
     def exec_id(self) -> str:
-        return self.handle["exec_id"]
+        return self.handle.exec_id
 
     async def read(self) -> bytes:
         # One read at a time: a second sock_recv on the same socket would orphan the first one's wakeup.

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from terminals.backends.base import READ_CHUNK, BackendError, Exit, Process
 from terminals.backends.config import holder_config
+from terminals.backends.handles import DockerHandle, LocalHandle
 from terminals.backends.holder_wire import Attached, Frame, Reconnect, Session, frame, parse_record
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class HeldProcess(Process):
 
     def __init__(
         self,
-        handle: dict,
+        handle: LocalHandle | DockerHandle,
         session: Session,
         attached: Attached,
         *,
@@ -97,7 +98,7 @@ class HeldProcess(Process):
         self._received = attached.resume
         self._acked = attached.resume
         # What the holder keeps behind us (our buffer, rebuilt by a later owner), with room left to read on.
-        self._keep = kept_behind(handle["holder"].get("ring", HOLDER_DEFAULT_RING))
+        self._keep = kept_behind(handle.holder.ring or HOLDER_DEFAULT_RING)
         self._exit: Exit | None = None
         self._ended = asyncio.Event()
         self._reading = asyncio.Lock()
@@ -155,7 +156,7 @@ class HeldProcess(Process):
             if attached.resume != self._received:
                 await session.link.close()
                 raise BackendError(f"the holder resumed at {attached.resume}, not at {self._received}")
-            log.info("holder link for %s dropped (%s); attached again", self.handle.get("marker"), why)
+            log.info("holder link for %s dropped (%s); attached again", self.handle.marker, why)
             await self._session.link.close()
             self._session = session
             return None

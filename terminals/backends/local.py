@@ -37,6 +37,7 @@ from terminals.backends.base import (
     child_env,
 )
 from terminals.backends.ending import terminate_tree
+from terminals.backends.handles import LocalHandle
 from terminals.backends.holder import holder_binary, mux_program
 from terminals.backends.local_held import attach_held, inspect_held, remove_held, spawn_held
 from terminals.backends.procfs import ProcessIdentity, boot_id, find_tree, find_tree_by_session_label
@@ -68,7 +69,7 @@ class LocalProcess(Process):
         self._pidfd = os.pidfd_open(identity.pid)
         self._exit: Exit | None = None
         self._reaping: asyncio.Task | None = None
-        self.handle = {"backend": "local", "process": identity.to_json(), "marker": marker}
+        self.handle = LocalHandle(process=identity, marker=marker)
 
     async def read(self) -> bytes:
         while self._master is not None:
@@ -163,8 +164,8 @@ class LocalBackend(Backend):
     async def pipes_program(self, instance: str = "") -> str:
         return mux_program()  # on this host
 
-    async def attach(self, handle: dict) -> Process:
-        if "holder" not in handle:
+    async def attach(self, handle: LocalHandle) -> Process:
+        if handle.holder is None:
             return await super().attach(handle)
         return await attach_held(handle)
 
@@ -209,10 +210,10 @@ class LocalBackend(Backend):
             raise SpawnError(f"{program} vanished at start")
         return LocalProcess(popen, master, identity, tags.marker)
 
-    async def inspect(self, handle: dict) -> Inspection:
-        if "holder" in handle:
+    async def inspect(self, handle: LocalHandle) -> Inspection:
+        if handle.holder is not None:
             return await inspect_held(handle)
-        identity = ProcessIdentity.from_json(handle["process"])
+        identity = handle.process
         if identity.is_alive():
             return Inspection(Status.ALIVE, detail=f"pid {identity.pid} with matching start time")
         if left := await self.survivors(handle):
@@ -221,12 +222,12 @@ class LocalBackend(Backend):
         # Only the owner could reap the exit status; another process cannot read it back.
         return Inspection(Status.GONE, detail=f"pid {identity.pid} is gone and nothing carries its marker")
 
-    async def inspect_launch(self, intent: dict) -> Inspection:
+    async def inspect_launch(self, intent: LocalHandle) -> Inspection:
         if left := await self.survivors(intent):
             return Inspection(
                 Status.ALIVE,
                 detail=f"{left} process(es) carry its marker, though no handle was saved",
-                handle={"backend": "local", "marker": intent["marker"]},
+                handle=LocalHandle(marker=intent.marker),
             )
         # Started and ended, or never started: a child this owner forked leaves nothing to tell which.
         return Inspection(Status.GONE, detail="no process carries its marker; it may have run and ended")
@@ -239,12 +240,11 @@ class LocalBackend(Backend):
             return f"the host has rebooted since it ran ({instance}): every process it had ended"
         return None
 
-    async def survivors(self, handle: dict) -> int:
-        return len(await asyncio.to_thread(find_tree, marker=handle["marker"]))
+    async def survivors(self, handle: LocalHandle) -> int:
+        return len(await asyncio.to_thread(find_tree, marker=handle.marker))
 
-    async def remove(self, handle: dict, grace: float = 2.0) -> None:
-        if "holder" in handle:
+    async def remove(self, handle: LocalHandle, grace: float = 2.0) -> None:
+        if handle.holder is not None:
             await remove_held(handle, grace)
             return
-        leader = ProcessIdentity.from_json(handle["process"]) if "process" in handle else None
-        await terminate_tree(marker=handle["marker"], leader=leader, grace=grace)
+        await terminate_tree(marker=handle.marker, leader=handle.process, grace=grace)

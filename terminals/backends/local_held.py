@@ -17,6 +17,7 @@ from pathlib import Path
 from terminals.backends.base import BackendError, Exit, Inspection, SpawnError, SpawnSpec, Status, Tags
 from terminals.backends.config import holder_config
 from terminals.backends.ending import terminate_descendants, terminate_tree
+from terminals.backends.handles import LocalHandle, LocalHolder
 from terminals.backends.holder import HeldProcess, ring_bytes
 from terminals.backends.holder_wire import Session, SocketLink, parse_record, parse_started
 from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, boot_id
@@ -59,30 +60,27 @@ async def spawn_held(binary: Path, spec: SpawnSpec, tags: Tags, env: dict[str, s
         shutil.rmtree(place, ignore_errors=True)
         raise SpawnError(text.removeprefix("error ").strip() or err.decode(errors="replace").strip())
     started = parse_started(text)
-    handle = {
-        "backend": "local",
-        "process": ProcessIdentity(pid=started.pid, start_time=started.start, boot_id=boot_id()).to_json(),
-        "marker": tags.marker,
-        "holder": {
-            "dir": str(place),
-            "secret": secret,
-            "process": ProcessIdentity(
-                pid=started.holder_pid, start_time=started.holder_start, boot_id=boot_id()
-            ).to_json(),
-            "subreaper": started.subreaper,
-            "ring": ring,
-        },
-    }
+    handle = LocalHandle(
+        process=ProcessIdentity(pid=started.pid, start_time=started.start, boot_id=boot_id()),
+        marker=tags.marker,
+        holder=LocalHolder(
+            dir=str(place),
+            secret=secret,
+            process=ProcessIdentity(pid=started.holder_pid, start_time=started.holder_start, boot_id=boot_id()),
+            subreaper=started.subreaper,
+            ring=ring,
+        ),
+    )
     return await attach_held(handle)
 
 
-async def attach_held(handle: dict, since: int = 0) -> HeldProcess:
-    holder = handle["holder"]
+async def attach_held(handle: LocalHandle, since: int = 0) -> HeldProcess:
+    holder = handle.holder
 
     async def connect(since: int):
-        session = Session(await SocketLink.open(os.path.join(holder["dir"], "sock")))
+        session = Session(await SocketLink.open(os.path.join(holder.dir, "sock")))
         try:
-            return session, await session.attach(holder["secret"], since)
+            return session, await session.attach(holder.secret, since)
         except BaseException:
             await session.link.close()
             raise
@@ -96,7 +94,7 @@ async def attach_held(handle: dict, since: int = 0) -> HeldProcess:
         await end_held_tree(handle, grace)
 
     async def forget() -> None:
-        await asyncio.to_thread(shutil.rmtree, holder["dir"], True)
+        await asyncio.to_thread(shutil.rmtree, holder.dir, True)
 
     async def alive() -> bool:
         return holder_alive(handle)
@@ -107,22 +105,21 @@ async def attach_held(handle: dict, since: int = 0) -> HeldProcess:
     )  # fmt: skip
 
 
-def read_exit_record(handle: dict) -> Exit | None:
+def read_exit_record(handle: LocalHandle) -> Exit | None:
     try:
-        return parse_record(Path(handle["holder"]["dir"], "exit").read_text())
+        return parse_record(Path(handle.holder.dir, "exit").read_text())
     except OSError:
         return None
 
 
-def holder_alive(handle: dict) -> bool:
-    return ProcessIdentity.from_json(handle["holder"]["process"]).is_alive()
+def holder_alive(handle: LocalHandle) -> bool:
+    return handle.holder.process.is_alive()
 
 
-async def inspect_held(handle: dict) -> Inspection:
+async def inspect_held(handle: LocalHandle) -> Inspection:
     """The exit the holder recorded, once there is one; ALIVE while the program (or its holder, about to
     record its end) runs; else GONE."""
-    holder = ProcessIdentity.from_json(handle["holder"]["process"])
-    program = ProcessIdentity.from_json(handle["process"])
+    holder, program = handle.holder.process, handle.process
     if (exit := await asyncio.to_thread(read_exit_record, handle)) is not None:
         alive = holder.is_alive()
         kept = "; its holder still keeps the last output" if alive else ""
@@ -135,7 +132,7 @@ async def inspect_held(handle: dict) -> Inspection:
     return Inspection(Status.GONE, detail=f"holder pid {holder.pid} is gone and left no exit record")
 
 
-async def remove_held(handle: dict, grace: float) -> None:
+async def remove_held(handle: LocalHandle, grace: float) -> None:
     """End a held program found through its handle (no owner holds it), then let its holder go."""
     if holder_alive(handle):
         try:
@@ -149,16 +146,14 @@ async def remove_held(handle: dict, grace: float) -> None:
     await end_held_tree(handle, grace)
 
 
-async def end_held_tree(handle: dict, grace: float) -> None:
+async def end_held_tree(handle: LocalHandle, grace: float) -> None:
     """End whatever the held program started. A holder that is a child subreaper has all of it below it
     (``terminate_descendants``: a few reads, where a pass over every process of the host costs each of many
     sessions ended at once as much as the host has processes); then one pass finds what left the tree
     through a daemon (an ``at`` job) with the marker still in its environment. A holder that is gone, or
     that could not be a subreaper, leaves the tree to be found by marker and session."""
-    holder = handle["holder"]
-    if holder.get("subreaper"):
-        if await terminate_descendants(ProcessIdentity.from_json(holder["process"]), grace=grace):
-            await terminate_tree(marker=handle["marker"], grace=grace)
+    if handle.holder.subreaper:
+        if await terminate_descendants(handle.holder.process, grace=grace):
+            await terminate_tree(marker=handle.marker, grace=grace)
             return
-    leader = ProcessIdentity.from_json(handle["process"])
-    await terminate_tree(marker=handle["marker"], leader=leader, grace=grace)
+    await terminate_tree(marker=handle.marker, leader=handle.process, grace=grace)

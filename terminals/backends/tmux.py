@@ -25,7 +25,7 @@ import pwd
 import re
 import shutil
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from terminals.backends import ending, procfs
@@ -41,6 +41,7 @@ from terminals.backends.base import (
     Tags,
     child_env,
 )
+from terminals.backends.handles import TmuxHandle
 from terminals.backends.holder import mux_program
 from terminals.backends.tmux_process import TmuxProcess
 from terminals.backends.tmux_server import SERVER_FORMAT, Snapshot, TmuxServer, chain, cmdline
@@ -130,7 +131,7 @@ class TmuxBackend(Backend):
         if not out.startswith("%"):  # no session was made (a failed command list stops at the failure)
             raise SpawnError(f"tmux could not start {program}: {err.strip() or out.strip()}")
         pane, _, server = out.strip().partition(" ")
-        handle = self.server.handle(name, pane, tags.marker) | {"instance": server}
+        handle = replace(self.server.handle(name, pane, tags.marker), instance=server)
         try:
             if code != 0:
                 raise BackendError(f"tmux could not set up {name}: {err.strip()}")
@@ -140,27 +141,27 @@ class TmuxBackend(Backend):
             await self.server.kill_session(name)
             raise SpawnError(str(error)) from None
 
-    async def _adopt(self, handle: dict) -> TmuxProcess:
+    async def _adopt(self, handle: TmuxHandle) -> TmuxProcess:
         state = await self.server.state(handle)
         if state.status not in (Status.ALIVE, Status.EXITED):
-            raise BackendError(f"cannot attach to {handle['session']}: {state.detail}")
+            raise BackendError(f"cannot attach to {handle.session}: {state.detail}")
         process = TmuxProcess(self.server, handle, state)
         await process.open()
         return process
 
-    async def attach(self, handle: dict) -> TmuxProcess:
+    async def attach(self, handle: TmuxHandle) -> TmuxProcess:
         return await self._adopt(handle)
 
-    async def inspect(self, handle: dict) -> Inspection:
+    async def inspect(self, handle: TmuxHandle) -> Inspection:
         state = await self.server.state(handle)
         return Inspection(state.status, state.exit, state.detail)
 
-    async def inspect_launch(self, intent: dict) -> Inspection:
+    async def inspect_launch(self, intent: TmuxHandle) -> Inspection:
         """A session tagged with the intent's marker is the one its owner made: look at that. None, on the
         same server as then, nothing carrying the marker, and no tmux client of the dead owner's still making
         one: it never started."""
         for tagged in await self.list_tagged():
-            if tagged.tags["marker"] == intent["marker"]:
+            if tagged.tags["marker"] == intent.marker:
                 seen = await self.inspect(tagged.handle)
                 return Inspection(seen.status, seen.exit, seen.detail, handle=tagged.handle)
         if left := await self.survivors(intent):
@@ -168,14 +169,14 @@ class TmuxBackend(Backend):
             return Inspection(Status.GONE, detail=f"no session holds it, but {left} process(es) carry its marker")
         now = await self.instance()
         server = int(now.rpartition(":")[2].partition("@")[0]) if now else 0  # a server keeps its client's argv
-        clients = [c for c in await asyncio.to_thread(procfs.find_by_cmdline, intent["marker"]) if c.pid != server]
+        clients = [c for c in await asyncio.to_thread(procfs.find_by_cmdline, intent.marker) if c.pid != server]
         if clients:
             return Inspection(Status.UNKNOWN, detail=f"tmux client pid {clients[0].pid} may still be creating it")
-        if now and now == intent.get("instance"):
+        if now and now == intent.instance:
             return Inspection(
                 Status.NEVER_STARTED, detail=f"no session carries its marker on tmux server {now}, where it was to run"
             )
-        then = intent.get("instance") or "not recorded"
+        then = intent.instance or "not recorded"
         return Inspection(
             Status.GONE, detail=f"no session carries its marker, but the tmux server is {now or 'gone'} (was {then})"
         )
@@ -186,7 +187,7 @@ class TmuxBackend(Backend):
     async def instance(self, *, ensure: bool = False) -> str:
         return await self.server.instance(ensure=ensure)
 
-    async def snapshot(self, handle: dict) -> Snapshot:
+    async def snapshot(self, handle: TmuxHandle) -> Snapshot:
         return await self.server.snapshot(handle)
 
     async def vacancy(self, instance: str) -> str | None:
@@ -208,9 +209,9 @@ class TmuxBackend(Backend):
             return f"no tmux server runs on socket {self.socket}: every session it held is gone"
         return None
 
-    async def survivors(self, handle: dict) -> int:
+    async def survivors(self, handle: TmuxHandle) -> int:
         """Processes of its program's tree, and its shim (alive while its pane is): by their markers."""
-        marker = handle["marker"]
+        marker = handle.marker
         program = await asyncio.to_thread(procfs.find_tree, marker=marker)
         shim = await asyncio.to_thread(procfs.find_tree, marker=marker, variable=SHIM_MARKER_VARIABLE)
         return len(program) + len(shim)
@@ -229,26 +230,25 @@ class TmuxBackend(Backend):
 
     async def find_by_label(self, label: str) -> str | None:
         tagged = [t for t in await self.list_tagged() if t.tags["session"] == label]
-        return f"tmux session {tagged[0].handle['session']} is tagged with it" if tagged else None
+        return f"tmux session {tagged[0].handle.session} is tagged with it" if tagged else None
 
-    async def tag(self, handle: dict, **values: str | int) -> None:
+    async def tag(self, handle: TmuxHandle, **values: str | int) -> None:
         """Update owner tags (owner_pid, owner_started_at, heartbeat), e.g. by the worker that adopted it."""
         if not (await self.server.state(handle)).ours:
-            raise BackendError(f"no session {handle['session']} to tag")
+            raise BackendError(f"no session {handle.session} to tag")
         commands = [
-            ["set-option", "-t", f"={handle['session']}:", f"@tether_{key}", str(value)]
-            for key, value in values.items()
+            ["set-option", "-t", f"={handle.session}:", f"@tether_{key}", str(value)] for key, value in values.items()
         ]
         code, _, err = await self.server.run(*chain(commands))
         if code != 0:
-            raise BackendError(f"could not tag {handle['session']}: {err.strip()}")
+            raise BackendError(f"could not tag {handle.session}: {err.strip()}")
 
-    async def remove(self, handle: dict, grace: float = 2.0) -> None:
-        if "pane" not in handle:  # an intent whose session was never found: only processes by their markers
-            await ending.terminate_tree(marker=handle["marker"], grace=grace)
-            await ending.terminate_tree(marker=handle["marker"], variable=SHIM_MARKER_VARIABLE, grace=0)
+    async def remove(self, handle: TmuxHandle, grace: float = 2.0) -> None:
+        if not handle.pane:  # an intent whose session was never found: only processes by their markers
+            await ending.terminate_tree(marker=handle.marker, grace=grace)
+            await ending.terminate_tree(marker=handle.marker, variable=SHIM_MARKER_VARIABLE, grace=0)
             return
         state = await self.server.state(handle)
         await self.server.end_tree(handle, grace, state)
         if state.ours:  # never a session whose pane, name and marker do not all match
-            await self.server.kill_session(handle["session"])
+            await self.server.kill_session(handle.session)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from terminals.backends import procfs
 from terminals.backends.base import READ_CHUNK, BackendError, Exit, Process, Status
+from terminals.backends.handles import TmuxHandle
 from terminals.backends.tmux_control import ControlClient, Event, Sentinel
 from terminals.backends.tmux_server import PaneState, Snapshot, TmuxServer, tty_of
 from terminals.backends.tmux_shim import SENTINEL
@@ -29,16 +30,16 @@ class TmuxProcess(Process):
     can_snapshot = True
     survives_owner = True  # the tmux server keeps the session; a later worker adopts it
 
-    def __init__(self, server: TmuxServer, handle: dict, state: PaneState):
+    def __init__(self, server: TmuxServer, handle: TmuxHandle, state: PaneState):
         self.handle = handle
         self._server = server
-        self._pane = handle["pane"]
+        self._pane = handle.pane
         self._tty = state.tty
         self._shim = procfs.ProcessIdentity.of(state.pid) if state.pid else None
         self._client: ControlClient | None = None
         self._replies: list[Callable[[Event], None] | None] = []
         self._ready = bytearray()
-        self._sentinel = Sentinel(SENTINEL % handle["marker"].encode())
+        self._sentinel = Sentinel(SENTINEL % handle.marker.encode())
         self._ended = False
         self._dead_checks = 0
         self._stall: asyncio.TimerHandle | None = None
@@ -58,7 +59,7 @@ class TmuxProcess(Process):
         await self._drain()
 
     async def _attach_client(self) -> None:
-        argv = [*self._server.argv(), "-u", "-C", "attach-session", "-t", f"={self.handle['session']}"]
+        argv = [*self._server.argv(), "-u", "-C", "attach-session", "-t", f"={self.handle.session}"]
         # Alone on the socket until tmux has taken the client in: a notification meanwhile crashes tmux 3.3a.
         async with self._server.turn(alone=True):
             try:
@@ -79,7 +80,7 @@ class TmuxProcess(Process):
             async with self._server.turn():
                 await self._client.close()
             said = " ".join(event.lines if event else ["no answer in 10 s"])
-            raise BackendError(f"cannot attach to {self.handle['session']}: {said}{await self._server_changed()}")
+            raise BackendError(f"cannot attach to {self.handle.session}: {said}{await self._server_changed()}")
         self._send(f"refresh-client -f pause-after={PAUSE_AFTER}")
         self._send("refresh-client -B 'tether-dead::#{pane_dead}'")  # pane subscriptions skip dead panes
 
@@ -89,7 +90,7 @@ class TmuxProcess(Process):
             now = await self._server.instance()
         except BackendError as error:
             return f" (and {error})"
-        then = self.handle.get("instance", "")
+        then = self.handle.instance
         if not then or now == then:
             return f" (tmux server {now}, where it was made)" if now else ""
         return f" (the tmux server it was made in, {then}, is now {now or 'gone'})"
@@ -98,7 +99,7 @@ class TmuxProcess(Process):
         if self._client is None or not self._client.open:
             if quiet:  # bookkeeping of a stream that is being closed
                 return
-            raise BackendError(f"the tmux control client of {self.handle['session']} is closed")
+            raise BackendError(f"the tmux control client of {self.handle.session} is closed")
         self._client.send(command)
         self._replies.append(reply)
 
@@ -149,16 +150,16 @@ class TmuxProcess(Process):
             if reply is not None:
                 reply(event)
             elif event.error:
-                log.warning("tmux %s: %s", self.handle["session"], " ".join(event.lines))
+                log.warning("tmux %s: %s", self.handle.session, " ".join(event.lines))
         elif event.kind == "subscription" and event.pane == "tether-dead" and event.lines[0].startswith("1"):
             self._check_dead()
         elif event.kind == "pause" and event.pane == self._pane:
-            log.warning("tmux paused %s after %ss behind; output was lost", self.handle["session"], PAUSE_AFTER)
+            log.warning("tmux paused %s after %ss behind; output was lost", self.handle.session, PAUSE_AFTER)
             self._send(f"refresh-client -A '{self._pane}:continue'", quiet=True)
 
     def _unlock(self, gate: str) -> None:
         """Open one of the shim's gates; opening it twice is harmless (tmux says it is not locked)."""
-        self._send(f"wait-for -U tether-{gate}-{self.handle['marker']}", lambda reply: None, quiet=True)
+        self._send(f"wait-for -U tether-{gate}-{self.handle.marker}", lambda reply: None, quiet=True)
 
     def _check_dead(self) -> None:
         """Ask whether the pane is dead; the reply comes after every line written before it."""
@@ -200,7 +201,7 @@ class TmuxProcess(Process):
                 termios.tcflow(fd, action)
                 self._stopped = action == termios.TCOOFF
         except OSError as error:
-            log.warning("tmux %s: tcflow failed: %s", self.handle["session"], error)
+            log.warning("tmux %s: tcflow failed: %s", self.handle.session, error)
         finally:
             os.close(fd)
 
@@ -240,11 +241,11 @@ class TmuxProcess(Process):
             if self._exit is not None:  # terminate() read it meanwhile, before it removed the session
                 break
             if state.exit is None and state.status != Status.ALIVE:
-                raise BackendError(f"no exit can be known for {self.handle['session']}: {state.detail}")
+                raise BackendError(f"no exit can be known for {self.handle.session}: {state.detail}")
             self._exit = state.exit
             if self._exit is None:
                 # The shim wakes this channel; the timeout covers a session killed from outside.
-                await self._server.run("wait-for", f"tether-exit-{self.handle['marker']}", timeout=10)
+                await self._server.run("wait-for", f"tether-exit-{self.handle.marker}", timeout=10)
         return self._exit
 
     async def terminate(self, grace: float = 2.0) -> Exit | None:
@@ -260,7 +261,7 @@ class TmuxProcess(Process):
             await asyncio.sleep(0.02)
         # Kept before the session (tmux's record of the exit) goes: a wait() woken by the exit reads it here.
         self._exit = exit
-        await self._server.kill_session(self.handle["session"])
+        await self._server.kill_session(self.handle.session)
         return exit
 
     async def detach(self) -> None:

@@ -15,6 +15,7 @@ from signal import SIGTERM
 
 from terminals.backends import ending, procfs
 from terminals.backends.base import BackendError, Exit, Status
+from terminals.backends.handles import TmuxHandle
 from terminals.backends.tmux_shim import SHIM_MARKER_VARIABLE
 from terminals.children import DEVNULL, PIPE, Child
 
@@ -108,8 +109,8 @@ class TmuxServer:
         # A clean environment: the server copies it into every pane otherwise.
         self.env = {"LANG": "C.UTF-8", **{k: os.environ[k] for k in ("TMUX_TMPDIR",) if k in os.environ}}
 
-    def handle(self, session: str, pane: str, marker: str) -> dict:
-        return {"backend": "tmux", "socket": self.socket, "session": session, "pane": pane, "marker": marker}
+    def handle(self, session: str, pane: str, marker: str) -> TmuxHandle:
+        return TmuxHandle(socket=self.socket, session=session, pane=pane, marker=marker)
 
     def argv(self) -> list[str]:
         return [self.tmux, "-L", self.socket, "-f", "/dev/null"]
@@ -162,10 +163,10 @@ class TmuxServer:
             raise
         return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
-    async def state(self, handle: dict) -> PaneState:
+    async def state(self, handle: TmuxHandle) -> PaneState:
         fmt = f"{STATE}|#{{@tether_marker}}|#{{session_name}}|#{{pid}}"
         try:
-            code, out, err = await self.run("display-message", "-p", "-t", handle["pane"], fmt)
+            code, out, err = await self.run("display-message", "-p", "-t", handle.pane, fmt)
         except BackendError as error:
             return PaneState(Status.UNKNOWN, detail=str(error))
         if code != 0:
@@ -174,11 +175,11 @@ class TmuxServer:
         fields = out.rstrip("\n").split("|", 9)
         # display-message falls back to another pane, or to none, when the target is missing.
         if len(fields) < 10 or (fields[0], fields[7], fields[8]) != (
-            handle["pane"],
-            handle["marker"],
-            handle["session"],
+            handle.pane,
+            handle.marker,
+            handle.session,
         ):
-            return PaneState(Status.GONE, detail=f"no pane {handle['pane']} of session {handle['session']}")
+            return PaneState(Status.GONE, detail=f"no pane {handle.pane} of session {handle.session}")
         _, pid, tty, dead, status, signal, recorded = fields[:7]
         exit = exit_from(recorded)
         if exit is not None:
@@ -194,7 +195,7 @@ class TmuxServer:
         pid_if_alive = int(pid) if dead == "0" else 0
         return PaneState(verdict, True, exit, pid_if_alive, tty, program_ended=bool(recorded), detail=detail)
 
-    async def end_tree(self, handle: dict, grace: float, state: PaneState | None = None) -> None:
+    async def end_tree(self, handle: TmuxHandle, grace: float, state: PaneState | None = None) -> None:
         """End the program's tree, then the shim once it has recorded the exit.
 
         1. open the shim's release gate, so it ends as soon as it has recorded how the program ended;
@@ -205,18 +206,18 @@ class TmuxServer:
         """
         state = state or await self.state(handle)
         shim = None
-        if state.pid and procfs._has_marker(state.pid, handle["marker"], SHIM_MARKER_VARIABLE):
+        if state.pid and procfs._has_marker(state.pid, handle.marker, SHIM_MARKER_VARIABLE):
             shim = procfs.ProcessIdentity.of(state.pid)  # checked: tmux may have reaped it, freeing the pid
-        await self.run("wait-for", "-U", f"tether-release-{handle['marker']}")
-        ended = await ending.terminate_tree(marker=handle["marker"], grace=grace)
+        await self.run("wait-for", "-U", f"tether-release-{handle.marker}")
+        ended = await ending.terminate_tree(marker=handle.marker, grace=grace)
         no_program = not ended and not state.program_ended
         until = asyncio.get_running_loop().time() + SHIM_GRACE
         while shim is not None and shim.is_alive() and asyncio.get_running_loop().time() < until:
             if no_program:  # a shim just started may reach its gate only now
-                await asyncio.to_thread(_end_go_wait, handle["marker"])
+                await asyncio.to_thread(_end_go_wait, handle.marker)
             await asyncio.sleep(0.02)
         if (shim is not None and shim.is_alive()) or (state.status != Status.ALIVE and not state.program_ended):
-            await ending.terminate_tree(marker=handle["marker"], variable=SHIM_MARKER_VARIABLE, grace=0)
+            await ending.terminate_tree(marker=handle.marker, variable=SHIM_MARKER_VARIABLE, grace=0)
 
     async def unlock(self, gate: str, marker: str) -> None:
         await self.run("wait-for", "-U", f"tether-{gate}-{marker}")
@@ -245,14 +246,14 @@ class TmuxServer:
             return ""
         raise BackendError(f"cannot reach the tmux server on socket {self.socket}: {err.strip() or code}")
 
-    async def snapshot(self, handle: dict) -> Snapshot:
+    async def snapshot(self, handle: TmuxHandle) -> Snapshot:
         fmt = "#{pane_id}|#{@tether_marker}|#{cursor_x}|#{cursor_y}|#{pane_width}|#{pane_height}"
-        target = ("-t", handle["pane"])
+        target = ("-t", handle.pane)
         code, out, err = await self.run(
             "capture-pane", "-p", "-e", "-J", *target, ";", "display-message", "-p", *target, fmt
         )
         screen, _, last = out.rstrip("\n").rpartition("\n")
         fields = last.split("|")
-        if code != 0 or fields[:2] != [handle["pane"], handle["marker"]]:
-            raise BackendError(f"no screen for {handle['session']}: {err.strip() or 'not this session'}")
+        if code != 0 or fields[:2] != [handle.pane, handle.marker]:
+            raise BackendError(f"no screen for {handle.session}: {err.strip() or 'not this session'}")
         return Snapshot(screen.encode(), *(int(x) for x in fields[2:]))

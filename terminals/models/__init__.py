@@ -15,7 +15,6 @@ from terminals.models.workers import (
     Worker,
     WorkerEvent,
     WorkerState,
-    ends_with_worker,
     lease_expired,
     lease_expiry_expression,
 )
@@ -35,7 +34,6 @@ __all__ = [
     "Worker",
     "WorkerEvent",
     "WorkerState",
-    "ends_with_worker",
     "lease_expired",
     "lease_expiry_expression",
 ]

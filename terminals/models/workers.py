@@ -11,9 +11,12 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Case, F, Q, When
 from django.db.models.functions import Greatest, Now
+from django.db.models.query_utils import DeferredAttribute
 from django.utils import timezone
 
 from executions.models import AppendOnly, Execution
+from terminals.backends import handles
+from terminals.backends.handles import Handle
 
 
 class WorkerState(models.TextChoices):
@@ -66,11 +69,25 @@ class WorkerEvent(AppendOnly):
         return f"{self.from_state or '∅'} → {self.to_state}"
 
 
-def ends_with_worker(handle: dict) -> str:
-    """See ``ProcessLease.ends_with_worker``."""
-    if not handle or handle.get("launch") or "holder" in handle or handle.get("backend") not in ("local", "docker"):
-        return ""
-    return handle.get("unheld") or "no session holder runs on its host (TETHER_HOLDER is off, or it is not built)"
+class HandleAttribute(DeferredAttribute):
+    """A lease's handle is typed wherever it is read: whatever is assigned (the JSON read from the database, a
+    dict, a handle) becomes a ``Handle``, or None for none."""
+
+    def __set__(self, instance, value) -> None:
+        instance.__dict__[self.field.attname] = handles.load(value)
+
+
+class HandleField(models.JSONField):
+    """The handle as JSON in the database, written by ``terminals.backends.handles`` and read by it (the same
+    JSON every release wrote, so that releases read each other's leases)."""
+
+    descriptor_class = HandleAttribute
+
+    def get_prep_value(self, value):
+        return super().get_prep_value(handles.dump(value) if value is None or isinstance(value, Handle) else value)
+
+    def value_to_string(self, obj) -> str:
+        return self.get_prep_value(self.value_from_object(obj))
 
 
 def lease_expired() -> Q:
@@ -96,7 +113,7 @@ class ProcessLease(models.Model):
     execution = models.OneToOneField(Execution, on_delete=models.PROTECT, related_name="lease")
     worker = models.ForeignKey(Worker, null=True, blank=True, on_delete=models.PROTECT, related_name="leases")
     token = models.PositiveBigIntegerField(default=1)
-    handle = models.JSONField(default=dict, blank=True, help_text="Backend handle to find the process again.")
+    handle = HandleField(default=dict, blank=True, help_text="Backend handle to find the process again.")
     # Written by workers of releases before 0013 only (they extended each lease at every beat): kept, unused,
     # so such workers go on working during a rolling upgrade. Dropped in a later release.
     heartbeat_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -131,7 +148,7 @@ class ProcessLease(models.Model):
     def ends_with_worker(self) -> str:
         """Why this process ends when its worker stops, "" when something else keeps it (a session holder,
         a tmux server) or it is not started yet. The handle's secret is never shown."""
-        return ends_with_worker(self.handle or {})
+        return self.handle.ends_with_worker() if self.handle is not None else ""
 
     @property
     def is_live(self) -> bool:

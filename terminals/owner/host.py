@@ -147,7 +147,7 @@ class SessionHost:
                 # The dead pane only held the exit status, which is now recorded: remove the session.
                 await live.process.terminate(grace=0.5)
             await live.process.release()  # a holder kept the exit until now
-            if (getattr(live.process, "handle", None) or {}).get("holder"):
+            if (handle := getattr(live.process, "handle", None)) is not None and handle.held:
                 # Let go: recovery need not look for it (a crash before this line leaves it to recovery's sweep).
                 with contextlib.suppress(Exception):
                     await db(actions.note_holder_ended)(live.execution_pk)

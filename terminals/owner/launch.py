@@ -13,7 +13,9 @@ from config import logs
 from executions.models import Evidence, Execution, State
 from executions.spec import ExecutionSpec
 from terminals import actions, faults, marks
-from terminals.backends.base import BackendError, Launch, SpawnError, SpawnSpec, Tags
+from terminals.backends import handles
+from terminals.backends.base import BackendError, SpawnError, SpawnSpec, Tags
+from terminals.backends.handles import Handle
 from terminals.models import TerminalSession
 from terminals.outcome import Outcome
 from terminals.owner.context import WorkerContext, until_recorded
@@ -81,8 +83,8 @@ class Launcher:
         )
         backend = backend_for(machine)
 
-        async def before_start(handle: dict) -> None:
-            starting = {**handle, "launch": Launch.STARTING}
+        async def before_start(handle: Handle) -> None:
+            starting = handles.starting(handle)
             await until_recorded(lambda: db(actions.save_handle)(execution.pk, self.context.worker, token, starting))
             await faults.reached("launch.starting")
 
@@ -99,8 +101,7 @@ class Launcher:
                 except BackendError as error:
                     raise SpawnError(str(error)) from None
                 spec = replace(spec, argv=(mux, "mux", "--", *spec.argv))
-            intent = {"launch": Launch.SPAWNING, "backend": machine.backend, "instance": instance}
-            intent |= {"marker": tags.marker, "session": tags.session}
+            intent = handles.intent(machine.backend, instance=instance, marker=tags.marker, session=tags.session)
             execution = await until_recorded(
                 lambda: db(actions.begin_spawn)(execution, self.context.worker, token, intent, instance)
             )
@@ -120,7 +121,7 @@ class Launcher:
             await until_recorded(
                 lambda: db(actions.save_handle)(execution.pk, self.context.worker, token, process.handle)
             )
-            if (placed := process.handle.get("instance")) and placed != instance:
+            if (placed := process.handle.instance) and placed != instance:
                 # It was made in another object than the one looked up (a tmux server restarted in between).
                 execution = await until_recorded(
                     lambda: db(actions.begin_spawn)(execution, self.context.worker, token, process.handle, placed)
@@ -154,7 +155,7 @@ class Launcher:
         """We stalled while starting it and recovery took the lease meanwhile. If the new owner holds the
         process by its marker (adopted it, watches it), it is left to it; otherwise nobody observes it (its
         outcome was recorded without it, say unknown or never started): it is ours to end."""
-        if await db(actions.lease_follows)(execution.pk, self.context.worker, process.handle.get("marker")):
+        if await db(actions.lease_follows)(execution.pk, self.context.worker, process.handle.marker):
             log.warning("%s while starting it; its new owner holds it", error)
             await process.detach()
         else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from terminals.models import ProcessState, ends_with_worker
+from terminals.models import ProcessState
 from terminals.owner.live import LiveProcess
 from terminals.protocol import Attach, Attached, Observe, Role
 from transport.layers import MessageTooLarge
@@ -37,7 +37,7 @@ class Replay:
             screen=self.screen,
             fresh=self.fresh,
             process_state=ProcessState.LIVE,
-            ends_with_worker="" if live.process.survives_owner else ends_with_worker(live.process.handle),
+            ends_with_worker="" if live.process.survives_owner else live.process.handle.ends_with_worker(),
             tracked=live.marks_seen,
             role=role,
             cols=live.grid[0],

@@ -35,7 +35,7 @@ async def test_no_secret_made_here_appears_in_any_log(place, alice, bob):
         _, share = await sync_to_async(recording_actions.create_share_link)(alice, session)
         _, token = await sync_to_async(create_token)(alice, name="agent", scopes=["read", "run", "terminals"])
         lease = await sync_to_async(ProcessLease.objects.get)(execution_id=session.execution_id)
-        holder_secret = lease.handle["holder"]["secret"]
+        holder_secret = lease.handle.holder.secret
         base = f"http://127.0.0.1:{stack.ports[0]}"
         async with httpx.AsyncClient(base_url=base, timeout=30) as web:
             # A password sign-in, right and wrong.

@@ -221,6 +221,50 @@ def test_no_module_over_400_lines_and_no_class_over_250():
     assert len(sources) > 150 and not too_long
 
 
+HANDLE_NAMES = {"handle", "intent"}
+
+
+def _reads_by_key(source: Path) -> list[int]:
+    """Where ``source`` reads a backend handle as a dict: ``handle[...]``, ``handle.get(...)``, ``... in handle``
+    (a name or attribute called handle or intent)."""
+
+    def named(node) -> bool:
+        return (isinstance(node, ast.Name) and node.id in HANDLE_NAMES) or (
+            isinstance(node, ast.Attribute) and node.attr in HANDLE_NAMES
+        )
+
+    found = []
+    for node in ast.walk(ast.parse(source.read_text(), str(source))):
+        if isinstance(node, ast.Subscript) and named(node.value):
+            found.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            if named(node.func.value):
+                found.append(node.lineno)
+        elif isinstance(node, ast.Compare) and any(isinstance(op, ast.In | ast.NotIn) for op in node.ops):
+            if any(named(item) for item in node.comparators):
+                found.append(node.lineno)
+    return sorted(found)
+
+
+def test_a_backend_handle_is_read_by_key_in_one_place():
+    """A lease's handle is typed (terminals/backends/handles.py, the one place its JSON is read and written):
+    nothing else reads it as a dict."""
+    sources = [*_modules().values(), *sorted((ROOT / "bench").glob("*.py")), *sorted((ROOT / "tests").rglob("*.py"))]
+    readers = [
+        f"{source.relative_to(ROOT)}:{line}"
+        for source in sources
+        if source != ROOT / "terminals" / "backends" / "handles.py"
+        for line in _reads_by_key(source)
+    ]
+    assert len(sources) > 300 and readers == []
+
+
+def test_the_key_check_sees_each_way_of_reading_a_dict(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('handle["marker"]\nlease.handle.get("launch")\n"holder" in process.handle\nintent["x"]\n')
+    assert _reads_by_key(probe) == [1, 2, 3, 4]
+
+
 def test_the_import_check_sees_imports_in_functions_too(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def later():\n    from terminals.resolution import resolve\n    import terminals.wake\n")

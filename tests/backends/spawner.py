@@ -19,11 +19,12 @@ async def main() -> None:
         from terminals.backends.tmux import TmuxBackend as backend_class
     else:
         from terminals.backends.docker import DockerBackend as backend_class
+    from terminals.backends import handles
     from terminals.backends.base import SpawnSpec
 
     backend = backend_class(**json.loads(kwargs))
     process = await backend.spawn(SpawnSpec(argv=tuple(argv)), make_tags())
-    print(json.dumps(process.handle), flush=True)
+    print(json.dumps(handles.dump(process.handle)), flush=True)  # as a lease keeps it
     await asyncio.sleep(3600)
 
 

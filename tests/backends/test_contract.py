@@ -186,7 +186,7 @@ async def test_terminate_kills_a_tree_that_ignores_hup_and_term_and_returns_once
         # as a wait status it cannot tell from exit 137 (a holder saw the signal itself).
         assert exit == (
             Exit(code=128 + signal.SIGKILL, source=exit.source, ambiguous=True)
-            if backend.name == "docker" and "holder" not in process.handle
+            if backend.name == "docker" and process.handle.holder is None
             else Exit(signal=signal.SIGKILL, source=exit.source)
         )
         if backend.name == "docker":
@@ -309,7 +309,7 @@ async def test_inspect_sees_a_live_process_and_its_exit(make_backend):
     assert exit.code == 3
     seen = await observer.inspect(process.handle)
     # A plain local PTY cannot read back an exit it did not reap itself; a holder, tmux and docker can.
-    plain = first.name == "local" and "holder" not in process.handle
+    plain = first.name == "local" and process.handle.holder is None
     assert seen.status in ({Status.GONE} if plain else {Status.EXITED})
     if seen.status == Status.EXITED:
         assert seen.exit.code == 3

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import docker
@@ -23,6 +24,7 @@ from executions.models import Machine
 from terminals.backends import docker_process
 from terminals.backends.base import BackendError, Exit, SpawnError, SpawnSpec, Status
 from terminals.backends.docker import DockerBackend as HeldOrPlain
+from terminals.backends.handles import DockerHandle, load
 from terminals.backends.procfs import find_tree
 from terminals.registry import backend_for
 from tests.backends.conftest import exec_processes, make_tags, settled_exec_processes, wait_until
@@ -88,7 +90,7 @@ async def test_terminate_from_inside_the_container_when_host_pids_are_not_ours(c
     tags = make_tags()
     process = await DockerBackend(container=container).spawn(shell(*STUBBORN), tags)
     await read_until(process, b"ready")
-    del process.handle["process"]
+    process.handle = replace(process.handle, process=None)
     await asyncio.wait_for(process.terminate(grace=0.3), 30)
     assert await settled_exec_processes(container) == []
     assert find_tree(marker=tags.marker) == []
@@ -101,7 +103,7 @@ async def test_a_stale_host_pid_never_ends_a_strangers_session(container, strang
     process = await DockerBackend(container=container).spawn(shell(*STUBBORN), tags)
     await read_until(process, b"ready")
     await process.detach()
-    forged = dict(process.handle, process={**stranger.to_json(), "start_time": stranger.start_time + 1})
+    forged = replace(process.handle, process=replace(stranger, start_time=stranger.start_time + 1))
     await asyncio.wait_for(DockerBackend(container=container).remove(forged, grace=0.3), 30)
     assert stranger.is_alive()
     assert await settled_exec_processes(container) == []
@@ -141,7 +143,7 @@ async def test_dropping_a_stalled_stream_fakes_an_exit_that_inspect_does_not_bel
     await asyncio.sleep(1.5)  # nobody reads: the program and dockerd block in write
     await process.detach()
     await asyncio.sleep(0.5)
-    said = docker.APIClient().exec_inspect(process.handle["exec_id"])
+    said = docker.APIClient().exec_inspect(process.handle.exec_id)
     assert (said["Running"], said["ExitCode"]) == (False, 126)
     seen = await backend.inspect(process.handle)
     assert seen.status == Status.ALIVE, seen
@@ -157,6 +159,7 @@ async def test_dropping_a_stalled_stream_fakes_an_exit_that_inspect_does_not_bel
 SPAWNER = """
 import asyncio, json, sys, time
 from terminals.backends.docker import DockerBackend
+from terminals.backends import handles
 from terminals.backends.base import SpawnSpec
 from tests.backends.conftest import make_tags
 
@@ -169,21 +172,21 @@ async def main():
             pass
     except TimeoutError:
         pass
-    print(json.dumps(process.handle), flush=True)
+    print(json.dumps(handles.dump(process.handle)), flush=True)  # as a lease keeps it
     time.sleep(1000)  # hold the stream open until killed
 
 asyncio.run(main())
 """
 
 
-def spawn_in_other_process(container: str, *argv: str) -> tuple[subprocess.Popen, dict]:
+def spawn_in_other_process(container: str, *argv: str) -> tuple[subprocess.Popen, DockerHandle]:
     spawner = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(SPAWNER), container, *argv],
         cwd=REPO, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     line = spawner.stdout.readline()
     assert line, "the spawner printed no handle"
-    return spawner, json.loads(line)
+    return spawner, load(json.loads(line))
 
 
 @pytest.mark.parametrize("script", ["sleep 3; exit 5", "sleep 3; echo done; exit 5"])
@@ -249,7 +252,7 @@ async def test_an_unreachable_engine_is_unknown_not_gone(container, tmp_path):
     backend = DockerBackend(container=container, engine=f"unix://{tmp_path}/no-docker.sock")
     with pytest.raises(SpawnError, match="unreachable"):
         await backend.spawn(shell(), make_tags())
-    handle = {"engine": backend.engine, "container": container, "exec_id": "0" * 64, "marker": "m"}
+    handle = DockerHandle(engine=backend.engine, container=container, exec_id="0" * 64, marker="m")
     assert (await backend.inspect(handle)).status == Status.UNKNOWN
 
 
@@ -259,8 +262,8 @@ LOCAL_ENGINE = "unix:///var/run/docker.sock"
 async def test_an_explicit_engine_url_is_used_and_kept_in_the_handle(container):
     backend = DockerBackend(container=container, engine=LOCAL_ENGINE)
     process = await backend.spawn(shell("echo on-$((40+2)); read line; exit 5"), make_tags())
-    assert process.handle["engine"] == LOCAL_ENGINE
-    assert "process" in process.handle  # a unix socket is this host's engine: its pids are ours to check
+    assert process.handle.engine == LOCAL_ENGINE
+    assert process.handle.process is not None  # a unix socket is this host's engine: its pids are ours to check
     await read_until(process, b"on-42")
     await process.write(b"go\n")
     assert (await asyncio.wait_for(process.wait(), 10)).code == 5
@@ -278,7 +281,7 @@ async def test_inspect_and_remove_follow_the_engine_named_in_the_handle(containe
     seen = await elsewhere.inspect(process.handle)
     assert seen.status == Status.ALIVE, seen
     # The same exec named on an unreachable engine is unknown, even to a backend whose own engine works.
-    moved = dict(process.handle, engine=elsewhere.engine)
+    moved = replace(process.handle, engine=elsewhere.engine)
     assert (await DockerBackend(container=container, engine=LOCAL_ENGINE).inspect(moved)).status == Status.UNKNOWN
     await asyncio.wait_for(elsewhere.remove(process.handle, grace=0.3), 30)
     assert await settled_exec_processes(container) == []
@@ -323,13 +326,13 @@ async def test_a_stream_broken_while_docker_writes_is_no_exit_while_the_execs_pr
     await asyncio.sleep(1.5)  # nobody reads: the program and dockerd block in write
     process._sock.shutdown(socket.SHUT_RDWR)
     api = docker.APIClient()
-    said = wait_until(lambda: not (info := api.exec_inspect(process.handle["exec_id"]))["Running"] and info)
+    said = wait_until(lambda: not (info := api.exec_inspect(process.handle.exec_id))["Running"] and info)
     assert said["ExitCode"] == 126
     with pytest.raises(BackendError, match="126"):
         exit = await asyncio.wait_for(process.wait(), 15)
         pytest.fail(f"wait() took docker's 126 for an exit: {exit}")
     assert exec_processes(container)
-    remote = {key: value for key, value in process.handle.items() if key != "process"}
+    remote = replace(process.handle, process=None)
     seen = await backend.inspect(remote)
     assert seen.status == Status.ALIVE, seen
     await process.detach()
@@ -358,7 +361,7 @@ async def test_ending_from_inside_the_container_takes_session_members_without_th
     (stranger,) = wait_until(lambda: exec_processes(container))
     process = await backend.spawn(shell(*UNMARKED), make_tags())
     await read_until(process, b"ready")
-    del process.handle["process"]
+    process.handle = replace(process.handle, process=None)
     wait_until(lambda: len(exec_processes(container)) >= 4)  # and our three sleeps (ash execs the last command)
     if how == "terminate":
         await asyncio.wait_for(process.terminate(grace=0.3), 30)

@@ -25,6 +25,7 @@ import pytest
 
 from terminals.backends.base import SpawnSpec
 from terminals.backends.docker import DockerBackend
+from terminals.backends.handles import DockerHandle, load
 from terminals.backends.holder import holder_binary
 from terminals.backends.holder_wire import Frame, frame, parse_record
 from terminals.backends.local import LocalBackend
@@ -315,22 +316,22 @@ async def test_a_held_shell_outlives_the_process_that_started_it_and_another_att
         stdout=subprocess.PIPE,
         text=True,
     )
-    handle = json.loads(spawner.stdout.readline())
+    handle = load(json.loads(spawner.stdout.readline()))
     spawner.send_signal(signal.SIGKILL)
     spawner.wait()
-    assert "holder" in handle
+    assert handle.holder is not None
     backend = LocalBackend()
     seen = await backend.inspect(handle)
     assert seen.status.value == "alive" and seen.held
     process = await backend.attach(handle)
-    assert process.pid == handle["process"]["pid"] and process.stream_origin == 0
+    assert process.pid == handle.process.pid and process.stream_origin == 0
     await process.write(b"xyz\n")
     output = await drain(process)
     assert b"got-xyz" in output
     exit = await process.wait()
     assert (exit.code, exit.source) == (4, "the session holder's record")
     await process.release()
-    wait_until(lambda: not Path(handle["holder"]["dir"]).exists())
+    wait_until(lambda: not Path(handle.holder.dir).exists())
 
 
 async def test_terminate_ends_the_whole_session_and_the_holder_records_the_signal():
@@ -391,9 +392,9 @@ async def test_ending_a_held_shell_ends_its_daemons_below_the_holder_without_a_s
     process = await LocalBackend().spawn(SpawnSpec(argv=("/bin/sh", "-c", LEAVES_EVERY_NET)), make_tags())
     seen = await read_until(process, b"-up")
     daemon = ProcessIdentity.of(int(re.search(rb"daemon-(\d+)-up", seen).group(1)))
-    holder = ProcessIdentity.from_json(process.handle["holder"]["process"])
+    holder = process.handle.holder.process
     try:
-        assert process.handle["holder"]["subreaper"]
+        assert process.handle.holder.subreaper
         assert _parent_of(daemon.pid) == holder.pid
         reading = asyncio.ensure_future(drain(process, 20))
         exit = await asyncio.wait_for(process.terminate(grace=0.3), 20)
@@ -420,7 +421,7 @@ def test_serve_says_whether_its_holder_is_a_subreaper_and_an_answer_of_another_s
 # --- docker: the holder inside the container ---------------------------------------------------------
 
 
-def _docker_spawner(container: str, *argv: str) -> tuple[subprocess.Popen, dict]:
+def _docker_spawner(container: str, *argv: str) -> tuple[subprocess.Popen, DockerHandle]:
     spawner = subprocess.Popen(
         [sys.executable, "-m", "tests.backends.spawner", "docker", json.dumps({"container": container}), *argv],
         cwd=ROOT,
@@ -429,7 +430,7 @@ def _docker_spawner(container: str, *argv: str) -> tuple[subprocess.Popen, dict]
     )
     line = spawner.stdout.readline()
     assert line, "the spawner printed no handle"
-    return spawner, json.loads(line)
+    return spawner, load(json.loads(line))
 
 
 async def test_a_held_docker_shell_outlives_the_process_that_started_it_and_another_attaches_to_it(container):
@@ -439,12 +440,12 @@ async def test_a_held_docker_shell_outlives_the_process_that_started_it_and_anot
     spawner, handle = _docker_spawner(container, "/bin/sh", "-c", "echo pid-$$; read line; echo got-$line; exit 5")
     spawner.send_signal(signal.SIGKILL)
     spawner.wait()
-    assert "holder" in handle
+    assert handle.holder is not None
     backend = DockerBackend(container=container)
     seen = await backend.inspect(handle)
     assert seen.status.value == "alive" and seen.held, seen
     process = await backend.attach(handle)
-    assert process.pid == handle["holder"]["program"]
+    assert process.pid == handle.holder.program
     await process.write(b"xyz\n")
     output = await drain(process)
     assert f"pid-{process.pid}".encode() in output and b"got-xyz" in output
@@ -471,7 +472,7 @@ async def test_the_holder_is_copied_once_checked_by_digest_and_replaced_when_it_
 
     docker_held._installed.clear()
     first = await DockerBackend(container=container).spawn(SpawnSpec(argv=("true",)), make_tags())
-    path = first.handle["holder"]["binary"]
+    path = first.handle.holder.binary
     assert path.startswith("/tmp/.tether/holder-") and path.endswith(
         hashlib.sha256(binary.read_bytes()).hexdigest()[:16]
     )
@@ -513,7 +514,7 @@ async def test_where_the_holder_cannot_run_a_plain_exec_is_started_and_says_so()
     )
     try:
         process = await DockerBackend(container=name).spawn(SpawnSpec(argv=("sh", "-c", "echo plain")), make_tags())
-        assert "holder" not in process.handle and "cannot" in process.handle["unheld"], process.handle
+        assert process.handle.holder is None and "cannot" in process.handle.unheld, process.handle
         assert b"plain" in await drain(process)
         assert not process.survives_owner
     finally:

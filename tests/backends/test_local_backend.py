@@ -13,11 +13,13 @@ import signal
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from terminals.backends.base import SpawnError, SpawnSpec, Status
+from terminals.backends.handles import Handle, load
 from terminals.backends.local import LocalBackend
 from terminals.backends.procfs import ProcessIdentity, boot_id, find_tree, session_of
 from tests.backends.conftest import make_tags, session_leader, wait_until
@@ -33,18 +35,18 @@ async def test_a_plain_shell_whose_spawner_was_killed_is_gone_and_no_exit_is_inv
         stdout=subprocess.PIPE,
         text=True,
     )
-    handle = json.loads(spawner.stdout.readline())
+    handle = load(json.loads(spawner.stdout.readline()))
     backend = LocalBackend(holder=None)
     assert (await backend.inspect(handle)).status == Status.ALIVE
     spawner.send_signal(signal.SIGKILL)
     spawner.wait()
     # The PTY master died with its owner, so the session was hung up.
-    identity = ProcessIdentity.from_json(handle["process"])
+    identity = handle.process
     wait_until(lambda: not identity.is_alive())
     seen = await backend.inspect(handle)
     assert seen.status == Status.GONE
     assert seen.exit is None
-    assert find_tree(marker=handle["marker"]) == []
+    assert find_tree(marker=handle.marker) == []
 
 
 async def test_a_reused_pid_is_never_taken_for_the_original_process():
@@ -52,9 +54,9 @@ async def test_a_reused_pid_is_never_taken_for_the_original_process():
     process = await backend.spawn(SpawnSpec(argv=("sleep", "100")), make_tags())
     # The recorded process (pid, another start time) and its tree (another marker) are gone; the pid now
     # names a stranger to that handle.
-    forged = dict(process.handle, process={**process.handle["process"], "start_time": 1}, marker="0" * 24)
+    forged = replace(process.handle, process=replace(process.handle.process, start_time=1), marker="0" * 24)
     assert (await backend.inspect(forged)).status == Status.GONE
-    assert not ProcessIdentity.from_json(forged["process"]).signal(signal.SIGKILL)
+    assert not forged.process.signal(signal.SIGKILL)
     assert (await backend.inspect(process.handle)).status == Status.ALIVE
     await process.terminate(grace=0.2)
 
@@ -65,18 +67,20 @@ async def test_an_identity_from_another_boot_is_never_taken_for_a_live_process(s
     assert not other_boot.is_alive()
     assert not other_boot.is_present()
     assert not other_boot.signal(signal.SIGKILL)
-    handle = {"backend": "local", "process": other_boot.to_json(), "marker": secrets.token_hex(12)}
+    handle = load({"backend": "local", "process": other_boot.to_json(), "marker": secrets.token_hex(12)})
     assert (await LocalBackend(holder=None).inspect(handle)).status == Status.GONE
     await LocalBackend(holder=None).remove(handle, grace=0.2)  # the stranger leads a session of that very number
     assert stranger.is_alive()
 
 
-def stale_handle(pid: int, start_time: int) -> dict:
-    return {
-        "backend": "local",
-        "process": {"pid": pid, "start_time": start_time, "boot_id": boot_id()},
-        "marker": secrets.token_hex(12),
-    }
+def stale_handle(pid: int, start_time: int) -> Handle:
+    return load(
+        {
+            "backend": "local",
+            "process": {"pid": pid, "start_time": start_time, "boot_id": boot_id()},
+            "marker": secrets.token_hex(12),
+        }
+    )
 
 
 async def test_removing_a_stale_handle_spares_a_stranger_whose_session_reuses_the_pid(stranger):

@@ -11,12 +11,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from terminals.backends import procfs
 from terminals.backends.base import BackendError, Inspection, SpawnError, SpawnSpec, Status
+from terminals.backends.handles import TmuxHandle, load
 from terminals.backends.tmux import TmuxBackend
 from tests.backends.conftest import left_behind, make_tags
 from tests.backends.test_contract import drain, read_until, rss_kib
@@ -33,7 +35,7 @@ def tmux(socket: str, *args: str) -> str:
     return subprocess.run(["tmux", "-L", socket, *args], capture_output=True, text=True, check=True).stdout
 
 
-def spawn_elsewhere(socket: str, *argv: str) -> tuple[subprocess.Popen, dict]:
+def spawn_elsewhere(socket: str, *argv: str) -> tuple[subprocess.Popen, TmuxHandle]:
     """Spawn from another OS process, which can then be killed like a crashed worker."""
     spawner = subprocess.Popen(
         [sys.executable, "-m", "tests.backends.spawner", "tmux", json.dumps({"socket": socket}), *argv],
@@ -41,7 +43,7 @@ def spawn_elsewhere(socket: str, *argv: str) -> tuple[subprocess.Popen, dict]:
         stdout=subprocess.PIPE,
         text=True,
     )
-    return spawner, json.loads(spawner.stdout.readline())
+    return spawner, load(json.loads(spawner.stdout.readline()))
 
 
 async def eventually(
@@ -73,12 +75,12 @@ def kill(spawner: subprocess.Popen) -> None:
 
 async def test_a_session_survives_its_killed_spawner_and_its_exit_is_read_from_a_new_process(backend, tmux_socket):
     spawner, handle = spawn_elsewhere(tmux_socket, "/bin/sh")
-    assert handle["backend"] == "tmux" and handle["socket"] == tmux_socket
+    assert handle.backend == "tmux" and handle.socket == tmux_socket
     kill(spawner)
     seen = await TmuxBackend(socket=tmux_socket).inspect(handle)
     assert seen.status == Status.ALIVE
     assert seen.exit is None
-    tmux(tmux_socket, "send-keys", "-t", handle["pane"], "exit 4", "Enter")
+    tmux(tmux_socket, "send-keys", "-t", handle.pane, "exit 4", "Enter")
     seen = await eventually(lambda: backend.inspect(handle), lambda seen: seen.status == Status.EXITED)
     assert (seen.exit.code, seen.exit.signal) == (4, None)
     # A new owner of the ended program gets the end of its output and the same exit.
@@ -87,7 +89,7 @@ async def test_a_session_survives_its_killed_spawner_and_its_exit_is_read_from_a
     assert (await adopted.wait()).code == 4
     await backend.remove(handle, grace=0.5)
     assert (await backend.inspect(handle)).status == Status.GONE
-    assert left_behind(handle["marker"]) == []
+    assert left_behind(handle.marker) == []
 
 
 async def test_a_new_owner_adopts_a_live_session_and_sees_new_output(backend, tmux_socket):
@@ -195,8 +197,8 @@ async def test_tagged_sessions_are_listed_and_an_untagged_one_is_never_touched(b
 
     listed = await backend.list_tagged()
     # The session as listed: the spawn's handle says also which server it was made in.
-    assert [entry.handle for entry in listed] == [{k: v for k, v in process.handle.items() if k != "instance"}]
-    assert process.handle["instance"] == await backend.instance()
+    assert [entry.handle for entry in listed] == [replace(process.handle, instance=None)]
+    assert process.handle.instance == await backend.instance()
     assert listed[0].tags == {
         "session": "tether:session.1",
         "owner_pid": str(tags.owner_pid),
@@ -206,7 +208,7 @@ async def test_tagged_sessions_are_listed_and_an_untagged_one_is_never_touched(b
     }
 
     # A handle naming the stranger's pane, but not its marker, is refused; the real one is removed.
-    forged = dict(process.handle, pane=stranger, session="someone-else")
+    forged = replace(process.handle, pane=stranger, session="someone-else")
     assert (await backend.inspect(forged)).status == Status.GONE
     await backend.remove(forged, grace=0.2)
     for entry in listed:
@@ -245,7 +247,7 @@ async def test_snapshot_joins_a_wrapped_line_and_keeps_the_cursor_where_the_pane
         await read_until(process, b"$ ")
         await process.write(f"echo {long}\n".encode())
         await read_until(process, f"{long}\r\n$ ".encode())
-        rows, cursor = screen_of(tmux_socket, process.handle["pane"])
+        rows, cursor = screen_of(tmux_socket, process.handle.pane)
         assert rows[:6] == ["$ echo abcdefghijklm", "nopqrstuvwxyz0123456", "789ABCD", long[:20], long[20:], "$"]
         shot = await process.snapshot()
         assert shot.screen.split(b"\n")[:3] == [f"$ echo {long}".encode(), long.encode(), b"$ "]
@@ -260,7 +262,7 @@ async def test_snapshot_joins_a_wrapped_line_and_keeps_the_cursor_where_the_pane
         )
         try:
             await read_until(viewer, b"\x1b[6;3H")
-            assert screen_of(tmux_socket, viewer.handle["pane"]) == (rows, cursor)
+            assert screen_of(tmux_socket, viewer.handle.pane) == (rows, cursor)
         finally:
             await viewer.terminate(grace=0.2)
     finally:
@@ -328,7 +330,7 @@ async def test_a_shim_killed_before_it_recorded_the_exit_leaves_the_exit_unknown
     ended = tmp_path / "ended"
     script = f"trap 'echo 3 > {ended}; exit 3' HUP; echo ready; sleep 1000 & wait"
     process = await backend.spawn(SpawnSpec(argv=("sh", "-c", script)), make_tags())
-    pane = process.handle["pane"]
+    pane = process.handle.pane
     await read_until(process, b"ready")
     shim = int(tmux(tmux_socket, "display", "-p", "-t", pane, "#{pane_pid}"))
     os.kill(shim, signal.SIGKILL)
@@ -346,7 +348,7 @@ async def test_a_shim_killed_before_it_recorded_the_exit_leaves_the_exit_unknown
         await asyncio.wait_for(process.wait(), 10)
     assert await asyncio.wait_for(process.terminate(grace=0.2), 15) is None
     assert (await backend.inspect(process.handle)).status == Status.GONE
-    assert left_behind(process.handle["marker"]) == []
+    assert left_behind(process.handle.marker) == []
 
 
 async def test_a_missing_program_is_a_spawn_error_and_leaves_nothing(backend):
@@ -358,7 +360,7 @@ async def test_a_missing_program_is_a_spawn_error_and_leaves_nothing(backend):
 class FailingAttach(TmuxBackend):
     """A backend whose control client cannot attach, as when tmux refuses it right after the session is made."""
 
-    async def _adopt(self, handle: dict):
+    async def _adopt(self, handle: TmuxHandle):
         raise BackendError("refused for the test")
 
 
@@ -403,7 +405,7 @@ async def test_a_resize_while_the_reader_is_stalled_is_done_at_once_and_holds_no
         other = await backend.spawn(SpawnSpec(argv=("/bin/sh", "-c", "echo up; exec sleep 1000")), make_tags())
         await resizing
         assert time.monotonic() - began < 1.5
-        size = tmux(tmux_socket, "display", "-p", "-t", process.handle["pane"], "#{pane_width}x#{pane_height}")
+        size = tmux(tmux_socket, "display", "-p", "-t", process.handle.pane, "#{pane_width}x#{pane_height}")
         assert size.strip() == "100x30"
         await read_until(other, b"up")
     finally:
@@ -419,7 +421,7 @@ async def test_owner_tags_are_the_user_options_named_in_the_issue(backend, tmux_
     try:
 
         def option(name: str) -> str:
-            return tmux(tmux_socket, "show-options", "-t", f"={process.handle['session']}:", "-v", name).strip()
+            return tmux(tmux_socket, "show-options", "-t", f"={process.handle.session}:", "-v", name).strip()
 
         assert option("@tether_session") == "tether-tagged"
         assert option("@tether_owner_pid") == str(tags.owner_pid)
@@ -440,7 +442,7 @@ async def test_the_dead_pane_ends_as_its_program_did(backend, tmux_socket, endin
     process = await backend.spawn(SpawnSpec(argv=("sh", "-c", f"echo up; {ending}")), make_tags())
     await drain(process)
     await asyncio.wait_for(process.wait(), 10)
-    pane = process.handle["pane"]
+    pane = process.handle.pane
 
     shim = int(tmux(tmux_socket, "display", "-p", "-t", pane, "#{pane_pid}").strip())
     # The pane may be dead a moment before tmux has reaped the shim and read its status.

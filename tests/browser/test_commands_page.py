@@ -113,7 +113,7 @@ async def test_the_rail_follows_a_command_whose_outcome_became_unknown(page, hos
 
     def holder_pid() -> int:
         session = TerminalSession.objects.get(pk=session_id)
-        return ProcessLease.objects.get(execution_id=session.execution_id).handle["holder"]["process"]["pid"]
+        return ProcessLease.objects.get(execution_id=session.execution_id).handle.holder.process.pid
 
     os.kill(committed(holder_pid), signal.SIGKILL)
     await expect(page.locator("#terminal-status")).to_contain_text("outcome unknown", timeout=30_000)

@@ -183,7 +183,7 @@ def _unknown_with_a_child_left(dead_worker_pk: int, marker: str, leader: dict) -
         actor=TEST_ACTOR,
     )  # fmt: skip
     execution, lease = actions.claim_next_execution(worker, {"local"})
-    actions.save_handle(execution.pk, worker, lease.token, {"process": leader, "marker": marker})
+    actions.save_handle(execution.pk, worker, lease.token, {"backend": "local", "process": leader, "marker": marker})
     return actions.fenced_transition(
         execution, State.UNKNOWN, worker=worker, token=lease.token, evidence=Evidence.CONTROLLER_LOST
     )

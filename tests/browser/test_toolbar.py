@@ -40,9 +40,7 @@ async def assert_fits(page: Page, width: int) -> None:
 
 def kill_holder(session_id: str) -> None:
     session = TerminalSession.objects.get(pk=session_id)
-    os.kill(
-        ProcessLease.objects.get(execution_id=session.execution_id).handle["holder"]["process"]["pid"], signal.SIGKILL
-    )
+    os.kill(ProcessLease.objects.get(execution_id=session.execution_id).handle.holder.process.pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(

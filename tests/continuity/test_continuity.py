@@ -280,7 +280,7 @@ def _type_while_away(session, text: str) -> None:
     from terminals.models import ProcessLease
 
     handle = ProcessLease.objects.get(execution_id=session.execution_id).handle
-    subprocess.run(["tmux", "-L", handle["socket"], "send-keys", "-t", handle["pane"], "-l", text], check=True)
+    subprocess.run(["tmux", "-L", handle.socket, "send-keys", "-t", handle.pane, "-l", text], check=True)
 
 
 async def test_streaming_sessions_share_the_workers_flow_budget(place, operator):

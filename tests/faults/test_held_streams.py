@@ -12,6 +12,7 @@ from asgiref.sync import sync_to_async
 from websockets.exceptions import ConnectionClosed
 
 from executions.models import Evidence, Execution, ExecutionEvent, State
+from terminals.backends.handles import DockerHandle, LocalHandle
 from terminals.models import ProcessLease
 from tests.bridge.harness import Stack, Viewer
 
@@ -24,9 +25,9 @@ def _lease(execution_pk: int) -> ProcessLease | None:
     return ProcessLease.objects.filter(execution_id=execution_pk, released_at__isnull=True).first()
 
 
-def _shell_pid(handle: dict) -> int:
+def _shell_pid(handle: LocalHandle | DockerHandle) -> int:
     """The held shell's pid: on this host's /proc (local), or in its container's namespace (docker)."""
-    return handle["process"]["pid"] if "process" in handle else handle["holder"]["program"]
+    return handle.process.pid if handle.process is not None else handle.holder.program
 
 
 @pytest.mark.parametrize("backend", ["local", "docker"])
@@ -43,7 +44,7 @@ async def test_kill_9_mid_stream_then_the_adopter_delivers_every_byte_once_and_t
         await viewer.type("stty -echo -opost; echo shell-$$-ready\r")
         shell_pid = (await viewer.read_match(rb"shell-(\d+)-ready\n")).group(1)
         lease = await sync_to_async(_lease)(session.execution_id)
-        assert "holder" in lease.handle
+        assert lease.handle.holder is not None
         script = (
             f'f=$(mktemp); head -c {STREAM} /dev/urandom | base64 > $f; echo "<<$(sha256sum < $f | cut -c1-64)>>";'
             " echo '<<BEGIN>>'; cat $f; echo '<<END>>'; rm -f $f; sleep 1; exit 3\r"

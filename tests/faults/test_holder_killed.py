@@ -16,6 +16,7 @@ from asgiref.sync import sync_to_async
 from executions.actions import Actor
 from executions.models import Evidence, Execution, State
 from terminals import actions
+from terminals.backends.handles import Handle
 from terminals.backends.procfs import find_tree
 from terminals.models import ProcessLease
 from terminals.protocol import CloseCode
@@ -33,21 +34,19 @@ def zombies(container: str) -> int:
     return sum(line.split()[0].startswith("Z") for line in in_container(container, "ps", "-o", "stat").splitlines()[1:])
 
 
-def marked_left(backend: str, handle: dict) -> list[str]:
+def marked_left(backend: str, handle: Handle) -> list[str]:
     """What still runs with the session's marker (docker: the sleeps, as the container's ps shows them)."""
     if backend == "docker":
-        return [
-            line for line in in_container(handle["container"], "ps", "-o", "args").splitlines() if "sleep 1" in line
-        ]
-    return [str(identity.pid) for identity in find_tree(marker=handle["marker"])]
+        return [line for line in in_container(handle.container, "ps", "-o", "args").splitlines() if "sleep 1" in line]
+    return [str(identity.pid) for identity in find_tree(marker=handle.marker)]
 
 
-def kill_holder(backend: str, handle: dict) -> None:
+def kill_holder(backend: str, handle: Handle) -> None:
     if backend == "docker":
-        done = subprocess.run(["docker", "exec", handle["container"], "kill", "-9", str(handle["holder"]["pid"])])
+        done = subprocess.run(["docker", "exec", handle.container, "kill", "-9", str(handle.holder.pid)])
         assert done.returncode == 0
     else:
-        os.kill(handle["holder"]["process"]["pid"], signal.SIGKILL)
+        os.kill(handle.holder.process.pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("backend", ["local", "docker"])
@@ -67,7 +66,7 @@ async def test_a_holder_killed_from_outside_ends_unknown_leaves_nothing_running_
         lease = await sync_to_async(ProcessLease.objects.get)(execution_id=session.execution_id)
         handle = lease.handle
         assert len(marked_left(backend, handle)) >= 2
-        zombies_before = zombies(handle["container"]) if backend == "docker" else 0
+        zombies_before = zombies(handle.container) if backend == "docker" else 0
 
         kill_holder(backend, handle)
         exit = await viewer.wait_for("exit", timeout=60)
@@ -84,10 +83,10 @@ async def test_a_holder_killed_from_outside_ends_unknown_leaves_nothing_running_
             time.sleep(0.5)
         assert left == []
         if backend == "docker":
-            holder = handle["holder"]
-            said = in_container(handle["container"], holder["binary"], "status", holder["dir"]).strip()
+            holder = handle.holder
+            said = in_container(handle.container, holder.binary, "status", holder.dir).strip()
             assert said == "none" or said == "gone", said  # a zombie holder was "running"
-            assert zombies(handle["container"]) <= zombies_before
+            assert zombies(handle.container) <= zombies_before
 
         # The operator resolves it (the worker drained first), and the machine takes a new shell.
         await sync_to_async(stack.stop)()

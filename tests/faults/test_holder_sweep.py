@@ -14,6 +14,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from executions.models import Execution, State
+from terminals.backends.handles import Handle
 from terminals.models import ProcessLease
 from tests.bridge.harness import Stack, free_port
 from tests.factories import make_execution, make_spec
@@ -21,15 +22,15 @@ from tests.factories import make_execution, make_spec
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
 
-def holder_running(backend: str, handle: dict) -> bool:
+def holder_running(backend: str, handle: Handle) -> bool:
     """As ps sees it: the holder's process is there and no zombie."""
     if backend == "docker":
-        pid = str(handle["holder"]["pid"])
-        listing = subprocess.run(["docker", "exec", handle["container"], "ps", "-o", "pid,stat"],
+        pid = str(handle.holder.pid)
+        listing = subprocess.run(["docker", "exec", handle.container, "ps", "-o", "pid,stat"],
                                  capture_output=True, text=True, timeout=30).stdout  # fmt: skip
         return any(line.split()[0] == pid and not line.split()[1].startswith("Z") for line in listing.splitlines()[1:])
     try:
-        with open(f"/proc/{handle['holder']['process']['pid']}/stat") as stat:
+        with open(f"/proc/{handle.holder.process.pid}/stat") as stat:
             return stat.read().rpartition(")")[2].split()[0] not in ("Z", "X")
     except FileNotFoundError:
         return False
@@ -60,7 +61,7 @@ async def test_a_holder_that_outlived_its_settled_command_is_ended_by_recovery_a
         time.sleep(2)
         assert holder_running(backend, lease.handle)  # left behind: nothing would ever come for it
         if backend == "local":
-            assert os.path.isdir(lease.handle["holder"]["dir"])
+            assert os.path.isdir(lease.handle.holder.dir)
 
         port = free_port()
         await sync_to_async(stack.start_worker)(backend, env={"TETHER_WORKER_HTTP": f"127.0.0.1:{port}"})
@@ -74,7 +75,7 @@ async def test_a_holder_that_outlived_its_settled_command_is_ended_by_recovery_a
         lease = await sync_to_async(ProcessLease.objects.get)(execution_id=execution.pk)
         assert lease.holder_ended_at is not None
         if backend == "local":
-            assert not os.path.exists(lease.handle["holder"]["dir"])
+            assert not os.path.exists(lease.handle.holder.dir)
         recorded = await sync_to_async(Execution.objects.get)(pk=execution.pk)
         assert (recorded.state, recorded.exit_code) == (State.COMPLETED, 3)  # the record is left as it was
     finally:

@@ -89,7 +89,7 @@ def test_a_held_local_shell_is_adopted_by_a_worker_of_its_host_and_by_no_other()
         )  # fmt: skip
         wait_for(lambda: Execution.objects.filter(pk=execution.pk, state=State.RUNNING).exists(), what="running")
         lease = ProcessLease.objects.get(execution=execution)
-        assert lease.worker.host == "host-b" and "holder" in lease.handle
+        assert lease.worker.host == "host-b" and lease.handle.holder is not None
         on_b.send_signal(signal.SIGKILL)
         on_b.wait()
         time.sleep(int(stack.env()["TETHER_LEASE_TTL_SECONDS"]) + 3)
@@ -99,7 +99,7 @@ def test_a_held_local_shell_is_adopted_by_a_worker_of_its_host_and_by_no_other()
         start_worker_on(stack, "host-b")
         wait_for(lambda: execution.events.filter(evidence=Evidence.ADOPTED).exists(), what="adopted on b")
         adopted = ProcessLease.objects.get(execution=execution, released_at__isnull=True)
-        assert adopted.worker.host == "host-b" and adopted.handle["process"] == lease.handle["process"]
+        assert adopted.worker.host == "host-b" and adopted.handle.process == lease.handle.process
         assert Execution.objects.get(pk=execution.pk).state == State.RUNNING
     finally:
         stack.stop()

@@ -128,7 +128,7 @@ def test_an_owner_frozen_before_its_program_starts_proves_nothing_unless_its_nex
             timeout=40,
             what="recovery to settle it",
         )
-        marker = ProcessLease.objects.get(execution=execution).handle["marker"]
+        marker = ProcessLease.objects.get(execution=execution).handle.marker
         frozen.send_signal(signal.SIGCONT)  # it wakes and carries on from where it stopped
         if proven:
             assert (settled.state, settled.evidence) == (State.COMPLETED, Evidence.NEVER_STARTED)

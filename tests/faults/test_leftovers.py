@@ -13,6 +13,7 @@ import pytest
 from executions import actions as exec_actions
 from executions.models import Evidence, Execution, State
 from terminals import actions
+from terminals.backends.handles import LocalHandle
 from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity
 from terminals.resolution import ResolveRefused, resolve
 from tests.bridge.harness import Stack, wait_for
@@ -74,7 +75,7 @@ def test_resolve_refuses_while_any_process_of_the_tree_lives(place, dead_worker)
             scope="team-a", execution_id="tree", machine_name=machine.name, spec=make_spec("true"), actor=TEST_ACTOR
         )
         execution, lease = actions.claim_next_execution(dead_worker, {"local"})
-        actions.save_handle(execution.pk, dead_worker, lease.token, {"process": leader.to_json(), "marker": marker})
+        actions.save_handle(execution.pk, dead_worker, lease.token, LocalHandle(process=leader, marker=marker))
         execution = actions.fenced_transition(
             execution, State.UNKNOWN, worker=dead_worker, token=lease.token, evidence=Evidence.CONTROLLER_LOST
         )

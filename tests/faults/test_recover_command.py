@@ -17,6 +17,7 @@ from executions import actions as exec_actions
 from executions.models import Evidence, Execution, State
 from terminals import actions
 from terminals.backends.base import SpawnSpec, Tags
+from terminals.backends.handles import LocalHandle
 from terminals.backends.procfs import ProcessIdentity
 from terminals.backends.tmux import TmuxBackend
 from terminals.models import ProcessLease, Worker
@@ -70,23 +71,23 @@ def test_dry_run_lists_then_recovery_settles_and_removes_only_orphans(place, tmu
     )
     execution, lease = actions.claim_next_execution(owner, {"local"})
     gone = gone_identity()
-    actions.save_handle(execution.pk, owner, lease.token, {"process": gone.to_json(), "marker": "m" * 24})
+    actions.save_handle(execution.pk, owner, lease.token, LocalHandle(process=gone, marker="m" * 24))
     ProcessLease.objects.filter(pk=lease.pk).update(expires_at=Now() - timedelta(minutes=1))
     Worker.objects.filter(pk=owner.pk).update(lease_until=Now() - timedelta(minutes=1))  # nor its heartbeat
 
     dry = manage("recover_terminals", "--dry-run")
     assert dry.returncode == 0, dry.stderr
-    assert f"would remove   tmux session {orphan.handle['session']}" in dry.stdout
+    assert f"would remove   tmux session {orphan.handle.session}" in dry.stdout
     assert "would unknown  team-a/lost [local]" in dry.stdout
     assert "live-owner" not in dry.stdout and "untagged" not in dry.stdout
     assert Execution.objects.get(pk=execution.pk).state == State.DISPATCHED
-    assert orphan.handle["session"] in sessions(tmux_socket)
+    assert orphan.handle.session in sessions(tmux_socket)
 
     real = manage("recover_terminals")
     assert real.returncode == 0, real.stderr
     left = sessions(tmux_socket)
-    assert orphan.handle["session"] not in left
-    assert {mine.handle["session"], "untagged"} <= left
+    assert orphan.handle.session not in left
+    assert {mine.handle.session, "untagged"} <= left
     execution = Execution.objects.get(pk=execution.pk)
     assert (execution.state, execution.evidence) == (State.UNKNOWN, Evidence.CONTROLLER_LOST)
     assert Execution.objects.get(pk=execution.pk).machine.active_execution_id == execution.pk  # the slot stays taken

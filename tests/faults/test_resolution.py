@@ -61,7 +61,7 @@ def test_each_failed_check_is_named_and_refuses(place, dead_worker):
     sleeper = subprocess.Popen(["sleep", "1000"], start_new_session=True)
     try:
         me = ProcessIdentity.of(sleeper.pid)
-        handle = {"process": me.to_json(), "marker": "no-such-marker"}
+        handle = {"backend": "local", "process": me.to_json(), "marker": "no-such-marker"}
         execution = unknown_execution(place, "local", handle, dead_worker, "still-running")
 
         with pytest.raises(ResolveRefused) as refused:
@@ -98,7 +98,7 @@ def test_a_live_owner_refuses_until_drained(place):
     try:
         stack.start_worker("tmux")  # alive and beating, but it must not claim the local execution below
         worker = Worker.objects.get(pid=stack.workers[0].pid)
-        handle = {"process": {"pid": 1, "start_time": 0, "boot_id": "gone"}, "marker": "x"}
+        handle = {"backend": "local", "process": {"pid": 1, "start_time": 0, "boot_id": "gone"}, "marker": "x"}
         machine = place("local", "owned")
         execution, _ = exec_actions.submit_execution(
             scope="team-a", execution_id="owned", machine_name=machine.name, spec=make_spec("true"), actor=TEST_ACTOR
@@ -150,7 +150,7 @@ def test_a_live_owner_refuses_until_drained(place):
 
 
 def test_two_operators_resolving_at_once_get_one_winner(place, dead_worker):
-    handle = {"process": {"pid": 1, "start_time": 0, "boot_id": "gone"}, "marker": "none"}
+    handle = {"backend": "local", "process": {"pid": 1, "start_time": 0, "boot_id": "gone"}, "marker": "none"}
     execution = unknown_execution(place, "local", handle, dead_worker, "raced")
 
     def attempt(index: int):
@@ -206,7 +206,7 @@ def test_admin_resolve_form_shows_the_checks_refuses_then_resolves(
     """The admin form runs the checks itself; a staff member without the permission gets no form at all."""
     from django.urls import reverse
 
-    handle = {"process": {"pid": 1, "start_time": 0, "boot_id": "gone"}, "marker": "none"}
+    handle = {"backend": "local", "process": {"pid": 1, "start_time": 0, "boot_id": "gone"}, "marker": "none"}
     execution = unknown_execution(place, "local", handle, dead_worker, "admin-resolve")
     url = reverse("admin:executions_execution_resolve", args=[execution.pk])
 

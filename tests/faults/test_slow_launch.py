@@ -15,7 +15,6 @@ import pytest
 
 from executions import actions as exec_actions
 from executions.models import Evidence, Execution, State
-from terminals.backends.procfs import ProcessIdentity
 from terminals.models import ProcessLease
 from terminals.tasks import Tasks
 from tests.bridge.harness import Stack, wait_for
@@ -72,8 +71,8 @@ def test_a_worker_stopped_mid_launch_finishes_it_and_records_it(place):
         execution.refresh_from_db()
         assert execution.state == State.RUNNING
         lease = ProcessLease.objects.get(execution=execution)
-        assert "holder" in lease.handle and "launch" not in lease.handle
-        program = ProcessIdentity.from_json(lease.handle["process"])
+        assert lease.handle.holder is not None and lease.handle.started
+        program = lease.handle.process
         assert program.is_alive()
         program.signal(signal.SIGKILL)
         assert time.monotonic() - stopped_at < 60

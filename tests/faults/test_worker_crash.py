@@ -32,7 +32,7 @@ def execution_in(pk: int, *states: str):
 
 def _handle_saved(pk: int) -> bool:
     lease = ProcessLease.objects.filter(execution_id=pk, released_at=None).first()
-    return bool(lease and lease.handle and "launch" not in lease.handle)
+    return bool(lease and lease.handle is not None and lease.handle.started)
 
 
 def crash_stack() -> Stack:

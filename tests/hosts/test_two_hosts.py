@@ -62,7 +62,7 @@ def machine(name: str, backend: str, *, host: str = "", ref: str = "", engine: s
 
 def holder_host(execution_pk: int) -> str | None:
     lease = ProcessLease.objects.select_related("worker").filter(execution_id=execution_pk, released_at=None).first()
-    return lease.worker.host if lease and lease.worker and lease.handle and "launch" not in lease.handle else None
+    return lease.worker.host if lease and lease.worker and lease.handle is not None and lease.handle.started else None
 
 
 async def until(predicate, timeout: float = 30.0, what: str = "condition"):

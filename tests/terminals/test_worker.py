@@ -274,8 +274,8 @@ def test_sigterm_leaves_a_held_shell_running_and_the_next_worker_adopts_the_same
         worker = stack.start_worker("local")
         _wait_until_running(session.execution_id)
         lease = ProcessLease.objects.get(execution_id=session.execution_id)
-        assert "holder" in lease.handle
-        shell = ProcessIdentity.from_json(lease.handle["process"])
+        assert lease.handle.holder is not None
+        shell = lease.handle.process
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=20) == 0
         assert shell.is_alive()
@@ -287,7 +287,7 @@ def test_sigterm_leaves_a_held_shell_running_and_the_next_worker_adopts_the_same
             assert time.monotonic() < deadline, "the next worker never adopted the held shell"
             time.sleep(0.2)
         adopted = ProcessLease.objects.get(execution_id=session.execution_id, released_at__isnull=True)
-        assert adopted.worker_id != lease.worker_id and adopted.handle["process"] == lease.handle["process"]
+        assert adopted.worker_id != lease.worker_id and adopted.handle.process == lease.handle.process
         assert shell.is_alive()
     finally:
         stack.stop()
