@@ -55,9 +55,12 @@ class Right:
         found = TerminalSession.objects.select_related("machine").filter(pk=self.session.pk).first()
         return found if found is not None else self.session
 
+    def _who(self, user):
+        """Whom the decision is asked of: the API token the socket was opened with, or its person."""
+        return self.credential.token() if self.credential else user
+
     def may_write(self) -> bool:
-        who = self.credential.token() if self.credential else self.user
-        return may(who, Do.USE, self.fresh_session())
+        return may(self._who(self.user), Do.USE, self.fresh_session())
 
     def why_not(self, observing: bool) -> str:
         """ "" while it may still watch (``observing``) or write; else why not, in their words."""
@@ -66,7 +69,7 @@ class Right:
             return "This account was deactivated"
         if self.credential and (ended := self.credential.ended()):
             return f"The API token this socket was opened with was {ended}"
-        who = self.credential.token() if self.credential else user
+        who = self._who(user)
         session = self.fresh_session()  # its machine as it is now: a label taken off ends the grant on it
         if observing:
             return "" if may(who, Do.WATCH, session) else "You may no longer watch this shell"

@@ -27,8 +27,8 @@ def _taken(claim: int) -> bool:
 
 
 class ApiClients:
-    def __init__(self, context: WorkerContext, outbox: Outbox, writes: Writes, host):
-        self.context, self.outbox, self.writes, self.host = context, outbox, writes, host
+    def __init__(self, context: WorkerContext, outbox: Outbox, writes: Writes):
+        self.context, self.outbox, self.writes = context, outbox, writes
         self.handlers = {Peek: self.on_peek, ApiInput: self.on_api_input, ApiResize: self.on_api_resize}
 
     async def _api_target(self, message: ToOwner, by: str | None = None) -> LiveProcess | None:
@@ -115,9 +115,7 @@ class ApiClients:
             live.api_written[key] = True
             while len(live.api_written) > 4096:  # the oldest go: a retry comes within seconds, not hours
                 live.api_written.pop(next(iter(live.api_written)))
-            if message.by and live.writer_name and message.by != live.writer_name:
-                self.host.recorder.marker(live, f"{message.by} writes into the shell from here on")
-            live.writer_name = message.by or live.writer_name
+            self.writes.writer(live, message.by)
             await self.writes.keys(live, message.data)
         else:
             log.info("execution %s: API input %s delivered twice; not written again", live.execution_pk, key)

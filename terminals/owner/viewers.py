@@ -55,7 +55,7 @@ class ViewerService:
     def __init__(self, context: WorkerContext, leases: LeaseKeeper, outbox: Outbox, host, others=None):
         self.context, self.leases, self.outbox, self.host = context, leases, outbox, host
         self.writes = Writes(host, outbox)
-        self.api = ApiClients(context, outbox, self.writes, host)  # the API's reads, keys and grids
+        self.api = ApiClients(context, outbox, self.writes)  # the API's reads, keys and grids
         # Messages on the worker's channel about no process ({type: take(raw)}): taken at once, answered apart.
         self.others: dict = others or {}
         self.handlers = {
@@ -146,9 +146,7 @@ class ViewerService:
         if old and old.viewer_id != message.viewer:
             await self.outbox.send(old.channel, Superseded(live.token, message.by))
         was_watching = live.observers.pop(message.viewer, None) is not None  # an observer taking over
-        if message.by and live.writer_name and message.by != live.writer_name:
-            self.host.recorder.marker(live, f"{message.by} writes into the shell from here on")
-        live.writer_name = message.by or live.writer_name
+        self.writes.writer(live, message.by)
         cols, rows = message.cols, message.rows
         if isinstance(cols, int) and isinstance(rows, int) and 1 <= cols <= MAX_COLS and 1 <= rows <= MAX_ROWS:
             await self.writes.grid(live, cols, rows)

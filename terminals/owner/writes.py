@@ -15,6 +15,13 @@ class Writes:
     def __init__(self, host, outbox: Outbox):
         self.host, self.outbox = host, outbox
 
+    def writer(self, live: LiveProcess, by: str | None) -> None:
+        """``by`` writes from here on (a window attaching as the writer, an API client's keys): a change of
+        person is marked in the recording, so nobody writes into another's shell unnoticed."""
+        if by and live.writer_name and by != live.writer_name:
+            self.host.recorder.marker(live, f"{by} writes into the shell from here on")
+        live.writer_name = by or live.writer_name
+
     async def keys(self, live: LiveProcess, data: bytes) -> None:
         live.touch()
         await self.host.commands.typed(live, data)
