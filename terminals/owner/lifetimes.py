@@ -8,6 +8,7 @@ import time
 
 from terminals.lifetimes import CHECK_SECONDS, Act, judge
 from terminals.owner.context import WorkerContext, every
+from terminals.owner.host import SessionHost
 from terminals.owner.leases import LeaseKeeper
 from terminals.owner.live import LiveProcess
 from terminals.owner.outbox import Outbox
@@ -15,9 +16,9 @@ from terminals.protocol import ClosingSoon, Reason
 
 
 class LifetimeWatch:
-    """``host`` is the session host (terminals.owner.host): it ends what is past its limits."""
+    """``host`` ends what is past its limits."""
 
-    def __init__(self, context: WorkerContext, leases: LeaseKeeper, outbox: Outbox, host):
+    def __init__(self, context: WorkerContext, leases: LeaseKeeper, outbox: Outbox, host: SessionHost):
         self.context, self.leases, self.outbox, self.host = context, leases, outbox, host
 
     async def run(self) -> None:

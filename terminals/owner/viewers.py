@@ -17,6 +17,7 @@ from terminals import actions
 from terminals.models import TerminalSession
 from terminals.owner.api_clients import ApiClients
 from terminals.owner.context import WorkerContext, receive_forever
+from terminals.owner.host import SessionHost
 from terminals.owner.leases import LeaseKeeper
 from terminals.owner.live import LiveProcess, Observer, Viewer
 from terminals.owner.outbox import Outbox
@@ -49,12 +50,12 @@ log = logging.getLogger(__name__)
 
 
 class ViewerService:
-    """``host`` is the session host (terminals.owner.host): it ends or lets go of what a viewer's message
-    says must end."""
+    """``host`` ends or lets go of what a viewer's message says must end; its command tracker and recorder
+    see what a writer writes."""
 
-    def __init__(self, context: WorkerContext, leases: LeaseKeeper, outbox: Outbox, host, others=None):
+    def __init__(self, context: WorkerContext, leases: LeaseKeeper, outbox: Outbox, host: SessionHost, others=None):
         self.context, self.leases, self.outbox, self.host = context, leases, outbox, host
-        self.writes = Writes(host, outbox)
+        self.writes = Writes(host.commands, host.recorder, outbox)
         self.api = ApiClients(context, outbox, self.writes)  # the API's reads, keys and grids
         # Messages on the worker's channel about no process ({type: take(raw)}): taken at once, answered apart.
         self.others: dict = others or {}
