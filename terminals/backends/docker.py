@@ -326,7 +326,7 @@ class DockerBackend(Backend):
         return None
 
     async def survivors(self, handle: DockerHandle) -> int:
-        api = await self._client(handle.engine or self.engine)
+        api = await self._client(handle.engine if handle.engine is not None else self.engine)
         return await survivors(api, handle if handle.container else replace(handle, container=self.container))
 
     async def remove(self, handle: DockerHandle, grace: float = 2.0) -> None:

@@ -201,20 +201,30 @@ class Unreadable(Handle):
 
     @classmethod
     def load(cls, data: Mapping[str, Any]) -> Self:
-        return cls(extra=dict(data))
+        marker = data.get("marker")
+        return cls(extra=dict(data), marker=marker if isinstance(marker, str) else None)
 
     def dump(self) -> dict[str, Any]:
         return dict(self.extra)
 
     @property
+    def started(self) -> bool:
+        return "launch" not in self.extra  # a step of a launch this release may not know
+
+    @property
     def why(self) -> str:
         backend = self.extra.get("backend")
-        return f"a handle of backend {backend!r}, which this release does not have" if backend else "no backend"
+        if backend is None:
+            return "a handle without a backend"
+        if backend not in KINDS:
+            return f"a handle of backend {backend!r}, which this release does not have"
+        return f"a {backend} handle in a form this release cannot read"
 
 
 def load(data: Mapping[str, Any] | Handle | None) -> Handle | None:
-    """The handle a lease's JSON says; None for none (``{}``). Reading never fails: what this release cannot
-    read is ``Unreadable``."""
+    """The handle a lease's JSON says; None for none (``{}``). Reading never fails (every query that reads a
+    lease reads its handle): what this release cannot read, a later release's backend or value, is
+    ``Unreadable``."""
     if data is None or isinstance(data, Handle):
         return data
     if not data:
@@ -222,7 +232,10 @@ def load(data: Mapping[str, Any] | Handle | None) -> Handle | None:
     backend = data.get("backend")
     if backend is None and data.get("launch") == Launch.CLAIMED:
         return Claimed.load(data)
-    return KINDS[backend].load(data) if backend in KINDS else Unreadable.load(data)
+    try:
+        return KINDS[backend].load(data) if backend in KINDS else Unreadable.load(data)
+    except (ValueError, KeyError, TypeError, AttributeError):  # a launch step, a process of a later shape
+        return Unreadable.load(data)
 
 
 def dump(handle: Handle | None) -> dict[str, Any]:

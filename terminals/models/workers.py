@@ -83,11 +83,22 @@ class HandleField(models.JSONField):
 
     descriptor_class = HandleAttribute
 
-    def get_prep_value(self, value):
-        return super().get_prep_value(handles.dump(value) if value is None or isinstance(value, Handle) else value)
+    @staticmethod
+    def _json(value):
+        return handles.dump(value) if value is None or isinstance(value, Handle) else value
 
-    def value_to_string(self, obj) -> str:
-        return self.get_prep_value(self.value_from_object(obj))
+    def get_prep_value(self, value):
+        return super().get_prep_value(self._json(value))
+
+    def get_db_prep_save(self, value, connection):
+        # JSONField saves None as SQL NULL without asking get_prep_value: no handle is ``{}`` (NOT NULL).
+        return super().get_db_prep_save(self._json(value), connection)
+
+    def validate(self, value, model_instance) -> None:
+        super().validate(self._json(value), model_instance)
+
+    def value_to_string(self, obj):
+        return self._json(self.value_from_object(obj))
 
 
 def lease_expired() -> Q:

@@ -109,6 +109,14 @@ def test_a_handle_this_release_cannot_read_is_kept_as_it_came_and_says_why():
     assert not unreadable.held and unreadable.ends_with_worker() == ""
     backendless = {"process": {"pid": 1, "start_time": 1, "boot_id": "b"}, "marker": "m"}
     assert isinstance(load(backendless), Unreadable) and load(backendless).dump() == backendless
+    # A launch step or a process of a later shape: every query that reads a lease reads its handle, so reading
+    # never fails; the launch is not taken for a started process, the marker is still its.
+    stepped = EARLIER["docker_starting"] | {"launch": "placed"}
+    unreadable = load(stepped)
+    assert isinstance(unreadable, Unreadable) and unreadable.dump() == stepped and not unreadable.started
+    assert unreadable.marker == stepped["marker"] and "docker handle in a form" in unreadable.why
+    reshaped = EARLIER["local"] | {"process": {"pid": 1, "started": "later"}}
+    assert isinstance(load(reshaped), Unreadable) and load(reshaped).dump() == reshaped
 
 
 @pytest.mark.django_db(transaction=True)
@@ -127,7 +135,16 @@ def test_a_lease_keeps_the_handle_as_the_same_json_and_reads_it_typed():
     )
     execution, lease = actions.claim_next_execution(owner, {"local"})
     assert lease.handle == CLAIMED
-    assert ProcessLease.objects.filter(pk=lease.pk).values_list("handle", flat=True).get() == {"launch": "claimed"}
+    stored = ProcessLease.objects.filter(pk=lease.pk).values_list("handle", flat=True)
+    assert stored.get() == {"launch": "claimed"}
+    # No handle is {} (the column is NOT NULL), however it is written.
+    ProcessLease.objects.filter(pk=lease.pk).update(handle=None)
+    assert stored.get() == {} and ProcessLease.objects.get(pk=lease.pk).handle is None
+    lease.handle = CLAIMED
+    lease.save()
+    lease.handle = None
+    lease.save()
+    assert stored.get() == {} and lease.ends_with_worker == ""
     later = EARLIER["local_held"] | {"cgroup": "/x"}
     actions.save_handle(execution.pk, owner, lease.token, load(later))
     assert ProcessLease.objects.filter(pk=lease.pk).values_list("handle", flat=True).get() == later
