@@ -44,7 +44,8 @@ from terminals.backends.base import (
 from terminals.backends.handles import TmuxHandle
 from terminals.backends.holder import mux_program
 from terminals.backends.tmux_process import TmuxProcess
-from terminals.backends.tmux_server import SERVER_FORMAT, Snapshot, TmuxServer, chain, cmdline
+from terminals.backends.tmux_screen import Snapshot
+from terminals.backends.tmux_server import SERVER_FORMAT, TmuxServer, chain, cmdline
 from terminals.backends.tmux_shim import SHIM_MARKER_VARIABLE
 
 SHIM = Path(__file__).with_name("tmux_shim.py")

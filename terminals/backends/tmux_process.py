@@ -13,7 +13,8 @@ from terminals.backends import procfs
 from terminals.backends.base import READ_CHUNK, BackendError, Exit, Process, Status
 from terminals.backends.handles import TmuxHandle
 from terminals.backends.tmux_control import ControlClient, Event, Sentinel
-from terminals.backends.tmux_server import PaneState, Snapshot, TmuxServer, tty_of
+from terminals.backends.tmux_screen import Snapshot
+from terminals.backends.tmux_server import PaneState, TmuxServer, tty_of
 from terminals.backends.tmux_shim import SENTINEL
 
 log = logging.getLogger(__name__)

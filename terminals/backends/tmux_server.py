@@ -16,6 +16,7 @@ from signal import SIGTERM
 from terminals.backends import ending, procfs
 from terminals.backends.base import BackendError, Exit, Status
 from terminals.backends.handles import TmuxHandle
+from terminals.backends.tmux_screen import PANE_FORMAT, Snapshot, modes_of, parse_pane
 from terminals.backends.tmux_shim import SHIM_MARKER_VARIABLE
 from terminals.children import DEVNULL, PIPE, Child
 
@@ -23,26 +24,6 @@ SHIM_GRACE = 2.0  # seconds the shim may take to record the exit and end once th
 GONE_ERRORS = ("no server running", "error connecting", "can't find", "no such session", "server exited")
 SERVER_FORMAT = "#{socket_path}:#{pid}@#{start_time}"
 STATE = "#{pane_id}|#{pane_pid}|#{pane_tty}|#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{@tether_exit}"
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    screen: bytes  # capture-pane -p -e -J: the visible screen with its SGR escapes, wrapped lines joined
-    cursor_x: int
-    cursor_y: int
-    cols: int
-    rows: int
-
-    def render(self) -> bytes:
-        """Bytes that draw this screen on a terminal of the same size, cursor included. Blank lines first
-        scroll whatever was shown before into the scrollback, so nothing earlier is wiped."""
-        return (
-            b"\x1b[0m"
-            + b"\r\n" * self.rows
-            + b"\x1b[H"
-            + b"\r\n".join(self.screen.split(b"\n")[: self.rows])
-            + f"\x1b[0m\x1b[{self.cursor_y + 1};{self.cursor_x + 1}H".encode()
-        )
 
 
 @dataclass(frozen=True)
@@ -247,13 +228,48 @@ class TmuxServer:
         raise BackendError(f"cannot reach the tmux server on socket {self.socket}: {err.strip() or code}")
 
     async def snapshot(self, handle: TmuxHandle) -> Snapshot:
-        fmt = "#{pane_id}|#{@tether_marker}|#{cursor_x}|#{cursor_y}|#{pane_width}|#{pane_height}"
+        """The pane's screen, its modes, and in the alternate screen the primary one under it. Two reads when
+        it is in the alternate screen (tmux refuses ``capture-pane -a`` otherwise): the second says again
+        whether it still is, and the first is taken again if it changed in between."""
         target = ("-t", handle.pane)
-        code, out, err = await self.run(
-            "capture-pane", "-p", "-e", "-J", *target, ";", "display-message", "-p", *target, fmt
-        )
-        screen, _, last = out.rstrip("\n").rpartition("\n")
-        fields = last.split("|")
-        if code != 0 or fields[:2] != [handle.pane, handle.marker]:
-            raise BackendError(f"no screen for {handle.session}: {err.strip() or 'not this session'}")
-        return Snapshot(screen.encode(), *(int(x) for x in fields[2:]))
+        for _ in range(3):
+            code, out, err = await self.run(
+                "display-message", "-p", *target, PANE_FORMAT, ";", "capture-pane", "-p", "-e", "-J", *target
+            )
+            first, _, screen = out.partition("\n")
+            try:
+                pane = parse_pane(first)
+            except ValueError:
+                pane = {}
+            if code != 0 or (pane.get("pane_id"), pane.get("@tether_marker")) != (handle.pane, handle.marker):
+                raise BackendError(f"no screen for {handle.session}: {err.strip() or 'not this session'}")
+            primary = None
+            if pane["alternate_on"] == "1":
+                code, out, _ = await self.run(
+                    "capture-pane",
+                    "-p",
+                    "-e",
+                    "-J",
+                    "-a",
+                    *target,
+                    ";",
+                    "display-message",
+                    "-p",
+                    *target,
+                    "#{alternate_on}",
+                )
+                kept, _, still = out.rstrip("\n").rpartition("\n")
+                if code != 0 or still != "1":
+                    continue  # it left the alternate screen in between: read it again
+                primary = kept.encode()
+            return Snapshot(
+                screen.rstrip("\n").encode(),
+                int(pane["cursor_x"]),
+                int(pane["cursor_y"]),
+                int(pane["pane_width"]),
+                int(pane["pane_height"]),
+                modes_of(pane),
+                primary,
+                (int(pane["alternate_saved_x"] or 0), int(pane["alternate_saved_y"] or 0)),
+            )
+        raise BackendError(f"no screen for {handle.session}: it went in and out of the alternate screen")

@@ -1,0 +1,64 @@
+"""Through the whole stack: a page that comes back after more output than the worker keeps (a reload, a new
+tab) is drawn the screen as it is and then the live bytes, and what it shows equals, cell by cell, what a
+page that saw every byte shows (the same xterm.js, @xterm/headless), before and after the program leaves
+the alternate screen."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from tests.bridge.harness import Stack, Viewer, open_viewer
+from tests.screens.reference import differences, xterm_screen
+from tests.screens.test_tmux_screens import UNTOLD
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# About 250 KB in the alternate screen, through a 128 KiB buffer: the start of it is not kept.
+PROGRAM = r"""
+printf 'before the program \033[1;31mred\033[0m\r\n'
+printf '\033]2;a pager\007\033[?1049h\033[?1h\033=\033[?1002h\033[?1006h'
+i=1; while [ $i -le 4000 ]; do printf '\033[%s;1H\033[3%sm page line %s of the file, in colour\033[0m\033[K' \
+  $((i % 22 + 2)) $((i % 8)) $i; i=$((i+1)); done
+printf '\033[1;1H\033[7m the header, drawn once and long ago \033[0m\033[24;1H:'
+i=1; while [ $i -le 2000 ]; do printf '\033[%s;1H\033[3%sm page line %s again, in colour\033[0m\033[K' \
+  $((i % 22 + 2)) $((i % 8)) $i; i=$((i+1)); done
+printf '\033[24;2H READY'
+read answer
+printf '\033[?1006l\033[?1002l\033[?1l\033>\033[?1049lafter the pager: %s\r\nDONE' "$answer"
+"""
+
+
+async def test_a_page_back_past_the_buffer_shows_the_alternate_screen_and_its_modes_as_they_are(
+    terminal, operator, tmp_path
+):
+    script = tmp_path / "pager.sh"
+    script.write_text(PROGRAM)
+    stack = Stack(extra_env={"TETHER_RECONNECT_GRACE_SECONDS": "0", "TETHER_BUFFER_BYTES": "131072"})
+    try:
+        await sync_to_async(stack.start)("tmux")
+        first, session, cookie = await open_viewer(stack, terminal, operator, "tmux")
+        assert first.messages[-1]["offset"] == 0  # this page sees every byte: the truth
+        await first.type(f"sh {script}\r")
+        await first.read_until(b"READY", timeout=60)
+        await first.close()
+
+        again = await Viewer.open(stack.ports[0], session.id, cookie)
+        attached = await again.attach(since=0)  # a fresh page
+        assert attached["lost"] > 131072 and attached["offset"] == first.offset
+        redraw = base64.b64decode(attached["screen"])
+        page, truth = xterm_screen(redraw), xterm_screen(bytes(first.output))
+        assert truth["active"] == "alternate" and "the header" in truth["alternate"][0]["text"]
+        tail = xterm_screen(bytes(first.output[-131072:]))  # what the worker still keeps, drawn alone:
+        assert tail["active"] == "normal"  # the wrong buffer, without the header (the bug this redraw mends)
+        assert differences(page, truth, leave_out=UNTOLD) == []
+
+        await again.type("q\r")
+        await again.read_until(b"DONE")
+        page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output + again.output))
+        assert truth["active"] == "normal" and any(row["text"] == "after the pager: q" for row in truth["normal"])
+        assert differences(page, truth, leave_out=UNTOLD) == []
+    finally:
+        await sync_to_async(stack.stop)()
