@@ -14,11 +14,12 @@ const ACK_EVERY_BYTES = 64 * 1024; // well inside the worker's flow window (TETH
 export class AttachedStream {
   // send(message): on the current socket. grid(): the terminal's {cols, rows}. onSettled(): the replay
   // is drawn and the stream is live.
-  constructor({ screen, session, send, grid, onSettled }) {
+  constructor({ screen, session, send, grid, onSettled, onLoss = () => {} }) {
     this.screen = screen;
     this.send = send;
     this.grid = grid;
     this.onSettled = onSettled;
+    this.onLoss = onLoss; // (bytes lost, redrawn): output before the stream was not kept
     this.position = new StoredPosition(session);
     this.stored = this.position.load();
     this.generation = null;
@@ -96,6 +97,7 @@ export class AttachedStream {
     // The worker's flow window now starts at `offset`: say at once how far we really are.
     this.lastAck = Math.min(this.lastAck, message.offset);
     showLoss(this.screen, message);
+    if (message.lost > 0) this.onLoss(message.lost, Boolean(message.screen));
     if (this.confirming) {
       this.confirming = false;
       this.rendered({ now: true });

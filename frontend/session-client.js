@@ -41,6 +41,7 @@ export class SessionClient {
         this.setPhase("live", STATUS.connected, "ok");
         this.input.report();
       },
+      onLoss: (lost, redrawn) => this.page.gap(lost, redrawn),
     });
     this.input = new InputGate({
       live: () => this.phase === "live" && this.stream.live && this.conn.open,

@@ -74,6 +74,21 @@ class Page {
     this.warningEl = root.querySelector("#terminal-warning");
     this.keepOpenButton = root.querySelector("#terminal-keep-open");
     this.durabilityEl = root.querySelector("#terminal-durability");
+    this.gapEl = root.querySelector("#terminal-gap");
+    this.gapTextEl = root.querySelector("#terminal-gap-text");
+    root.querySelector("#terminal-gap-close").addEventListener("click", () => {
+      this.gapEl.hidden = true;
+    });
+  }
+
+  // Output this page will never see was not kept (a reload or an outage past what the worker keeps): said in
+  // a line of its own that stays until dismissed, where the screen's own repaint cannot overwrite it.
+  gap(lost, redrawn) {
+    const size = lost >= 1024 ? `${Math.round(lost / 1024)} KB` : `${lost} bytes`;
+    this.gapTextEl.textContent = redrawn
+      ? `Reconnected: the screen is as it is now; ${size} of earlier output are not kept`
+      : `Reconnected: ${size} of earlier output are not kept; the screen may be incomplete until the program draws it again`;
+    this.gapEl.hidden = false;
   }
 
   // Said while attached to a shell that no session holder keeps: a restart of Tether's worker ends it.
