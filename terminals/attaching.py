@@ -131,6 +131,9 @@ def _restart(session_id, user, reason: str) -> None:
         actions.start_next_generation(session, actions.Actor.for_user(user), reason)
 
 
+ANSWER_CHECK_SECONDS = 1.0  # how often a viewer waiting for its owner's answer looks who the owner is
+
+
 class Attacher:
     def __init__(
         self,
@@ -207,7 +210,10 @@ class Attacher:
                 else:
                     cols, rows = self.grid or (None, None)
                     await self.owner.attach(owner, **fields, cols=cols, rows=rows, follow=self.following)
-                return
+                if not await self._owner_moved_before_answering(owner):
+                    return  # answered, or still its owner's to answer (it may take its time)
+                said = None  # asked a worker that died before it answered: ask whoever holds it now
+                continue
             if target["lost"]:  # its worker stopped beating: say so, and wait for whoever takes it over
                 status = page.Status(StatusCode.OWNER_LOST, target["lost"], process_state="live")
             else:
@@ -219,6 +225,23 @@ class Attacher:
             await asyncio.sleep(0.1)
         text = "No worker is serving this session right now"
         await self.act(End(CloseCode.SERVER_RESTART, page.Status(StatusCode.NO_WORKER, text)))
+
+    async def _owner_moved_before_answering(self, owner) -> bool:
+        """Whether the session's owner changed (or its lease expired) before the one asked attached this viewer:
+        a worker killed between the lookup and the answer never answers, and the viewer that waited for it would
+        wait for ever (its owner check starts only once attached)."""
+        asked = time.monotonic()
+        while not self.stream.attached:
+            await asyncio.sleep(ANSWER_CHECK_SECONDS)
+            if self.stream.attached:
+                return False
+            now = (await db(_attach_target)(self.session_id))["owner"]
+            if now is None or (now.channel, now.token) != (owner.channel, owner.token):
+                log.info("session %s: its owner changed before it answered; asking again", self.session_id)
+                return True
+            if time.monotonic() - asked > ATTACH_WAIT_SECONDS:  # the ask or its answer was lost: ask again
+                return True
+        return False
 
     async def _closed_at_attach(self, target: dict) -> bool:
         """The process had ended: say how, then start a fresh shell if allowed. Returns whether to go on."""

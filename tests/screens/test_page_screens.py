@@ -62,3 +62,38 @@ async def test_a_page_back_past_the_buffer_shows_the_alternate_screen_and_its_mo
         assert differences(page, truth, leave_out=UNTOLD) == []
     finally:
         await sync_to_async(stack.stop)()
+
+
+async def test_after_a_kill_9_of_the_worker_the_page_gets_the_pager_and_its_modes_from_the_adopter(
+    terminal, operator, tmp_path
+):
+    script = tmp_path / "pager.sh"
+    script.write_text(PROGRAM)
+    stack = Stack(extra_env={"TETHER_RECOVERY_SECONDS": "1"})
+    try:
+        await sync_to_async(stack.start_daphne)()
+        owner = await sync_to_async(stack.start_worker)("tmux")
+        first, session, cookie = await open_viewer(stack, terminal, operator, "tmux")
+        await first.type(f"sh {script}\r")
+        await first.read_until(b"READY", timeout=60)
+        attached = next(m for m in first.messages if m["type"] == "attached")
+        await first.close()
+        owner.kill()  # SIGKILL
+        await sync_to_async(owner.wait)()
+        await sync_to_async(stack.start_worker)("tmux")
+
+        # The page comes back at once, before the dead owner's lease has expired: its attach goes to the dead
+        # worker, and must be asked again of the adopter (it waited for ever before).
+        again = await Viewer.open(stack.ports[0], session.id, cookie)
+        back = await again.attach(since=first.offset, generation=attached["generation"], epoch=attached["epoch"])
+        assert back["fresh"] is True and back["epoch"] != attached["epoch"]
+        redraw = base64.b64decode(back["screen"])
+        page, truth = xterm_screen(redraw), xterm_screen(bytes(first.output))
+        assert truth["active"] == "alternate" and differences(page, truth, leave_out=UNTOLD) == []
+
+        await again.type("q\r")
+        await again.read_until(b"DONE")
+        page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output + again.output))
+        assert truth["active"] == "normal" and differences(page, truth, leave_out=UNTOLD) == []
+    finally:
+        await sync_to_async(stack.stop)()
