@@ -26,7 +26,8 @@ from terminals.models import CommandRecord, ProcessLease, SessionEvent, Terminal
 from terminals.resolution import ResolveRefused, resolve, run_checks
 
 # Terminal control sequences: CSI (colours, cursor moves, modes), OSC (titles), and two-byte escapes.
-_ESCAPES = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+# CSI, OSC, then any other escape (keypad ESC = and ESC >, a charset's ESC ( B, DECSC ESC 7, ...).
+_ESCAPES = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[ -/]*[0-~]")
 
 
 COMMANDS_SHOWN = 50

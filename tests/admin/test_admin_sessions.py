@@ -165,3 +165,11 @@ def test_the_sessions_list_says_which_shells_would_end_with_their_worker_and_nev
     assert 'title="ends with its worker: a read-only /tmp">no</span>' in listed
     assert listed.count(">yes<") == 1
     assert "s3cr3t-never-shown" not in listed
+
+
+def test_a_screen_is_shown_as_text_without_any_of_its_escapes():
+    """A redraw carries modes as well as colours (a title, keypad mode ESC =, a charset): none is shown."""
+    from terminals.admin import screen_text
+
+    raw = b"\x1b]2;a title\x07\x1b[?1h\x1b=\x1b[1;31mred\x1b[0m\r\nnext\x1b>\x1b(B\x1b7!\x1b8"
+    assert screen_text(raw) == "red\nnext!"
