@@ -140,6 +140,9 @@ class TmuxBackend(Backend):
         except BackendError as error:
             await self.server.end_tree(handle, 0.5)
             await self.server.kill_session(name)
+            # A shim that was not one yet when its pane was looked at (tmux had forked, not exec'd it: a loaded
+            # host) dies of the pane's hang-up; SpawnError says nothing ran, so that is waited for (proven gone).
+            await ending.terminate_tree(marker=tags.marker, variable=SHIM_MARKER_VARIABLE, grace=0.5)
             raise SpawnError(str(error)) from None
 
     async def _adopt(self, handle: TmuxHandle) -> TmuxProcess:
