@@ -227,19 +227,18 @@ class Attacher:
         await self.act(End(CloseCode.SERVER_RESTART, page.Status(StatusCode.NO_WORKER, text)))
 
     async def _owner_moved_before_answering(self, owner) -> bool:
-        """Whether the session's owner changed (or its lease expired) before the one asked attached this viewer:
+        """Whether another worker holds the session before the one asked attached this viewer:
         a worker killed between the lookup and the answer never answers, and the viewer that waited for it would
         wait for ever (its owner check starts only once attached)."""
-        asked = time.monotonic()
         while not self.stream.attached:
             await asyncio.sleep(ANSWER_CHECK_SECONDS)
             if self.stream.attached:
                 return False
             now = (await db(_attach_target)(self.session_id))["owner"]
-            if now is None or (now.channel, now.token) != (owner.channel, owner.token):
+            # Another owner holds it now (an adopter): a lease that only looks expired for a moment (a late
+            # heartbeat on a loaded host) is no reason to ask again.
+            if now is not None and (now.channel, now.token) != (owner.channel, owner.token):
                 log.info("session %s: its owner changed before it answered; asking again", self.session_id)
-                return True
-            if time.monotonic() - asked > ATTACH_WAIT_SECONDS:  # the ask or its answer was lost: ask again
                 return True
         return False
 
