@@ -41,6 +41,7 @@ PANE_FIELDS = (
     "scroll_region_upper",
     "scroll_region_lower",
 )
+CAPTURE = ("capture-pane", "-p", "-e", "-J")  # the visible screen with its SGR escapes, wrapped lines joined
 PANE_FORMAT = "|".join(f"#{{{name}}}" for name in PANE_FIELDS) + "|#{?#{==:#{pane_title},#{host}},,#{pane_title}}"
 
 
@@ -93,6 +94,13 @@ class Snapshot:
     modes: Modes = field(default_factory=Modes)
     primary: bytes | None = None  # in the alternate screen: the primary one under it (capture-pane -a)
     saved: tuple[int, int] = (0, 0)  # in the alternate screen: the primary's cursor (x, y), restored on leaving
+
+    @classmethod
+    def of(cls, pane: dict, screen: bytes, primary: bytes | None) -> Snapshot:
+        """From ``PANE_FORMAT``'s answer (``parse_pane``) and the captures (``CAPTURE``)."""
+        saved = (int(pane["alternate_saved_x"] or 0), int(pane["alternate_saved_y"] or 0))
+        grid = (int(pane[name]) for name in ("cursor_x", "cursor_y", "pane_width", "pane_height"))
+        return cls(screen, *grid, modes_of(pane), primary, saved)
 
     @property
     def alternate(self) -> bool:

@@ -16,7 +16,7 @@ from signal import SIGTERM
 from terminals.backends import ending, procfs
 from terminals.backends.base import BackendError, Exit, Status
 from terminals.backends.handles import TmuxHandle
-from terminals.backends.tmux_screen import PANE_FORMAT, Snapshot, modes_of, parse_pane
+from terminals.backends.tmux_screen import CAPTURE, PANE_FORMAT, Snapshot, parse_pane
 from terminals.backends.tmux_shim import SHIM_MARKER_VARIABLE
 from terminals.children import DEVNULL, PIPE, Child
 
@@ -233,9 +233,7 @@ class TmuxServer:
         whether it still is, and the first is taken again if it changed in between."""
         target = ("-t", handle.pane)
         for _ in range(3):
-            code, out, err = await self.run(
-                "display-message", "-p", *target, PANE_FORMAT, ";", "capture-pane", "-p", "-e", "-J", *target
-            )
+            code, out, err = await self.run("display-message", "-p", *target, PANE_FORMAT, ";", *CAPTURE, *target)
             first, _, screen = out.partition("\n")
             try:
                 pane = parse_pane(first)
@@ -245,31 +243,11 @@ class TmuxServer:
                 raise BackendError(f"no screen for {handle.session}: {err.strip() or 'not this session'}")
             primary = None
             if pane["alternate_on"] == "1":
-                code, out, _ = await self.run(
-                    "capture-pane",
-                    "-p",
-                    "-e",
-                    "-J",
-                    "-a",
-                    *target,
-                    ";",
-                    "display-message",
-                    "-p",
-                    *target,
-                    "#{alternate_on}",
-                )
+                asked = (*CAPTURE, "-a", *target, ";", "display-message", "-p", *target, "#{alternate_on}")
+                code, out, _ = await self.run(*asked)
                 kept, _, still = out.rstrip("\n").rpartition("\n")
                 if code != 0 or still != "1":
                     continue  # it left the alternate screen in between: read it again
                 primary = kept.encode()
-            return Snapshot(
-                screen.rstrip("\n").encode(),
-                int(pane["cursor_x"]),
-                int(pane["cursor_y"]),
-                int(pane["pane_width"]),
-                int(pane["pane_height"]),
-                modes_of(pane),
-                primary,
-                (int(pane["alternate_saved_x"] or 0), int(pane["alternate_saved_y"] or 0)),
-            )
+            return Snapshot.of(pane, screen.rstrip("\n").encode(), primary)
         raise BackendError(f"no screen for {handle.session}: it went in and out of the alternate screen")
