@@ -1,0 +1,45 @@
+"""The screen rebuilt from an emulator's state (terminals/screen/serialize.cjs) is the screen: fuzzed in the page's
+own emulator (@xterm/headless), a terminal given the rebuilt screen at a random point of a random stream and then
+the rest of the stream ends in the same state, in everything compared (tests/screens/fuzz_rebuild.cjs), as one
+that saw every byte."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+FUZZ = Path(__file__).with_name("fuzz_rebuild.cjs")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fuzz(seed: int, count: int, cols: int, rows: int, *strip: str) -> dict:
+    done = subprocess.run(
+        ["node", str(FUZZ), str(seed), str(count), str(cols), str(rows), *strip],
+        capture_output=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize(("cols", "rows"), [(80, 24), (20, 6), (33, 7), (10, 3)])
+def test_a_rebuilt_screen_then_the_rest_of_the_stream_is_the_screen(cols, rows):
+    found = fuzz(1, 400, cols, rows)
+    assert found["failures"] == [], json.dumps(found["failures"][:3], indent=1, ensure_ascii=False)[:6000]
+    # Every split point is one a screen can be given at (no sequence older than the bytes looked back on).
+    assert found["unknown"] == 0
+    # Streams xterm.js itself throws on, and the one documented inexactness (a pending wrap over an erased last
+    # cell comes back as a space), stay rare.
+    assert found["broken"] <= 8
+    assert found["known"] <= 4
+
+
+def test_the_fuzz_sees_a_screen_rebuilt_wrong():
+    """The comparison is not blind: with the saved cursors left out of the rebuilt screens, it finds them."""
+    found = fuzz(1, 200, 20, 6, "\x1b7")
+    assert len(found["failures"]) >= 10
+    assert any(".saved" in difference for failure in found["failures"] for difference in failure["found"])
