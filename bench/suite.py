@@ -13,6 +13,7 @@ from bench.held import bench_holder
 from bench.latency import bench_echo, bench_echo_loaded, bench_echo_other_layer, bench_layers
 from bench.recordings import bench_recordings
 from bench.scale import bench_churn, bench_density
+from bench.screens import bench_screens
 from bench.sessions import Context
 from bench.throughput import bench_throughput
 
@@ -27,6 +28,7 @@ BENCHMARKS = {
     "holder": bench_holder,
     "commands": bench_commands,
     "recordings": bench_recordings,
+    "screens": bench_screens,
     "stalled": bench_stalled,
     "reconnect": bench_reconnect,
     "recovery": bench_recovery,

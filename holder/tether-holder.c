@@ -58,6 +58,8 @@
 /* frames */
 enum {
     F_ATTACH = 'A',  /* client: secret, then 8 bytes since */
+    F_ATTACH_SCREEN = 'B', /* client: as A, and the answer is followed by the screen kept (a P frame) */
+    F_SCREEN = 'P',  /* client: 8 bytes offset, then the screen there (at most CHUNK); holder: the same, or empty */
     F_INPUT = 'I',   /* client: bytes for the program */
     F_RESIZE = 'R',  /* client: 2 bytes cols, 2 bytes rows */
     F_ACK = 'C',     /* client: 8 bytes, output before it need not be kept */
@@ -76,6 +78,7 @@ struct conn {
     size_t in_len;
     unsigned char out[HEADER + 8 + CHUNK];
     size_t out_len, out_pos;
+    int screen_due;                   /* the screen kept is sent after the attach's answer */
 };
 
 static const char *dir;
@@ -99,6 +102,11 @@ static struct conn *pending[PENDING];
 static unsigned char input[3 * INPUT_FRAME];
 static size_t input_len;
 static long long kill_at_ms;     /* when the SIGKILL of a K frame is due; 0: none */
+/* The screen its client last left with the holder (P): opaque bytes, as of offset screen_at. A later client
+   that attaches with B gets it, so a new owner of the session rebuilds the screen where the last one was. */
+static unsigned char *screen;
+static size_t screen_len;
+static uint64_t screen_at;
 
 static long long now_ms(void) {
     struct timespec t;
@@ -311,7 +319,17 @@ static void queue(struct conn *c, int type, const unsigned char *payload, size_t
 static void fill(struct conn *c) {
     if (c->out_pos < c->out_len) return;
     c->out_len = c->out_pos = 0;
-    if (sent < total) {
+    if (c->screen_due) {
+        unsigned char frame[8 + CHUNK];
+        size_t n = 0;
+        if (screen) {
+            put64(frame, screen_at);
+            memcpy(frame + 8, screen, screen_len);
+            n = 8 + screen_len;
+        }
+        queue(c, F_SCREEN, frame, n);
+        c->screen_due = 0;
+    } else if (sent < total) {
         size_t n = total - sent;
         if (n > CHUNK) n = CHUNK;
         size_t at = sent % ring_size;
@@ -349,7 +367,7 @@ static int secret_matches(const unsigned char *given, size_t n) {
 }
 
 /* A pending connection's attach: with the secret it replaces the client (the newer attach wins). */
-static int attach(struct conn *c, const unsigned char *payload, size_t n) {
+static int attach(struct conn *c, const unsigned char *payload, size_t n, int with_screen) {
     if (n < 8 || !secret_matches(payload, n - 8)) {
         refuse(c, "refused: wrong secret");
         return 0;
@@ -368,6 +386,7 @@ static int attach(struct conn *c, const unsigned char *payload, size_t n) {
     put32(reply + 24, (uint32_t)program);
     reply[28] = ended ? 1 : 0;
     queue(c, F_ATTACHED, reply, sizeof reply);
+    c->screen_due = with_screen;
     return 1;
 }
 
@@ -422,6 +441,17 @@ static int client_frame(struct conn *c, int type, const unsigned char *p, size_t
     case F_QUIT:
         quit_now = 1;  /* carried out once the program has ended and its client has had the end */
         return 1;
+    case F_SCREEN: {
+        if (n < 8 || n > 8 + CHUNK) return 0;
+        unsigned char *copy = malloc(n - 8 ? n - 8 : 1);
+        if (!copy) return 1;  /* the screen kept stays the older one */
+        memcpy(copy, p + 8, n - 8);
+        free(screen);
+        screen = copy;
+        screen_len = n - 8;
+        screen_at = get64(p);
+        return 1;
+    }
     default:
         (void)c;
         return 0;  /* an attach again, or a type nobody knows */
@@ -442,14 +472,14 @@ static int process(struct conn *c, int authenticated) {
         int type = c->in[at];
         const unsigned char *payload = c->in + at + HEADER;
         if (!authenticated) {
-            if (type != F_ATTACH) return 0;
+            if (type != F_ATTACH && type != F_ATTACH_SCREEN) return 0;
             unsigned char copy[MAX_SECRET + 8];
             if (len > sizeof copy) { refuse(c, "refused: wrong secret"); return -1; }
             memcpy(copy, payload, len);
             at += HEADER + len;
             memmove(c->in, c->in + at, c->in_len - at);  /* what follows is the new client's */
             c->in_len -= at;
-            return attach(c, copy, len) ? 2 : -1;
+            return attach(c, copy, len, type == F_ATTACH_SCREEN) ? 2 : -1;
         }
         at += HEADER + len;
         if (!client_frame(c, type, payload, len)) { result = 0; break; }
@@ -806,9 +836,13 @@ static int serve(int argc, char **argv) {
     program = fork();
     if (program < 0) fail(ready[1], "error fork: %s\n", strerror(errno));
     if (program == 0) {
-        sigprocmask(SIG_UNBLOCK, &mask, NULL);
-        signal(SIGHUP, SIG_DFL);
-        signal(SIGPIPE, SIG_DFL);
+        /* Every signal as a terminal's program has it: none blocked, none ignored. Whoever started the worker
+           may have ignored some (a job started with `&` by a script ignores SIGINT and SIGQUIT), and an ignored
+           signal outlives exec: Ctrl-C would reach nothing the shell starts. */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        for (int sig = 1; sig < NSIG; sig++) if (sig != SIGKILL && sig != SIGSTOP) signal(sig, SIG_DFL);
         setsid();
         int slave = open(slave_name, O_RDWR);
         if (slave < 0) { int e = errno; ssize_t w = write(exec_report[1], &e, sizeof e); (void)w; _exit(127); }
@@ -1069,8 +1103,11 @@ static int mux(int argc, char **argv) {
         dup2(in[0], 0);
         dup2(out[1], 1);
         dup2(err[1], 2);
-        signal(SIGPIPE, SIG_DFL);
-        sigprocmask(SIG_SETMASK, &old, NULL);
+        /* As for a held program: no signal ignored or blocked (an interrupt must reach it). */
+        for (int sig = 1; sig < NSIG; sig++) if (sig != SIGKILL && sig != SIGSTOP) signal(sig, SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
         execvp(argv[0], argv);
         int e = errno;  /* told to the mux: the program did not start (an exec that works closes the pipe) */
         if (write(started[1], &e, sizeof e) != sizeof e) {}
@@ -1196,7 +1233,8 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "status")) return status(argc - 2, argv + 2);
     if (argc >= 3 && !strcmp(argv[1], "forget")) return forget(argc - 2, argv + 2);
     if (argc >= 3 && !strcmp(argv[1], "mux")) return mux(argc - 2, argv + 2);
-    if (argc >= 2 && !strcmp(argv[1], "version")) { printf("tether-holder 1\n"); return 0; }
+    /* The version, then what this holder does that the first did not (a worker asks before it uses them). */
+    if (argc >= 2 && !strcmp(argv[1], "version")) { printf("tether-holder 2 screens\n"); return 0; }
     fprintf(stderr, "usage: tether-holder serve DIR [options] -- ARGV... | attach DIR | status DIR | forget DIR | mux -- ARGV... | version\n");
     return 2;
 }

@@ -140,6 +140,7 @@ class OwnerWorker:
         if self.worker is not None:
             await db(actions.stop_worker)(self.worker, "drained" if self.drain_requested else "shut down")
         await self.context.tasks.close()
+        await self.context.screens.close()
         if self.context in metrics.HELD.contexts:
             metrics.HELD.contexts.remove(self.context)
 

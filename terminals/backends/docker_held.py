@@ -32,7 +32,7 @@ from terminals.backends.base import BackendError, Exit, Inspection, SpawnError, 
 from terminals.backends.docker_exec import ENGINE_ERRORS, end_tree, exec_state
 from terminals.backends.docker_process import DockerProcess
 from terminals.backends.handles import DockerHandle, DockerHolder, Launch
-from terminals.backends.holder import HeldProcess, ring_bytes
+from terminals.backends.holder import HeldProcess, holder_screens, ring_bytes
 from terminals.backends.holder_wire import Session, parse_record, parse_started
 from terminals.backends.procfs import MARKER_VARIABLE
 
@@ -162,6 +162,7 @@ async def spawn_held(
     """Raises Unheld when the holder cannot run there (nothing was started), SpawnError when the program
     could not be started."""
     holder = await install(api, engine_id, container, binary)
+    screens = await asyncio.to_thread(holder_screens, binary)
     place = f"{ROOT}/s-{tags.marker}"
     secret = secrets.token_hex(24)
     ring = ring_bytes()
@@ -174,7 +175,8 @@ async def spawn_held(
     held_env = {name: value for name, value in env.items() if name not in PROGRAM_ONLY}
     handle = DockerHandle(
         engine=engine, container=container, marker=tags.marker, session=tags.session, owner_pid=tags.owner_pid,
-        owner_started_at=tags.owner_started_at, holder=DockerHolder(binary=holder, dir=place, secret=secret, ring=ring),
+        owner_started_at=tags.owner_started_at,
+        holder=DockerHolder(binary=holder, dir=place, secret=secret, ring=ring, screens=screens or None),
     )  # fmt: skip
     try:
         created = await asyncio.to_thread(
@@ -219,7 +221,7 @@ async def attach_held(api: docker.APIClient, handle: DockerHandle, since: int = 
         link = RelayLink(DockerProcess(api, DockerHandle(exec_id=created["Id"], container=container), conn))
         try:
             session = Session(link)
-            return session, await session.attach(holder.secret, since)
+            return session, await session.attach(holder.secret, since, screens=bool(holder.screens))
         except BaseException:
             await link.close()
             raise

@@ -70,12 +70,14 @@ class Record:
 
 @dataclass(frozen=True, kw_only=True)
 class Holder(Record):
-    """A session holder: its directory (socket, exit record), the secret it asks of a client, and the bytes
-    its ring keeps (None: a holder started before that was written down keeps the default)."""
+    """A session holder: its directory (socket, exit record), the secret it asks of a client, the bytes its ring
+    keeps (None: a holder started before that was written down keeps the default), and whether it keeps a
+    screen for the next owner."""
 
     dir: str | None = None
     secret: str | None = None
     ring: int | None = None
+    screens: bool | None = None  # it keeps the screen its client leaves with it (a holder from before: None)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import struct
+import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -52,6 +53,26 @@ def holder_binary() -> Path | None:
     config = holder_config()
     path = Path(config.binary)
     return path if config.enabled and path.is_file() else None
+
+
+_VERSIONS: dict[tuple[str, float, int], str] = {}
+
+
+def holder_screens(binary: Path) -> bool:
+    """Whether ``binary`` keeps a screen for the next owner (``version`` says ``screens``): asked once per file
+    (a deploy may replace it under a running worker; a holder keeps the code it was started from)."""
+    try:
+        stat = binary.stat()
+    except OSError:
+        return False
+    key = (str(binary), stat.st_mtime, stat.st_size)
+    if key not in _VERSIONS:
+        try:
+            done = subprocess.run([str(binary), "version"], capture_output=True, timeout=10)
+            _VERSIONS[key] = done.stdout.decode(errors="replace")
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return "screens" in _VERSIONS[key].split()[2:]
 
 
 def mux_program() -> str:
@@ -99,6 +120,10 @@ class HeldProcess(Process):
         self._acked = attached.resume
         # What the holder keeps behind us (our buffer, rebuilt by a later owner), with room left to read on.
         self._keep = kept_behind(handle.holder.ring or HOLDER_DEFAULT_RING)
+        # The screen a later owner rebuilds from is the one left with the holder (``keep_screen``), at this
+        # offset: the holder keeps every byte after it (acknowledgements stop there). None: no screen is kept.
+        self.screen_kept: int | None = None
+        self.kept_screen = attached.screen  # the one the last owner left, as (offset, bytes)
         self._exit: Exit | None = None
         self._ended = asyncio.Event()
         self._reading = asyncio.Lock()
@@ -170,8 +195,20 @@ class HeldProcess(Process):
         self._received += len(payload) - 8
         return payload[8:]
 
+    @property
+    def keeps_screens(self) -> bool:
+        return bool(self.handle.holder.screens)
+
+    async def keep_screen(self, offset: int, data: bytes) -> None:
+        """Leave the screen at ``offset`` with the holder (for the next owner); output before it may then go."""
+        await self._session.link.write(frame(Frame.SCREEN, struct.pack(">Q", offset) + data))
+        self.screen_kept = max(self.screen_kept or 0, offset)
+        await self._ack()
+
     async def _ack(self) -> None:
         upto = self._received - self._keep
+        if self.screen_kept is not None:
+            upto = min(upto, self.screen_kept)
         if upto - self._acked >= ACK_EVERY:
             self._acked = upto
             await self._session.link.write(frame(Frame.ACK, struct.pack(">Q", upto)))

@@ -20,6 +20,8 @@ MAX_FRAME = 1024 * 1024  # the holder's own limit, both ways
 
 class Frame:
     ATTACH = ord("A")
+    ATTACH_SCREEN = ord("B")  # an attach whose answer is followed by the screen the holder keeps (SCREEN)
+    SCREEN = ord("P")  # 8 bytes offset, then a screen there (docs/holder.md); from the holder, empty for none
     INPUT = ord("I")
     RESIZE = ord("R")
     ACK = ord("C")
@@ -115,6 +117,8 @@ class Attached:
     total: int  # bytes the program has written so far
     pid: int
     ended: bool
+    # The screen the last owner left with the holder, as (offset, its bytes), when asked for (``screens``).
+    screen: tuple[int, bytes] | None = None
 
 
 class Session:
@@ -150,8 +154,11 @@ class Session:
         """The next frame's type and payload length, once its header is here."""
         return HEADER.unpack_from(self.pending) if len(self.pending) >= HEADER.size else None
 
-    async def attach(self, secret: str, since: int) -> Attached:
-        await self.link.write(frame(Frame.ATTACH, secret.encode() + struct.pack(">Q", since)))
+    async def attach(self, secret: str, since: int, screens: bool = False) -> Attached:
+        """Attach from ``since``; ``screens`` (a holder that keeps one: ``version`` says so) asks for the screen
+        left with it too."""
+        kind = Frame.ATTACH_SCREEN if screens else Frame.ATTACH
+        await self.link.write(frame(kind, secret.encode() + struct.pack(">Q", since)))
         got = await asyncio.wait_for(self.next(), 10)
         if got is None:
             raise BackendError("the holder closed the link at the attach")
@@ -161,7 +168,14 @@ class Session:
         if kind != Frame.ATTACHED or len(payload) != 29:
             raise BackendError(f"the holder answered the attach with frame {kind!r}")
         resume, lost, total, pid = struct.unpack_from(">QQQI", payload)
-        return Attached(resume, lost, total, pid, bool(payload[28]))
+        screen = None
+        if screens:
+            got = await asyncio.wait_for(self.next(), 10)
+            if got is None or got[0] != Frame.SCREEN or (got[1] and len(got[1]) < 8):
+                raise BackendError("the holder did not answer with its screen after the attach")
+            if got[1]:
+                screen = (struct.unpack_from(">Q", got[1])[0], got[1][8:])
+        return Attached(resume, lost, total, pid, bool(payload[28]), screen)
 
 
 Reconnect = Callable[[int], Awaitable[tuple[Session, Attached]]]  # since -> a new attached session

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import functools
 import os
 import pwd
 import shutil
@@ -47,6 +48,16 @@ _BUILT = object()
 
 def _set_size(fd: int, cols: int, rows: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+@functools.cache
+def _default_signals() -> tuple[str, ...]:
+    """``env --default-signal`` where env has it (GNU coreutils 8.31 on), else nothing."""
+    try:
+        done = subprocess.run(["env", "--default-signal", "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return ("env", "--default-signal") if done.returncode == 0 else ()
 
 
 async def _until_ready(fd: int, *, write: bool = False) -> None:
@@ -189,9 +200,11 @@ class LocalBackend(Backend):
         master, slave = os.openpty()
         try:
             _set_size(slave, spec.cols, spec.rows)
-            # setsid -c: a new session whose controlling terminal is the PTY (stdin).
+            # setsid -c: a new session whose controlling terminal is the PTY (stdin); env --default-signal: no
+            # signal ignored (a worker started as a script's `&` job ignores SIGINT and SIGQUIT, and an ignored
+            # signal outlives exec: Ctrl-C would reach nothing), as the session holder gives its program.
             popen = subprocess.Popen(
-                ["setsid", "-c", *spec.argv],
+                [*_default_signals(), "setsid", "-c", *spec.argv],
                 stdin=slave,
                 stdout=slave,
                 stderr=slave,

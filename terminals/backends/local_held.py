@@ -18,7 +18,7 @@ from terminals.backends.base import BackendError, Exit, Inspection, SpawnError, 
 from terminals.backends.config import holder_config
 from terminals.backends.ending import terminate_descendants, terminate_tree
 from terminals.backends.handles import LocalHandle, LocalHolder
-from terminals.backends.holder import HeldProcess, ring_bytes
+from terminals.backends.holder import HeldProcess, holder_screens, ring_bytes
 from terminals.backends.holder_wire import Session, SocketLink, parse_record, parse_started
 from terminals.backends.procfs import MARKER_VARIABLE, ProcessIdentity, boot_id
 from terminals.children import PIPE, Child
@@ -60,6 +60,7 @@ async def spawn_held(binary: Path, spec: SpawnSpec, tags: Tags, env: dict[str, s
         shutil.rmtree(place, ignore_errors=True)
         raise SpawnError(text.removeprefix("error ").strip() or err.decode(errors="replace").strip())
     started = parse_started(text)
+    screens = await asyncio.to_thread(holder_screens, binary)
     handle = LocalHandle(
         process=ProcessIdentity(pid=started.pid, start_time=started.start, boot_id=boot_id()),
         marker=tags.marker,
@@ -69,6 +70,7 @@ async def spawn_held(binary: Path, spec: SpawnSpec, tags: Tags, env: dict[str, s
             process=ProcessIdentity(pid=started.holder_pid, start_time=started.holder_start, boot_id=boot_id()),
             subreaper=started.subreaper,
             ring=ring,
+            screens=screens or None,
         ),
     )
     return await attach_held(handle)
@@ -80,7 +82,7 @@ async def attach_held(handle: LocalHandle, since: int = 0) -> HeldProcess:
     async def connect(since: int):
         session = Session(await SocketLink.open(os.path.join(holder.dir, "sock")))
         try:
-            return session, await session.attach(holder.secret, since)
+            return session, await session.attach(holder.secret, since, screens=bool(holder.screens))
         except BaseException:
             await session.link.close()
             raise

@@ -7,12 +7,16 @@ is told precisely how many bytes are gone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class OutputBuffer:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self._data = bytearray()
         self.start = 0  # absolute offset of the oldest byte still held
+        # Given each run of bytes let go of, with its offset, in order (the shell's screen: terminals.screen).
+        self.on_evict: Callable[[int, bytes], None] | None = None
 
     @property
     def end(self) -> int:
@@ -24,9 +28,15 @@ class OutputBuffer:
         self._data += chunk
         overflow = len(self._data) - self.capacity
         if overflow > 0:
+            if self.on_evict is not None:
+                self.on_evict(self.start, bytes(memoryview(self._data)[:overflow]))
             del self._data[:overflow]
             self.start += overflow
         return offset
+
+    def evicts(self, size: int) -> bool:
+        """Whether appending ``size`` more bytes lets go of some."""
+        return len(self._data) + size > self.capacity
 
     def since(self, offset: int) -> tuple[int, bytes, int]:
         """``(first_offset, bytes, lost)``: what follows ``offset``, and how many bytes after it are gone."""

@@ -15,6 +15,7 @@ class WorkerConfig:
     viewer_check_seconds: float  # between a viewer's keep-alives: three missed, an observer is forgotten
     reconnect_grace_seconds: float  # a viewer or API reader that went away holds the output back this long
     buffer_bytes: int  # each process's output kept for viewers that come back
+    screen_scrollback: int  # lines above a shell's screen its emulator keeps (0: no screens kept)
     flow_high_bytes: int  # a session's output unacknowledged at which reading it pauses...
     flow_low_bytes: int  # ...and at which it resumes
     flow_worker_bytes: int  # the worker's output in flight to all its viewers at once
@@ -36,6 +37,7 @@ class WorkerConfig:
             viewer_check_seconds=settings.TETHER_VIEWER_CHECK_SECONDS,
             reconnect_grace_seconds=settings.TETHER_RECONNECT_GRACE_SECONDS,
             buffer_bytes=settings.TETHER_BUFFER_BYTES,
+            screen_scrollback=settings.TETHER_SCREEN_SCROLLBACK,
             flow_high_bytes=settings.TETHER_FLOW_HIGH_BYTES,
             flow_low_bytes=settings.TETHER_FLOW_LOW_BYTES,
             flow_worker_bytes=settings.TETHER_FLOW_WORKER_BYTES,

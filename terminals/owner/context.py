@@ -16,6 +16,7 @@ from terminals.backends.procfs import ProcessIdentity
 from terminals.models import Worker
 from terminals.owner.config import WorkerConfig
 from terminals.owner.live import FlowBudget, LiveProcess
+from terminals.screen import Screens
 from terminals.tasks import Tasks
 
 log = logging.getLogger(__name__)
@@ -38,9 +39,11 @@ class WorkerContext:
     # Trees ended at once: they share their passes over /proc (procfs.shared_table).
     ending: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
     draining: bool = False  # taking no new work
+    screens: Screens = field(init=False)  # its shells' screens (the emulator process, started on first use)
 
     def __post_init__(self) -> None:
         self.budget = FlowBudget(self.config.flow_worker_bytes, self.config.flow_high_bytes)
+        self.screens = Screens(self.config.screen_scrollback)
 
 
 def db_apart(function):

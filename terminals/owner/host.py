@@ -34,6 +34,7 @@ from terminals.owner.context import WorkerContext, until_recorded
 from terminals.owner.leases import LeaseKeeper
 from terminals.owner.live import LiveProcess, Phase
 from terminals.owner.outbox import Outbox
+from terminals.owner.screens import keep_screen
 from terminals.protocol import Closed, Exited, NextGeneration, Reason, Request
 from terminals.wake import WAKE_CHANNEL
 
@@ -87,6 +88,8 @@ class SessionHost:
             live.adopted_screen = len(screen)
         # A held stream resumed by a new owner goes on at the holder's offsets: viewers keep their place.
         live.buffer.start = live.acked = process.stream_origin
+        if live.session_id and not process.can_snapshot:
+            keep_screen(self.context.screens, live, process, adopted)
         if adopted and process.offsets_survive_owner:
             # Its viewer, or an API client reading its output, is on its way back: keep the window it left, as
             # for a viewer that just went away, so the holder's output waits for it instead of running past
@@ -160,6 +163,8 @@ class SessionHost:
             saver.stop()
             self.context.live.pop(live.execution_pk, None)
             live.forget_flow()
+            if live.screen is not None:
+                live.screen.close()
 
     async def _still_owner(self, live: LiveProcess) -> bool:
         """Output waits until the leases are confirmed (after a stall), so two owners never act on one
@@ -229,6 +234,8 @@ class SessionHost:
         if not live.advance(Phase.LET_GO):
             return
         self.context.live.pop(live.execution_pk, None)
+        if live.screen is not None:
+            live.screen.close()
         if live.pump_task and live.pump_task is not asyncio.current_task():
             live.pump_task.cancel()
         await self.outbox.to_all(live, Closed(Reason.LET_GO, why, live.token))

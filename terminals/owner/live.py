@@ -21,6 +21,7 @@ from terminals.marks import MarkReader
 from terminals.owner.buffer import OutputBuffer
 from terminals.owner.config import WorkerConfig
 from terminals.protocol import Reason
+from terminals.screen import ShellScreen
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,8 @@ class LiveProcess:
     recording: Take | None = None  # its recording as this owner takes it (recordings.recorder)
     marks: MarkReader | None = None  # the shell's command marks, when it was started with the integration
     marks_seen: bool = False
+    # Its screen at the buffer's start, kept by the worker's emulator (a shell's, where tmux keeps none).
+    screen: ShellScreen | None = None
     # (API client, seq) of the API input written lately: a repeated delivery is not written twice.
     api_written: dict[tuple[str, int], bool] = field(default_factory=dict)
     prompt_shown_at: float | None = None  # when a POSIX shell's last prompt ended (its B mark), our clock
@@ -228,6 +231,8 @@ class LiveProcess:
                 chunk = await self.process.read()
                 if not chunk:
                     break
+                if self.screen is not None and self.buffer.evicts(len(chunk)):
+                    await self.screen.ready()  # the buffer lets go of bytes, into the screen's emulator
                 # Appending and sending under one lock keeps every viewer's stream in offset order:
                 # an attach replays from the buffer under the same lock, so no chunk overtakes it.
                 async with self.send_lock:

@@ -1,6 +1,7 @@
 """What a viewer attaching (or observing) is sent first: the kept output from where it asks, or, when bytes
-were lost or the stream restarted under a new owner, the screen as it is now where the backend knows it
-(tmux), then the stream from there with no gap and no duplicate."""
+were lost or the stream restarted under a new owner, the screen (at the buffer's start, kept by the worker's
+emulator; or as it is now, where the backend knows it: tmux), then the stream from there with no gap and no
+duplicate."""
 
 from __future__ import annotations
 
@@ -57,10 +58,21 @@ async def replay_for(live: LiveProcess, message: Attach | Observe, message_bytes
     asked = max(int(message.since or 0), 0)
     since = asked if same_stream else 0
     first, data, lost = live.buffer.since(since)
+    fresh = message.generation == live.generation and not same_stream and asked > 0
     screen = None
     # The screen as adopted was drawn for the grid the shell had then: a viewer that would replay it
     # gets the screen as it is now, after its own resize (on_attach), drawn for its grid.
     redraw = bool(live.adopted_screen) and live.buffer.start == 0 and first < live.adopted_screen
+    if lost and live.screen is not None:
+        # The shell's screen at the buffer's start (the worker's emulator kept it), then every byte kept: the
+        # screen as it is, with no gap and no duplicate. Not given where it is not exact (the tail is).
+        kept = await live.screen.screen()
+        if kept is not None and first <= kept.offset <= live.buffer.end and len(kept.data) <= message_bytes - 65536:
+            # (An adopter's buffer may begin before the screen it was left: the bytes before it are not sent.)
+            start, rest, _ = live.buffer.since(kept.offset)
+            return Replay(start, rest, start - since, kept.data, fresh)
+        if kept is None:
+            log.info("execution %s: no screen (%s); replaying the tail", live.execution_pk, live.screen.inexact)
     if (lost or redraw) and live.process.can_snapshot:
         # tmux knows the screen as it is now: a labelled fresh screen beats a torn tail.
         try:
@@ -73,5 +85,4 @@ async def replay_for(live: LiveProcess, message: Attach | Observe, message_bytes
         else:
             lost = live.buffer.end - since if lost else 0
             first, data = live.buffer.end, b""
-    fresh = message.generation == live.generation and not same_stream and asked > 0
     return Replay(first, data, lost, screen, fresh)

@@ -39,5 +39,7 @@ class Writes:
             if (cols, rows) == live.grid:
                 return
             live.grid = (cols, rows)
+            if live.screen is not None:
+                live.screen.resize(cols, rows, live.buffer.end)
             self.recorder.resize(live, cols, rows)
             await self.outbox.to_observers(live, Grid(live.buffer.end, cols, rows, live.token))

@@ -77,7 +77,7 @@ let finalsOf = null;
 function finalOf(Terminal, charset) {
   if (!finalsOf) {
     finalsOf = new Map();
-    const probe = new Terminal({ cols: 10, rows: 2, allowProposedApi: true });
+    const probe = new Terminal({ cols: 10, rows: 2, allowProposedApi: true, logLevel: "off" });
     for (const final of FINALS) {
       probe._core.writeSync(`${ESC}(${final}`);
       const found = probe._core._charsetService.charset;

@@ -4,6 +4,7 @@ program whoever its client is, refuses strangers, survives bad clients, and tell
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import os
@@ -537,3 +538,75 @@ async def test_a_held_docker_shell_whose_container_was_removed_is_gone_with_no_e
     seen = await DockerBackend(container=name).inspect(handle)
     assert (seen.status.value, seen.exit, seen.held) == ("gone", None, False), seen
     assert "is gone" in seen.detail
+
+
+def _signals(pid: int) -> tuple[int, int]:
+    """(ignored, blocked) signal sets of ``pid``, as masks (bit N-1 for signal N)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    return int(fields["SigIgn"], 16), int(fields["SigBlk"], 16)
+
+
+def test_the_program_ignores_and_blocks_no_signal_whatever_its_starter_did(binary):
+    """A worker started as a script's background job ignores SIGINT and SIGQUIT, and an ignored signal outlives
+    exec: every shell it held then ignored Ctrl-C (seen in full runs started that way: `sleep` ran on). The
+    holder gives its program every signal as a terminal's program has it; so does the mux."""
+
+    def ignoring():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+
+    place = Path(HELD_DIR) / f"raw-{secrets.token_hex(6)}"
+    Path(HELD_DIR).mkdir(mode=0o700, exist_ok=True)
+    secret = secrets.token_hex(24)
+    answer = subprocess.run(
+        [str(binary), "serve", str(place), "--", "/bin/sh", "-c", "sleep 100"],
+        input=f"{secret}\n".encode(), capture_output=True, timeout=30, check=True, preexec_fn=ignoring,
+    ).stdout.split()  # fmt: skip
+    holder, program = int(answer[1]), int(answer[4])
+    try:
+        wanted = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGQUIT - 1)) | (1 << (signal.SIGUSR1 - 1))
+        ignored, blocked = _signals(program)
+        assert (ignored | blocked) & wanted == 0, (hex(ignored), hex(blocked))
+    finally:
+        end(holder)
+    mux = subprocess.Popen(
+        [str(binary), "mux", "--", "/bin/sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/self/status"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=ignoring,
+    )  # fmt: skip
+    out, _ = mux.communicate(timeout=30)
+    lines = [base64.b64decode(line.split(b":", 1)[1]) for line in out.splitlines() if line[:1] == b"O"]
+    said = dict(line.split(b":\t") for line in b"".join(lines).splitlines())
+    assert int(said[b"SigIgn"], 16) & wanted == 0 and int(said[b"SigBlk"], 16) & wanted == 0, said
+
+
+def test_a_screen_left_with_the_holder_is_given_to_the_next_client_that_asks_for_it(binary):
+    """`P` leaves a screen (opaque bytes) at an offset; the next attach with `B` gets it after its answer and
+    before any output; an attach with `A` gets none (an older worker never asks); `version` says `screens`."""
+    assert "screens" in subprocess.run([str(binary), "version"], capture_output=True, text=True).stdout.split()
+    place, secret, holder = start(binary, "/bin/sh", "-c", "printf 'one two three'; sleep 100")
+    try:
+        first = Raw(place)
+        first.send(Frame.ATTACH_SCREEN, secret.encode() + struct.pack(">Q", 0))
+        assert first.next()[0] == Frame.ATTACHED
+        assert first.next() == (Frame.SCREEN, b"")  # none left yet
+        first.output_until(b"three")
+        first.send(Frame.SCREEN, struct.pack(">Q", 4) + b"\x1bc the screen at 4")
+        first.send(Frame.ACK, struct.pack(">Q", 4))
+        first.close()
+
+        second = Raw(place)
+        second.send(Frame.ATTACH_SCREEN, secret.encode() + struct.pack(">Q", 0))
+        kind, payload = second.next()
+        assert kind == Frame.ATTACHED and struct.unpack_from(">QQ", payload) == (4, 4)  # resumes where acked
+        assert second.next() == (Frame.SCREEN, struct.pack(">Q", 4) + b"\x1bc the screen at 4")
+        assert second.output_until(b"three") == b"two three"
+        second.close()
+
+        third = Raw(place)
+        assert third.attach(secret)[0] == 4
+        assert third.next() == (Frame.OUTPUT, struct.pack(">Q", 4) + b"two three")  # no screen frame
+        third.close()
+    finally:
+        end(holder)

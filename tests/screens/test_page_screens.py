@@ -5,7 +5,9 @@ the alternate screen."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import subprocess
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -31,35 +33,54 @@ printf '\033[?1006l\033[?1002l\033[?1l\033>\033[?1049lafter the pager: %s\r\nDON
 """
 
 
+async def read_to(viewer: Viewer, offset: int, timeout: float = 30) -> None:
+    """Take the replay until the viewer has every byte up to ``offset``."""
+    async with asyncio.timeout(timeout):
+        while viewer.offset < offset:
+            await viewer.read_for(0.2)
+
+
+@pytest.mark.parametrize("backend", ["tmux", "local", "docker"])
 async def test_a_page_back_past_the_buffer_shows_the_alternate_screen_and_its_modes_as_they_are(
-    terminal, operator, tmp_path
+    request, terminal, operator, tmp_path, backend
 ):
+    """tmux redraws the screen as it is; a local or docker shell's is kept by the worker's emulator, at the start of
+    the kept output, which follows it."""
     script = tmp_path / "pager.sh"
     script.write_text(PROGRAM)
+    path = str(script)
+    if backend == "docker":
+        container = request.getfixturevalue("container")
+        subprocess.run(["docker", "cp", path, f"{container}:/tmp/pager.sh"], check=True, capture_output=True)
+        path = "/tmp/pager.sh"
     stack = Stack(extra_env={"TETHER_RECONNECT_GRACE_SECONDS": "0", "TETHER_BUFFER_BYTES": "131072"})
+    untold = UNTOLD if backend == "tmux" else ()
     try:
-        await sync_to_async(stack.start)("tmux")
-        first, session, cookie = await open_viewer(stack, terminal, operator, "tmux")
+        await sync_to_async(stack.start)(backend)
+        first, session, cookie = await open_viewer(stack, terminal, operator, backend)
         assert first.messages[-1]["offset"] == 0  # this page sees every byte: the truth
-        await first.type(f"sh {script}\r")
+        await first.type(f"sh {path}\r")
         await first.read_until(b"READY", timeout=60)
         await first.close()
 
         again = await Viewer.open(stack.ports[0], session.id, cookie)
         attached = await again.attach(since=0)  # a fresh page
-        assert attached["lost"] > 131072 and attached["offset"] == first.offset
+        assert attached["lost"] > 131072 and attached["screen"]
         redraw = base64.b64decode(attached["screen"])
-        page, truth = xterm_screen(redraw), xterm_screen(bytes(first.output))
+        await read_to(again, first.offset)
+        page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output))
         assert truth["active"] == "alternate" and "the header" in truth["alternate"][0]["text"]
         tail = xterm_screen(bytes(first.output[-131072:]))  # what the worker still keeps, drawn alone:
         assert tail["active"] == "normal"  # the wrong buffer, without the header (the bug this redraw mends)
-        assert differences(page, truth, leave_out=UNTOLD) == []
+        assert differences(page, truth, leave_out=untold) == []
 
+        mark = len(again.output)
         await again.type("q\r")
         await again.read_until(b"DONE")
-        page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output + again.output))
+        after = bytes(again.output[mark:])
+        page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output) + after)
         assert truth["active"] == "normal" and any(row["text"] == "after the pager: q" for row in truth["normal"])
-        assert differences(page, truth, leave_out=UNTOLD) == []
+        assert differences(page, truth, leave_out=untold) == []
     finally:
         await sync_to_async(stack.stop)()
 
@@ -95,5 +116,53 @@ async def test_after_a_kill_9_of_the_worker_the_page_gets_the_pager_and_its_mode
         await again.read_until(b"DONE")
         page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output + again.output))
         assert truth["active"] == "normal" and differences(page, truth, leave_out=UNTOLD) == []
+    finally:
+        await sync_to_async(stack.stop)()
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+async def test_after_a_kill_9_of_the_worker_a_held_shells_page_gets_the_same_screen_from_the_adopter(
+    request, terminal, operator, tmp_path, backend
+):
+    """The screen a local or docker shell's worker keeps is left with its session holder every 128 KiB, and the
+    holder keeps every byte after it: the adopter rebuilds it, reads the rest, and a page back past the buffer gets
+    the screen a page that saw every byte has."""
+    script = tmp_path / "pager.sh"
+    # About 650 KB (screens are left on the way), then 2 s for the worker's emulator to catch up before READY:
+    # a worker killed before it left any screen lets go of nothing, and its adopter replays from the first byte.
+    program = PROGRAM.replace("-le 4000", "-le 9000")
+    script.write_text(program.replace("printf '\\033[24;2H READY'", "sleep 2; printf '\\033[24;2H READY'"))
+    path = str(script)
+    if backend == "docker":
+        container = request.getfixturevalue("container")
+        subprocess.run(["docker", "cp", path, f"{container}:/tmp/pager.sh"], check=True, capture_output=True)
+        path = "/tmp/pager.sh"
+    stack = Stack(extra_env={"TETHER_RECOVERY_SECONDS": "1", "TETHER_BUFFER_BYTES": "131072"})
+    try:
+        await sync_to_async(stack.start_daphne)()
+        owner = await sync_to_async(stack.start_worker)(backend)
+        first, session, cookie = await open_viewer(stack, terminal, operator, backend)
+        await first.type(f"sh {path}\r")
+        await first.read_until(b"READY", timeout=90)
+        await first.close()
+        owner.kill()  # SIGKILL
+        await sync_to_async(owner.wait)()
+        await sync_to_async(stack.start_worker)(backend)
+
+        again = await Viewer.open(stack.ports[0], session.id, cookie)
+        back = await again.attach(since=0)  # a reload, answered by the adopter
+        # The screen it starts from is the one left with the holder, past everything the dead owner let go of.
+        assert back["screen"] and back["lost"] > 256 * 1024, {k: v for k, v in back.items() if k != "screen"}
+        redraw = base64.b64decode(back["screen"])
+        await read_to(again, first.offset)
+        page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output))
+        assert truth["active"] == "alternate" and differences(page, truth) == []
+
+        mark = len(again.output)
+        await again.type("q\r")
+        await again.read_until(b"DONE")
+        after = bytes(again.output[mark:])
+        page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output) + after)
+        assert truth["active"] == "normal" and differences(page, truth) == []
     finally:
         await sync_to_async(stack.stop)()

@@ -43,3 +43,19 @@ def test_the_fuzz_sees_a_screen_rebuilt_wrong():
     found = fuzz(1, 200, 20, 6, "\x1b7")
     assert len(found["failures"]) >= 10
     assert any(".saved" in difference for failure in found["failures"] for difference in failure["found"])
+
+
+FEED = FUZZ.with_name("fuzz_feed.cjs")
+
+
+@pytest.mark.parametrize(("cols", "rows"), [(80, 24), (40, 8), (12, 4)])
+def test_a_long_plain_run_only_scanned_leaves_the_terminal_that_writing_every_byte_does(cols, rows):
+    """feed.cjs writes only the start and the last lines of a long run of plain text: fuzzed against writing every
+    byte (runs of every length between control sequences, cut into random chunks)."""
+    done = subprocess.run(
+        ["node", str(FEED), "1", "60", str(cols), str(rows)], capture_output=True, cwd=ROOT, timeout=300
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    found = json.loads(done.stdout)
+    assert found["failures"] == [], json.dumps(found["failures"][:3], indent=1)[:4000]
+    assert found["skipped"] > 20_000  # the skip was taken, not only written around

@@ -1,0 +1,145 @@
+"""What keeping every shell's screen costs (terminals/screen, docs/protocol.md): output through Tether with the
+worker's emulator fed all of it, against the same shell with no screens kept, in the same run; plain text (base64,
+where a long plain run is only scanned) and coloured text (a colour every few characters: every byte parsed);
+then the emulator's memory per shell and the time a screen takes to produce.
+
+The shells without screens run on a second worker started with TETHER_SCREEN_SCROLLBACK=0 under a host name of its
+own, so that only it claims them (machines run on their host's workers); the rest of the path is the same stack.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from asgiref.sync import sync_to_async
+
+from bench.commands import ROUNDS, _rate, open_on
+from bench.common import Figure, unique
+from bench.sessions import MIB, Context, close_session
+from bench.throughput import make_data
+
+EMULATOR = Path(__file__).resolve().parents[1] / "terminals" / "screen"
+
+
+def _machine(host: str | None):
+    from executions.actions import Actor, add_machine
+
+    actor = Actor.command("bench")
+    return add_machine(name=unique("bench-screens"), backend="local", scope="bench", actor=actor, host=host)
+
+
+def make_coloured(path: Path, size: int) -> None:
+    """``size`` bytes of lines whose words change colour every few characters (as `ls --color` or a build log)."""
+    if path.exists() and path.stat().st_size == size:
+        return
+    words = [f"\x1b[3{n % 8}mword{n}\x1b[0m " for n in range(64)]
+    line = ("".join(words[:12]) + "\r\n").encode()
+    with open(path, "wb") as out:
+        out.write((line * (size // len(line) + 1))[:size])
+
+
+MEASURE = r"""
+const { Terminal } = require("@xterm/headless");
+const { feed } = require("./feed.cjs");
+const { rebuild } = require("./serialize.cjs");
+const shells = [];
+const before = process.memoryUsage().heapUsed;
+for (let i = 0; i < COUNT; i++) {
+  const shell = { term: new Terminal({ cols: 80, rows: 24, scrollback: SCROLLBACK, allowProposedApi: true }),
+    recent: Buffer.alloc(0), scrollback: SCROLLBACK };
+  feed(shell, Buffer.from("$ ls\r\n" + "file-name.txt  ".repeat(40) + "\r\n$ "));
+  shells.push(shell);
+}
+global.gc && global.gc();
+const idle = (process.memoryUsage().heapUsed - before) / COUNT;
+// A shell with a full scrollback of coloured lines and a full-screen program in the alternate screen.
+const busy = shells[0];
+for (let i = 0; i < 400; i++) {
+  feed(busy, Buffer.from(`\x1b[3${i % 8}mline ${i} of the log\x1b[0m ${"x".repeat(50)}\r\n`));
+}
+const program = "\x1b[7m top \x1b[0m\r\n" + "row of the program \x1b[32mok\x1b[0m\r\n".repeat(22);
+feed(busy, Buffer.from("\x1b[?1049h\x1b[H" + program));
+const times = [];
+let size = 0;
+for (let i = 0; i < 50; i++) {
+  const began = process.hrtime.bigint();
+  size = Buffer.byteLength(rebuild(busy.term, { scrollback: SCROLLBACK }));
+  times.push(Number(process.hrtime.bigint() - began) / 1e6);
+}
+times.sort((a, b) => a - b);
+process.stdout.write(JSON.stringify({ idle, median: times[25], size }));
+"""
+
+
+def emulator_costs(scrollback: int = 200, count: int = 200) -> dict:
+    """Heap per idle shell (a prompt and a line of output), and the time to rebuild a busy one's screen."""
+    script = MEASURE.replace("COUNT", str(count)).replace("SCROLLBACK", str(scrollback))
+    done = subprocess.run(
+        ["node", "--expose-gc", "-e", script], capture_output=True, cwd=EMULATOR, check=True, timeout=120
+    )
+    return json.loads(done.stdout)
+
+
+async def bench_screens(ctx: Context) -> None:
+    elsewhere = unique("bench-no-screens-host")
+    worker = await sync_to_async(ctx.stack.start_worker)(
+        "local", {"TETHER_SCREEN_SCROLLBACK": "0", "TETHER_HOST": elsewhere}
+    )
+    opened = {}
+    size = (50 if ctx.quick else 200) * MIB
+    name = f"bench-{size // MIB}MB"
+    files = {"plain": ctx.workdir / f"{name}.b64", "coloured": ctx.workdir / f"{name}.ansi"}
+    make_data(files["plain"], size)
+    make_coloured(files["coloured"], size)
+    try:
+        for kind, host in (("off", elsewhere), ("kept", None)):
+            opened[kind] = await open_on(ctx, await sync_to_async(_machine)(host))
+        rates = {(text, kind): [] for text in files for kind in opened}
+        for _ in range(ROUNDS):
+            for text, path in files.items():
+                for kind, (viewer, _) in opened.items():
+                    rates[text, kind].append(await _rate(viewer, str(path)))
+    finally:
+        for viewer, session in opened.values():
+            await viewer.close()
+            await close_session(session)
+        worker.terminate()
+        await sync_to_async(worker.wait)()
+        ctx.stack.workers.remove(worker)  # the benchmarks after this one read the stack's worker (workers[-1])
+    for text in files:
+        kept, off = rates[text, "kept"], rates[text, "off"]
+        ctx.report.add(
+            Figure(
+                f"screens: output of a shell whose screen is kept, {text} text ({size // MIB} MB through Tether)",
+                statistics.median(kept),
+                "MB/s",
+                statistics.median(off),
+                "the same shell, no screen kept",
+                note=f"median of {ROUNDS} each, alternating: kept {', '.join(f'{r:.1f}' for r in kept)}; "
+                f"off {', '.join(f'{r:.1f}' for r in off)}",
+                goal="≥ 0.9x",
+                met=statistics.median(kept) >= 0.9 * statistics.median(off),
+            )
+        )
+    began = time.perf_counter()
+    costs = emulator_costs()
+    ctx.report.add(
+        Figure(
+            "screens: the emulator's heap per idle shell (80x24, 200 lines of scrollback, a prompt and a line)",
+            costs["idle"] / 1024,
+            "KiB",
+            note=f"measured over 200 shells in {time.perf_counter() - began:.1f} s",
+        )
+    )
+    ctx.report.add(
+        Figure(
+            "screens: time to produce a screen (full scrollback and a program in the alternate screen)",
+            costs["median"],
+            "ms",
+            note=f"median of 50; the screen is {costs['size'] / 1024:.0f} KiB",
+        )
+    )

@@ -1,0 +1,32 @@
+"""A shell's screen, kept by the worker's emulator (terminals/screen) for a page that comes back after the buffer."""
+
+from __future__ import annotations
+
+from terminals.backends.base import Process
+from terminals.backends.holder import HeldProcess
+from terminals.owner.live import LiveProcess
+from terminals.screen import Screens
+
+
+def keep_screen(screens: Screens, live: LiveProcess, process: Process, adopted: bool) -> None:
+    """Keep ``live``'s screen (tmux keeps its own): exact where this worker sees every byte from the shell's first,
+    or from the screen the last owner left with the session holder, which then keeps every byte after the screen
+    this owner last left with it (its acknowledgements stop there)."""
+    origin, restore, exact = live.buffer.start, None, not adopted
+    holder = process if isinstance(process, HeldProcess) and process.keeps_screens else None
+    if adopted and holder is not None:
+        if holder.kept_screen is not None and holder.kept_screen[0] >= origin:
+            (origin, restore), exact = holder.kept_screen, True
+        elif holder.kept_screen is None and origin == 0:
+            exact = True  # no screen was ever left, so nothing was let go: every byte is still there
+    why = "adopted from another worker: the output before it was not seen here"
+    live.screen = screens.shell(*live.grid, origin=origin, exact=exact, why=why, restore=restore)
+    live.buffer.on_evict = live.screen.feed
+    if holder is not None and not live.screen.inexact:
+        holder.screen_kept = live.screen.kept = origin
+        live.screen.keep = holder.keep_screen
+
+        def release() -> None:
+            holder.screen_kept = None
+
+        live.screen.release = release

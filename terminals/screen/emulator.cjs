@@ -1,0 +1,110 @@
+// The screens of a worker's shells: one @xterm/headless terminal (the page's own emulator) per shell, fed the
+// shell's output in order, which answers with the screen as bytes (serialize.cjs) when a page must be shown the
+// screen rather than a torn tail. One process per worker, spoken to over its stdin and stdout in frames:
+//
+//   type (1 byte) | shell (4 bytes, big-endian, the worker's number for it) | length (4 bytes) | payload
+//
+// From the worker:
+//   O  open: JSON {cols, rows, scrollback, screen?}: a terminal (from a screen given earlier, base64, when given)
+//   D  data: output bytes, in order
+//   R  resize: 2 bytes cols, 2 bytes rows
+//   S  screen: 4 bytes request: answered once every byte sent before it is read
+//   K  the same, without the scrollback: the screen left with the session holder for the next owner
+//   C  close
+// To the worker:
+//   S  4 bytes request | 1 byte 0 (the screen) or 1 (none: see the text) | 4 bytes n | n bytes that the screen
+//      leaves unread (the start of a sequence not yet ended) | the screen (UTF-8)
+//   E  text: a frame it could not take (the shell's terminal is dropped; its screens are answered `none`)
+//
+// Output is written as feed.cjs says: a long run of plain lines only in part.
+"use strict";
+const { Terminal } = require("@xterm/headless");
+const { rebuild, unfinished } = require("./serialize.cjs");
+const { feed } = require("./feed.cjs");
+
+const HEADER = 9;
+
+const shells = new Map(); // number -> { term, recent, broken, scrollback }
+const out = process.stdout;
+
+function send(type, id, payload) {
+  const header = Buffer.alloc(HEADER);
+  header.write(type, 0, "latin1");
+  header.writeUInt32BE(id, 1);
+  header.writeUInt32BE(payload.length, 5);
+  out.write(Buffer.concat([header, payload]));
+}
+
+function fail(id, why) {
+  const shell = shells.get(id);
+  if (shell) {
+    shell.broken = why;
+    shell.term.dispose();
+    shell.term = null;
+  }
+  send("E", id, Buffer.from(why));
+}
+
+function handle(type, id, payload) {
+  if (type === "O") {
+    const { cols, rows, scrollback = 200, screen = "" } = JSON.parse(payload.toString());
+    const term = new Terminal({ cols, rows, scrollback, allowProposedApi: true, logLevel: "off" });
+    const shell = { term, recent: Buffer.alloc(0), broken: "", scrollback };
+    shells.set(id, shell);
+    if (screen) {
+      // A screen as answered before (a sequence it ended in the middle of included): read as output was.
+      const bytes = Buffer.from(screen, "base64");
+      term._core.writeSync(bytes);
+      shell.recent = bytes.subarray(Math.max(bytes.length - 64 * 1024, 0));
+    }
+    return;
+  }
+  const shell = shells.get(id);
+  if (!shell) return send("E", id, Buffer.from("no such shell"));
+  if (type === "C") {
+    shell.term?.dispose();
+    shells.delete(id);
+    return;
+  }
+  if (type === "S" || type === "K") {
+    const answer = Buffer.alloc(9);
+    payload.copy(answer, 0, 0, 4);
+    if (shell.broken) {
+      answer[4] = 1;
+      return send("S", id, Buffer.concat([answer, Buffer.from(shell.broken)]));
+    }
+    const pending = unfinished(shell.term, shell.recent);
+    if (pending === null) {
+      answer[4] = 1;
+      return send("S", id, Buffer.concat([answer, Buffer.from("a control string began too long ago")]));
+    }
+    answer.writeUInt32BE(pending, 5);
+    const screen = Buffer.from(rebuild(shell.term, { scrollback: type === "K" ? 0 : shell.scrollback }));
+    return send("S", id, Buffer.concat([answer, shell.recent.subarray(shell.recent.length - pending), screen]));
+  }
+  if (shell.broken) return;
+  try {
+    if (type === "D") feed(shell, payload);
+    else if (type === "R") shell.term.resize(payload.readUInt16BE(0), payload.readUInt16BE(2));
+    else fail(id, `a frame of type ${JSON.stringify(type)}`);
+  } catch (error) {
+    fail(id, `the emulator failed: ${error}`);
+  }
+}
+
+let pending = Buffer.alloc(0);
+process.stdin.on("data", (chunk) => {
+  pending = pending.length ? Buffer.concat([pending, chunk]) : chunk;
+  let at = 0;
+  while (pending.length - at >= HEADER) {
+    const length = pending.readUInt32BE(at + 5);
+    if (pending.length - at < HEADER + length) break;
+    const type = String.fromCharCode(pending[at]);
+    const id = pending.readUInt32BE(at + 1);
+    handle(type, id, pending.subarray(at + HEADER, at + HEADER + length));
+    at += HEADER + length;
+  }
+  pending = at ? pending.subarray(at) : pending;
+});
+process.stdin.on("end", () => process.exit(0));
+process.stdout.on("error", () => process.exit(0)); // the worker is gone
