@@ -193,8 +193,8 @@ def cli() -> None:
     parser.add_argument("--full", action="store_true", help="the issue's sizes (slow)")
     parser.add_argument(
         "--only",
-        help="comma-separated: layers,echo,echo_loaded,echo_other_layer,throughput,holder,commands,recordings,stalled,"
-        "reconnect,recovery,density,churn,heartbeats,costs,churn_hosts,embedded",
+        help="comma-separated: layers,echo,echo_loaded,echo_other_layer,throughput,holder,commands,recordings,screens,"
+        "stalled,reconnect,recovery,density,churn,heartbeats,costs,churn_hosts,embedded",
     )
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument("--profile", metavar="DIR", help="sample daphne and the worker with py-spy into DIR")
