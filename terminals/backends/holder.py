@@ -208,7 +208,10 @@ class HeldProcess(Process):
     async def _ack(self) -> None:
         upto = self._received - self._keep
         if self.screen_kept is not None:
-            upto = min(upto, self.screen_kept)
+            # Not past the screen left for the next owner; but never so far behind that the holder stops reading
+            # (a screen that falls behind is then not the next owner's: it finds it older than what is kept).
+            ring = self.handle.holder.ring or HOLDER_DEFAULT_RING
+            upto = max(min(upto, self.screen_kept), self._received - (ring - 2 * ACK_EVERY))
         if upto - self._acked >= ACK_EVERY:
             self._acked = upto
             await self._session.link.write(frame(Frame.ACK, struct.pack(">Q", upto)))

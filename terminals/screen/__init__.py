@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 EMULATOR = Path(__file__).with_name("emulator.cjs")
 HEADER = struct.Struct(">cII")  # type, shell, length
 GRID = struct.Struct(">HH")  # a kept screen's grid, before it
-KEEP_EVERY = 128 * 1024  # bytes fed between screens left with the session holder (acknowledgements wait for them)
+KEEP_EVERY = 256 * 1024  # bytes fed between screens left with the session holder (acknowledgements wait for them)
 KEEP_MOST = 64 * 1024 - 8  # the most a session holder keeps (its frame of output)
+BATCH_BYTES = 512 * 1024  # output gathered before it is sent to the emulator (a long plain run: mostly skipped)
 BACKLOG_BYTES = 8 * 1024 * 1024  # bytes on their way to the emulator above which a shell's output waits
 ANSWER_SECONDS = 5.0  # a screen not answered in this long is not given (the tail is, as before)
 
@@ -254,10 +255,11 @@ class ShellScreen:
     release: Callable[[], None] | None = None
     kept: int = 0  # the offset of the screen last left
     keeping: asyncio.Task | None = None
+    pending: bytearray = field(default_factory=bytearray)  # fed, not yet sent (sent in BATCH_BYTES pieces)
 
     def resize(self, cols: int, rows: int, at: int) -> None:
         """The shell's grid is (cols, rows) from stream offset ``at`` on."""
-        if at <= self.fed:
+        if at <= self.fed - len(self.pending):
             self._apply(cols, rows)
         else:
             self.resizes.append((at, cols, rows))
@@ -281,19 +283,29 @@ class ShellScreen:
         if not self.opened:
             if not self._open():
                 return
-        view = memoryview(data)
+        # Gathered and sent in large pieces: of a long plain run, the more at once, the less is written.
+        self.pending += data
+        self.fed = offset + len(data)
+        if len(self.pending) >= BATCH_BYTES:
+            self.send()
+        self._keep_soon()
+
+    def send(self) -> None:
+        """What was fed and not yet sent, to the emulator (each grid change at its offset)."""
+        if not self.pending or not self.opened:
+            return
+        data, self.pending = bytes(self.pending), bytearray()
+        offset = self.fed - len(data)
         at = 0
         while self.resizes and self.resizes[0][0] < offset + len(data):
             when, cols, rows = self.resizes.pop(0)
             cut = max(when - offset, at)
             if cut > at:
-                self.screens._send(b"D", self.number, bytes(view[at:cut]))
+                self.screens._send(b"D", self.number, data[at:cut])
                 at = cut
             self._apply(cols, rows)
         if at < len(data):
-            self.screens._send(b"D", self.number, bytes(view[at:]))
-        self.fed = offset + len(data)
-        self._keep_soon()
+            self.screens._send(b"D", self.number, data[at:] if at else data)
 
     def _keep_soon(self) -> None:
         if self.keep is not None and self.fed - self.kept >= KEEP_EVERY and self.keeping is None:
@@ -302,6 +314,7 @@ class ShellScreen:
     async def _keep(self) -> None:
         """Leave the screen at ``fed`` with the session holder, for a later owner."""
         try:
+            self.send()
             offset = self.fed
             answer = await self.screens.ask(self, b"K")
             if answer is None or self.inexact:
@@ -367,6 +380,7 @@ class ShellScreen:
                 return None
         if self.inexact:
             return None
+        self.send()
         offset = self.fed
         answer = await self.screens.ask(self)
         if answer is None or self.inexact or self.fed != offset:

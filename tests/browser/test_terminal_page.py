@@ -235,14 +235,13 @@ async def test_heavy_output_keeps_flowing_and_a_reload_says_what_was_lost(page, 
     await wait_for_text(page, r"^done-16$")
     await page.reload()
     await wait_live(page)
-    # The worker's emulator kept the screen at the start of what it keeps: that screen, then the kept bytes.
-    await wait_for_text(page, r"^done-16$")
     text = await screen_text(page)
-    assert re.search(r"^0{100}$", text, re.M)  # the kept lines are in the scrollback above
+    assert re.search(r"^\[\.\.\. \d+ bytes of earlier output were lost \.\.\.\]$", text, re.M)
+    assert re.search(r"^done-16$", text, re.M)
     # Said where the program's repaint cannot overwrite it, until dismissed.
     await expect(gap).to_be_visible()
     said = await page.locator("#terminal-gap-text").text_content()
-    assert re.fullmatch(r"Reconnected: the screen is as it is now; \d+ KB of earlier output are not kept", said)
+    assert re.fullmatch(r"Reconnected: \d+ KB of earlier output are not kept; the screen may be incomplete .*", said)
     await run(page, "clear")
     await expect(gap).to_be_visible()
     await page.click("#terminal-gap-close")

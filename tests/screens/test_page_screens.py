@@ -18,6 +18,8 @@ from tests.screens.test_tmux_screens import UNTOLD
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+SCREENS = {"TETHER_SCREEN_SCROLLBACK": "200"}  # the worker keeps local and docker shells' screens (off by default)
+
 # About 250 KB in the alternate screen, through a 128 KiB buffer: the start of it is not kept.
 PROGRAM = r"""
 printf 'before the program \033[1;31mred\033[0m\r\n'
@@ -53,7 +55,7 @@ async def test_a_page_back_past_the_buffer_shows_the_alternate_screen_and_its_mo
         container = request.getfixturevalue("container")
         subprocess.run(["docker", "cp", path, f"{container}:/tmp/pager.sh"], check=True, capture_output=True)
         path = "/tmp/pager.sh"
-    stack = Stack(extra_env={"TETHER_RECONNECT_GRACE_SECONDS": "0", "TETHER_BUFFER_BYTES": "131072"})
+    stack = Stack(extra_env={"TETHER_RECONNECT_GRACE_SECONDS": "0", "TETHER_BUFFER_BYTES": "131072", **SCREENS})
     untold = UNTOLD if backend == "tmux" else ()
     try:
         await sync_to_async(stack.start)(backend)
@@ -137,7 +139,7 @@ async def test_after_a_kill_9_of_the_worker_a_held_shells_page_gets_the_same_scr
         container = request.getfixturevalue("container")
         subprocess.run(["docker", "cp", path, f"{container}:/tmp/pager.sh"], check=True, capture_output=True)
         path = "/tmp/pager.sh"
-    stack = Stack(extra_env={"TETHER_RECOVERY_SECONDS": "1", "TETHER_BUFFER_BYTES": "131072"})
+    stack = Stack(extra_env={"TETHER_RECOVERY_SECONDS": "1", "TETHER_BUFFER_BYTES": "131072", **SCREENS})
     try:
         await sync_to_async(stack.start_daphne)()
         owner = await sync_to_async(stack.start_worker)(backend)
