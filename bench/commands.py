@@ -75,6 +75,16 @@ async def alternate(ctx: Context, opened: dict) -> tuple[dict, dict, int, int]:
     return rates, trips, size, count
 
 
+async def close_pair(ctx: Context, opened: dict, worker) -> None:
+    """The shells of an A/B closed, and the second worker it started for one kind stopped."""
+    for viewer, session in opened.values():
+        await viewer.close()
+        await close_session(session)
+    worker.terminate()
+    await sync_to_async(worker.wait)()
+    ctx.stack.workers.remove(worker)  # the benchmarks after this one read the stack's worker (workers[-1])
+
+
 def report_pair(ctx: Context, topic: str, kinds: tuple[str, str], measured: tuple[dict, dict, int, int]) -> None:
     """The two figures of an A/B: ``kinds`` is (measured, baseline)."""
     rates, trips, size, count = measured

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from asgiref.sync import sync_to_async
 
-from bench.commands import alternate, open_on, report_pair
+from bench.commands import alternate, close_pair, open_on, report_pair
 from bench.common import Figure, unique, wait_until
-from bench.sessions import MIB, Context, close_session
+from bench.sessions import MIB, Context
 
 
 def _machine(host: str | None):
@@ -36,12 +36,7 @@ async def bench_recordings(ctx: Context) -> None:
             opened[kind] = await open_on(ctx, await sync_to_async(_machine)(host))
         measured = await alternate(ctx, opened)
     finally:
-        for viewer, session in opened.values():
-            await viewer.close()
-            await close_session(session)
-        worker.terminate()
-        await sync_to_async(worker.wait)()
-        ctx.stack.workers.remove(worker)  # the benchmarks after this one read the stack's worker (workers[-1])
+        await close_pair(ctx, opened, worker)
     report_pair(ctx, "recordings", ("recorded", "unrecorded"), measured)
     recording = await wait_until(sync_to_async(lambda: _saved(opened["recorded"][1])), timeout=120, interval=0.5)
     ctx.report.add(

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from asgiref.sync import sync_to_async
 
-from bench.commands import ROUNDS, _rate, open_on
+from bench.commands import ROUNDS, _rate, close_pair, open_on
 from bench.common import Figure, unique
-from bench.sessions import MIB, Context, close_session
+from bench.sessions import MIB, Context
 from bench.throughput import make_data
 
 EMULATOR = Path(__file__).resolve().parents[1] / "terminals" / "screen"
@@ -105,12 +105,7 @@ async def bench_screens(ctx: Context) -> None:
                 for kind, (viewer, _) in opened.items():
                     rates[text, kind].append(await _rate(viewer, str(path)))
     finally:
-        for viewer, session in opened.values():
-            await viewer.close()
-            await close_session(session)
-        worker.terminate()
-        await sync_to_async(worker.wait)()
-        ctx.stack.workers.remove(worker)  # the benchmarks after this one read the stack's worker (workers[-1])
+        await close_pair(ctx, opened, worker)
     for text in files:
         kept, off = rates[text, "kept"], rates[text, "off"]
         ctx.report.add(

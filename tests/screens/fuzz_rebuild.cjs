@@ -6,24 +6,12 @@
 "use strict";
 const { Terminal } = require("@xterm/headless");
 const { rebuild, unfinished } = require("../../terminals/screen/serialize.cjs");
-const { state, differences } = require("./state.cjs");
+const { state, differences, random } = require("./state.cjs");
 
 const [seed0, count, cols = 20, rows = 6] = process.argv.slice(2, 6).map(Number);
 // A fifth argument, a text to strip from every rebuilt screen, shows the comparison sees a screen rebuilt wrong.
 const strip = process.argv[6];
 const SCROLLBACK = 50;
-
-function random(seed) {
-  // mulberry32
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 function stream(rand) {
   const pick = (list) => list[Math.floor(rand() * list.length)];

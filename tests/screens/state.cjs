@@ -1,4 +1,5 @@
-// The whole state of an @xterm/headless terminal, to compare two terminals by (the fuzzers in tests/screens/).
+// What the fuzzers in tests/screens/ share: the whole state of an @xterm/headless terminal, to compare two
+// terminals by, and their seeded random numbers.
 "use strict";
 
 // A palette colour leaves the bits of an earlier RGB one in place; only its low byte is ever read.
@@ -74,4 +75,16 @@ function differences(a, b, path = "") {
   return found;
 }
 
-module.exports = { state, differences };
+// A seeded random number generator (mulberry32): the fuzzers' streams, the same for a seed on every run.
+function random(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+module.exports = { state, differences, random };

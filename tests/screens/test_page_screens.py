@@ -35,6 +35,17 @@ printf '\033[?1006l\033[?1002l\033[?1l\033>\033[?1049lafter the pager: %s\r\nDON
 """
 
 
+def script_for(request, tmp_path, backend: str, program: str) -> str:
+    """``program`` as a file the shell of ``backend`` can run (copied into the container for docker): its path."""
+    script = tmp_path / "pager.sh"
+    script.write_text(program)
+    if backend != "docker":
+        return str(script)
+    container = request.getfixturevalue("container")
+    subprocess.run(["docker", "cp", str(script), f"{container}:/tmp/pager.sh"], check=True, capture_output=True)
+    return "/tmp/pager.sh"
+
+
 async def read_to(viewer: Viewer, offset: int, timeout: float = 30) -> None:
     """Take the replay until the viewer has every byte up to ``offset``."""
     async with asyncio.timeout(timeout):
@@ -48,13 +59,7 @@ async def test_a_page_back_past_the_buffer_shows_the_alternate_screen_and_its_mo
 ):
     """tmux redraws the screen as it is; a local or docker shell's is kept by the worker's emulator, at the start of
     the kept output, which follows it."""
-    script = tmp_path / "pager.sh"
-    script.write_text(PROGRAM)
-    path = str(script)
-    if backend == "docker":
-        container = request.getfixturevalue("container")
-        subprocess.run(["docker", "cp", path, f"{container}:/tmp/pager.sh"], check=True, capture_output=True)
-        path = "/tmp/pager.sh"
+    path = script_for(request, tmp_path, backend, PROGRAM)
     stack = Stack(extra_env={"TETHER_RECONNECT_GRACE_SECONDS": "0", "TETHER_BUFFER_BYTES": "131072", **SCREENS})
     untold = UNTOLD if backend == "tmux" else ()
     try:
@@ -129,16 +134,11 @@ async def test_after_a_kill_9_of_the_worker_a_held_shells_page_gets_the_same_scr
     """The screen a local or docker shell's worker keeps is left with its session holder every 128 KiB, and the
     holder keeps every byte after it: the adopter rebuilds it, reads the rest, and a page back past the buffer gets
     the screen a page that saw every byte has."""
-    script = tmp_path / "pager.sh"
     # About 650 KB (screens are left on the way), then 2 s for the worker's emulator to catch up before READY:
     # a worker killed before it left any screen lets go of nothing, and its adopter replays from the first byte.
     program = PROGRAM.replace("-le 4000", "-le 9000")
-    script.write_text(program.replace("printf '\\033[24;2H READY'", "sleep 2; printf '\\033[24;2H READY'"))
-    path = str(script)
-    if backend == "docker":
-        container = request.getfixturevalue("container")
-        subprocess.run(["docker", "cp", path, f"{container}:/tmp/pager.sh"], check=True, capture_output=True)
-        path = "/tmp/pager.sh"
+    program = program.replace("printf '\\033[24;2H READY'", "sleep 2; printf '\\033[24;2H READY'")
+    path = script_for(request, tmp_path, backend, program)
     stack = Stack(extra_env={"TETHER_RECOVERY_SECONDS": "1", "TETHER_BUFFER_BYTES": "131072", **SCREENS})
     try:
         await sync_to_async(stack.start_daphne)()

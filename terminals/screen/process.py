@@ -1,0 +1,211 @@
+"""The worker's emulator process (``emulator.cjs``): started on first use through ``terminals.children`` on raw pipes,
+as the worker's other programs are (config/loop.py says why), spoken to in frames, started again after it dies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import struct
+from pathlib import Path
+
+from terminals.children import Child
+from terminals.screen.shell import GRID, ShellScreen
+
+log = logging.getLogger(__name__)
+
+EMULATOR = Path(__file__).with_name("emulator.cjs")
+HEADER = struct.Struct(">cII")  # type, shell, length
+ANSWER_SECONDS = 5.0  # a screen not answered in this long is not given (the tail is, as before)
+
+
+class Screens:
+    """The worker's emulator process, started on first use; one ``ShellScreen`` per shell. Started through
+    ``terminals.children`` on raw pipes, as the worker's other programs are (config/loop.py says why)."""
+
+    def __init__(self, scrollback: int = 200, node: str | None = None):
+        """``scrollback`` 0: no screens (every shell's is ``inexact``, saying so)."""
+        self.scrollback = scrollback
+        self.node = node if node is not None else shutil.which("node")
+        self._child: Child | None = None
+        self._stdin: int | None = None
+        self._stdout: int | None = None
+        self._outgoing = bytearray()  # written to it as its pipe takes it
+        self._incoming = bytearray()
+        self._drained: asyncio.Event | None = None
+        self._reaping: asyncio.Task | None = None
+        self._shells: dict[int, ShellScreen] = {}
+        self._next = 0
+        self._asked = 0
+        self._answers: dict[int, asyncio.Future] = {}
+        self.unavailable = "" if self.node else "node is not installed"
+        if not scrollback:
+            self.unavailable = "screens are off (TETHER_SCREEN_SCROLLBACK=0)"
+
+    def shell(
+        self, cols: int, rows: int, *, origin: int, exact: bool, why: str = "", restore: bytes | None = None
+    ) -> ShellScreen:
+        """A shell's screen from ``origin`` on (``exact``: every byte of the shell from there comes through here;
+        ``restore``: the screen at ``origin``, as ``kept`` left it with the session holder)."""
+        self._next += 1
+        shell = ShellScreen(self, self._next, cols, rows, fed=origin)
+        if restore is not None:
+            shell.cols, shell.rows, shell.restore = *GRID.unpack_from(restore), restore[GRID.size :]
+        shell.inexact = "" if exact else why or "its earlier output was not seen here"
+        if self.unavailable:
+            shell.inexact = self.unavailable
+        return shell
+
+    # --- the process -----------------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._child is not None and self._stdin is not None
+
+    def start(self) -> bool:
+        """The process running (started now if it is not). False, with ``unavailable`` saying why, if it cannot."""
+        if self.running:
+            return True
+        if self.unavailable:
+            return False
+        stdin_read, stdin_write = os.pipe()
+        stdout_read, stdout_write = os.pipe()
+        try:
+            self._child = Child.start(
+                [self.node, str(EMULATOR)], stdin=stdin_read, stdout=stdout_write, cwd=str(EMULATOR.parent)
+            )
+        except OSError as error:
+            os.close(stdin_write)
+            os.close(stdout_read)
+            self.unavailable = f"the screen emulator could not start: {error}"
+            log.warning("%s; pages that come back after the kept output get its tail", self.unavailable)
+            return False
+        finally:
+            os.close(stdin_read)
+            os.close(stdout_write)
+        os.set_blocking(stdin_write, False)
+        os.set_blocking(stdout_read, False)
+        self._stdin, self._stdout = stdin_write, stdout_read
+        self._drained = asyncio.Event()
+        self._drained.set()
+        asyncio.get_running_loop().add_reader(stdout_read, self._read)
+        return True
+
+    def _send(self, kind: bytes, shell: int, payload: bytes = b"") -> bool:
+        if not self.running:
+            return False
+        self._outgoing += HEADER.pack(kind, shell, len(payload))
+        self._outgoing += payload
+        self._flush()
+        return self.running
+
+    def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._outgoing and self._stdin is not None:
+                del self._outgoing[: os.write(self._stdin, self._outgoing)]
+        except BlockingIOError:
+            self._drained.clear()
+            loop.add_writer(self._stdin, self._flush)
+            return
+        except OSError:
+            self._ended()
+            return
+        if self._stdin is not None:
+            loop.remove_writer(self._stdin)
+        self._drained.set()
+
+    def backlog(self) -> int:
+        return len(self._outgoing)
+
+    async def drain(self) -> None:
+        if self._drained is not None:
+            await self._drained.wait()
+
+    def _read(self) -> None:
+        try:
+            data = os.read(self._stdout, 1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._ended()
+            return
+        self._incoming += data
+        while len(self._incoming) >= HEADER.size:
+            kind, shell, length = HEADER.unpack_from(self._incoming)
+            if len(self._incoming) < HEADER.size + length:
+                break
+            payload = bytes(self._incoming[HEADER.size : HEADER.size + length])
+            del self._incoming[: HEADER.size + length]
+            if kind == b"S":
+                (request,) = struct.unpack_from(">I", payload)
+                answer = self._answers.pop(request, None)
+                if answer is not None and not answer.done():
+                    answer.set_result(payload[4:])
+            elif kind == b"E" and (found := self._shells.get(shell)) is not None:
+                found.fail(f"the emulator failed: {payload.decode(errors='replace')}")
+
+    def _ended(self) -> None:
+        """Gone (or its pipes): every shell it kept is no longer exact; a later shell starts it again."""
+        loop = asyncio.get_running_loop()
+        child, stdin, stdout = self._child, self._stdin, self._stdout
+        if child is None:
+            return
+        self._child = self._stdin = self._stdout = None
+        for fd, remove in ((stdin, loop.remove_writer), (stdout, loop.remove_reader)):
+            if fd is not None:
+                remove(fd)
+                os.close(fd)
+        self._outgoing.clear()
+        self._incoming.clear()
+        if self._drained is not None:
+            self._drained.set()
+        for shell in list(self._shells.values()):
+            shell.opened = False
+            shell.fail("the screen emulator ended")
+        self._shells.clear()
+        for answer in self._answers.values():
+            if not answer.done():
+                answer.set_result(None)
+        self._answers.clear()
+        if child is not None:
+            self._reaping = loop.create_task(self._reap(child))
+
+    @staticmethod
+    async def _reap(child: Child) -> None:
+        if child.returncode is None:
+            child.kill()
+        log.info("the screen emulator ended (%s)", await child.wait())
+
+    async def ask(self, shell: ShellScreen, kind: bytes = b"S") -> bytes | None:
+        self._asked += 1
+        request = self._asked
+        answer = asyncio.get_running_loop().create_future()
+        self._answers[request] = answer
+        if not self._send(kind, shell.number, struct.pack(">I", request)):
+            self._answers.pop(request, None)
+            return None
+        try:
+            return await asyncio.wait_for(answer, ANSWER_SECONDS)
+        except TimeoutError:
+            self._answers.pop(request, None)
+            return None
+
+    async def close(self) -> None:
+        """The worker stops: its stdin closed, it exits (killed if it has not in 2 s)."""
+        child = self._child
+        if child is None:
+            return
+        for shell in self._shells.values():
+            shell.inexact = shell.inexact or "the worker stopped"
+        if self._stdin is not None:
+            asyncio.get_running_loop().remove_writer(self._stdin)
+            os.close(self._stdin)
+            self._stdin = None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(child.wait(), 2)
+        self._ended()
