@@ -4,8 +4,8 @@ PY := .venv/bin/python
 TEST_DATABASE_URL ?= postgres:///tether?host=/var/run/postgresql
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 # The suite runs in this many processes (pytest-xdist, a test file at a time each): its tests mostly wait on
-# real processes, so two keep two cores busy where one left them two-thirds idle. Three took 1044 s and 1124 s
-# for the parallel stage in two runs, two 1107 s and 1124 s: no clear gain. Tests marked `exclusive` run after, alone.
+# real processes, so two keep two cores busy where one left them two-thirds idle. Tests marked `exclusive` run
+# after, alone.
 TEST_JOBS ?= 2
 
 .PHONY: run test venv frontend holder services lint bench
