@@ -9,9 +9,10 @@ from terminals.screen import Screens
 
 
 def keep_screen(screens: Screens, live: LiveProcess, process: Process, adopted: bool) -> None:
-    """Keep ``live``'s screen (tmux keeps its own): exact where this worker sees every byte from the shell's first,
-    or from the screen the last owner left with the session holder, which then keeps every byte after the screen
-    this owner last left with it (its acknowledgements stop there)."""
+    """Keep ``live``'s screen (tmux keeps its own) where it can be exact: this worker sees every byte from the
+    shell's first, or from the screen the last owner left with the session holder, which then keeps every byte
+    after the screen this owner last left with it (its acknowledgements stop there). Otherwise none is kept (a page
+    back past the buffer gets the tail, and is told the screen may be incomplete)."""
     origin, restore, exact = live.buffer.start, None, not adopted
     holder = process if isinstance(process, HeldProcess) and process.keeps_screens else None
     if adopted and holder is not None:
@@ -19,10 +20,11 @@ def keep_screen(screens: Screens, live: LiveProcess, process: Process, adopted: 
             (origin, restore), exact = holder.kept_screen, True
         elif holder.kept_screen is None and origin == 0:
             exact = True  # no screen was ever left, so nothing was let go: every byte is still there
-    why = "adopted from another worker: the output before it was not seen here"
-    live.screen = screens.shell(*live.grid, origin=origin, exact=exact, why=why, restore=restore)
+    if screens.unavailable or not exact:
+        return  # none kept (off, or not exact from the start): the buffer lets go of its bytes as before
+    live.screen = screens.shell(*live.grid, origin=origin, exact=True, restore=restore)
     live.buffer.on_evict = live.screen.feed
-    if holder is not None and not live.screen.inexact:
+    if holder is not None:
         holder.screen_kept = live.screen.kept = origin
         live.screen.keep = holder.keep_screen
 
