@@ -22,7 +22,7 @@ def keep_screen(screens: Screens, live: LiveProcess, process: Process, adopted: 
             exact = True  # no screen was ever left, so nothing was let go: every byte is still there
     if screens.unavailable or not exact:
         return  # none kept (off, or not exact from the start): the buffer lets go of its bytes as before
-    live.screen = screens.shell(*live.grid, origin=origin, exact=True, restore=restore)
+    live.screen = screens.shell(*live.grid, origin=origin, restore=restore)
     live.buffer.on_evict = live.screen.feed
     if holder is not None:
         holder.screen_kept = live.screen.kept = origin

@@ -20,7 +20,7 @@
 "use strict";
 const { Terminal } = require("@xterm/headless");
 const { rebuild, unfinished } = require("./serialize.cjs");
-const { feed } = require("./feed.cjs");
+const { feed, RECENT } = require("./feed.cjs");
 
 const HEADER = 9;
 
@@ -55,7 +55,7 @@ function handle(type, id, payload) {
       // A screen as answered before (a sequence it ended in the middle of included): read as output was.
       const bytes = Buffer.from(screen, "base64");
       term._core.writeSync(bytes);
-      shell.recent = bytes.subarray(Math.max(bytes.length - 64 * 1024, 0));
+      shell.recent = bytes.subarray(Math.max(bytes.length - RECENT, 0));
     }
     return;
   }

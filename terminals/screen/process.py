@@ -44,18 +44,14 @@ class Screens:
         if not scrollback:
             self.unavailable = "screens are off (TETHER_SCREEN_SCROLLBACK=0)"
 
-    def shell(
-        self, cols: int, rows: int, *, origin: int, exact: bool, why: str = "", restore: bytes | None = None
-    ) -> ShellScreen:
-        """A shell's screen from ``origin`` on (``exact``: every byte of the shell from there comes through here;
-        ``restore``: the screen at ``origin``, as ``kept`` left it with the session holder)."""
+    def shell(self, cols: int, rows: int, *, origin: int, restore: bytes | None = None) -> ShellScreen:
+        """A shell's screen from ``origin`` on, every byte of the shell from there coming through here (``restore``:
+        the screen at ``origin``, as ``kept`` left it with the session holder)."""
         self._next += 1
         shell = ShellScreen(self, self._next, cols, rows, fed=origin)
         if restore is not None:
             shell.cols, shell.rows, shell.restore = *GRID.unpack_from(restore), restore[GRID.size :]
-        shell.inexact = "" if exact else why or "its earlier output was not seen here"
-        if self.unavailable:
-            shell.inexact = self.unavailable
+        shell.inexact = self.unavailable
         return shell
 
     # --- the process -----------------------------------------------------------------------------------------
