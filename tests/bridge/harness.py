@@ -29,6 +29,7 @@ from websockets.exceptions import ConnectionClosed
 
 from terminals.protocol import ACK_AT_ONCE_BYTES, ACK_IDLE_MS
 from tests import run_secrets
+from tests.launcher import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -190,7 +191,7 @@ class Stack:
         """Start a daphne server (on ``port`` when given, e.g. to come back where a killed one was)."""
         port = port or free_port()
         log = self._log("daphne")
-        process = subprocess.Popen(
+        process = launch(
             [
                 sys.executable,
                 "-m",
@@ -227,7 +228,7 @@ class Stack:
     def start_worker(self, backends: str = "local,tmux,docker", env: dict[str, str] | None = None) -> subprocess.Popen:
         """A worker (``env``: settings of its own, on top of the stack's)."""
         log = self._log("worker")
-        process = subprocess.Popen(
+        process = launch(
             [sys.executable, "manage.py", "terminal_worker", "--poll", str(self.worker_poll), "--backends", backends],
             cwd=ROOT,
             env={**self.env(), **(env or {})},
