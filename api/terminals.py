@@ -33,6 +33,13 @@ from terminals.protocol import MAX_COLS, MAX_INTEGER, MAX_ROWS, ApiResize, Error
 router = Router(tags=["terminals"])
 
 
+class LastScreenOut(Schema):
+    text: str = Field(description="The rows its page showed when its shell ended, blank rows at the end left out")
+    exact: bool = Field(
+        description="Drawn from every byte of its screen; false: from the output kept, rows drawn before may be missing"
+    )
+
+
 class TerminalOut(Schema):
     id: uuid.UUID
     machine: str
@@ -44,7 +51,18 @@ class TerminalOut(Schema):
     ends_with_worker: str = Field(description="Why its shell would end with its worker; empty when it survives it")
     created_at: str
     closed_at: str | None
+    last_screen: LastScreenOut | None = Field(
+        description="Once closed: its shell's last screen, as text (null while live, once dismissed or removed by "
+        "retention, or when none was rendered)"
+    )
     execution: ExecutionOut
+
+
+def last_screen_out(session: TerminalSession) -> dict | None:
+    shown = session.process_state == ProcessState.CLOSED and not session.snapshot_hidden and not session.expired_at
+    if not (shown and session.last_screen):
+        return None
+    return {"text": session.last_screen, "exact": session.last_screen_exact}
 
 
 def terminal_out(session: TerminalSession) -> dict:
@@ -60,6 +78,7 @@ def terminal_out(session: TerminalSession) -> dict:
         "ends_with_worker": lease.ends_with_worker if lease and lease.released_at is None else "",
         "created_at": session.created_at.isoformat(),
         "closed_at": session.closed_at.isoformat() if session.closed_at else None,
+        "last_screen": last_screen_out(session),
         "execution": execution_out(session.execution),
     }
 

@@ -79,13 +79,14 @@ class TerminalSessionAdmin(Watched, WrittenElsewhere, admin.ModelAdmin):
         "lease_owner",
         "heartbeat_age",
         "outlives_worker",
+        "last_screen_line",
         "updated_at",
     ]
     list_filter = ["process_state", "snapshot_kind", "close_reason", "machine"]
     search_fields = ["id", "machine__name", "user__username"]
     list_select_related = ["machine", "user", "execution__lease__worker"]
     inlines = [SessionEventInline]
-    exclude = ["snapshot", "marks_nonce", "marks_note", "marks_generation"]
+    exclude = ["snapshot", "last_screen", "last_screen_exact", "marks_nonce", "marks_note", "marks_generation"]
     readonly_fields = [
         "id",
         "machine",
@@ -195,13 +196,24 @@ class TerminalSessionAdmin(Watched, WrittenElsewhere, admin.ModelAdmin):
             obj.commands.count(),
         )
 
+    @admin.display(description="last screen")
+    def last_screen_line(self, obj):
+        """The last row a closed shell's page showed (its whole screen is on the session's page)."""
+        if obj.snapshot_hidden or obj.expired_at or obj.process_state != "closed" or not obj.last_screen:
+            return ""
+        line = obj.last_screen.rsplit("\n", 1)[-1].strip()
+        return line if len(line) <= 60 else f"{line[:59]}…"
+
     @admin.display(description="latest snapshot")
     def snapshot_text(self, obj):
         if obj.snapshot_hidden:
             return "(dismissed)"
         if obj.expired_at:
             return "(removed by retention cleanup)"
-        text = screen_text(bytes(obj.snapshot))
+        # Its last screen as its page showed it (rendered when it ended); else its output's tail, plainly.
+        text = obj.last_screen or screen_text(bytes(obj.snapshot))
+        if obj.last_screen and not obj.last_screen_exact:
+            text = f"[drawn from the output kept: rows drawn before it may be missing]\n{text}"
         if obj.process_state != "closed":
             # The live screen is the worker's; what is kept here is a closed shell's final screen.
             if obj.generation == 1 or not obj.snapshot:

@@ -9,6 +9,7 @@ zero rows has lost the lease and must let go of the process at once.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import transaction
@@ -25,6 +26,9 @@ from terminals.actions.sessions import close_session, start_next_generation
 from terminals.backends.handles import CLAIMED, Handle
 from terminals.models import ProcessLease, TerminalSession, Worker, lease_expired
 from terminals.outcome import Outcome
+
+if TYPE_CHECKING:  # annotations only: actions never import the emulator
+    from terminals.screen import LastScreen
 
 
 def lease_expiry():
@@ -128,13 +132,15 @@ def settle_execution(
     worker: Worker,
     token: int,
     snapshot: bytes | None = None,
+    screen: LastScreen | None = None,
     output_offset: int = 0,
     restart_session: bool = False,
     output: bytes | None = None,
     output_truncated: int = 0,
     output_complete: bool = True,
 ) -> Execution:
-    """Record ``outcome``, release the lease and close the session (with ``snapshot``, its final screen):
+    """Record ``outcome``, release the lease and close the session (with ``snapshot``, its output's tail, and
+    ``screen``, its last screen as text):
     one fenced transaction. A command's captured ``output`` is kept with its record.
 
     ``restart_session`` (a reset) starts the session's next generation in the same transaction, so the
@@ -167,6 +173,7 @@ def settle_execution(
                 reason=close_reason,
                 actor=actor,
                 snapshot=snapshot,
+                screen=screen,
                 output_offset=output_offset,
             )
             # Only a proven end frees the slot for a fresh shell; unknown keeps it until resolved.

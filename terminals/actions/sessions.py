@@ -4,6 +4,7 @@ viewer's preferences."""
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -20,6 +21,9 @@ from executions.spec import ExecutionSpec
 from terminals.actions.permissions import in_use_refusal, may_use_machine, may_view_session
 from terminals.models import ProcessState, SessionEvent, SnapshotKind, TerminalSession, ViewerPreference, Worker
 from terminals.protocol import Via
+
+if TYPE_CHECKING:  # annotations only: actions never import the emulator
+    from terminals.screen import LastScreen
 
 
 class NoLongerAllowed(Refused):
@@ -133,7 +137,13 @@ def start_next_generation(session: TerminalSession, actor: Actor, reason: str) -
 
 
 def close_session(
-    session: TerminalSession, *, reason: str, actor: Actor, snapshot: bytes | None = None, output_offset: int = 0
+    session: TerminalSession,
+    *,
+    reason: str,
+    actor: Actor,
+    snapshot: bytes | None = None,
+    screen: LastScreen | None = None,
+    output_offset: int = 0,
 ) -> bool:
     """live|closing -> closed with an archived snapshot. Returns False when it was already closed."""
     updates = {
@@ -146,6 +156,8 @@ def close_session(
     }
     if snapshot is not None:
         updates["snapshot"] = snapshot
+    if screen is not None:
+        updates |= {"last_screen": screen.text.replace("\x00", ""), "last_screen_exact": screen.exact}
     with transaction.atomic():
         changed = (
             TerminalSession.objects.filter(pk=session.pk, generation=session.generation)

@@ -49,6 +49,10 @@ class TerminalSession(models.Model):
     close_reason = models.CharField(max_length=32, choices=CloseReason.choices, blank=True)
     snapshot = models.BinaryField(default=b"", blank=True, help_text="The latest screen or output tail.")
     output_offset = models.PositiveBigIntegerField(default=0, help_text="Absolute offset of the end of output.")
+    # A closed shell's last screen as the rows its page showed (rendered by the page's emulator, every backend),
+    # and whether every byte it was drawn from was there; kept, hidden and removed with the snapshot.
+    last_screen = models.TextField(blank=True, default="", help_text="The closed shell's last screen, as text.")
+    last_screen_exact = models.BooleanField(default=False, help_text="Drawn from every byte of its screen.")
     last_viewer_at = models.DateTimeField(null=True, blank=True)
     # Shell integration (terminals.marks) of the current generation's shell: its nonce (a secret: never
     # shown), or why it has none; and the last generation whose shell was seen marking its commands.

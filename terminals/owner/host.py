@@ -34,7 +34,7 @@ from terminals.owner.context import WorkerContext, until_recorded
 from terminals.owner.leases import LeaseKeeper
 from terminals.owner.live import LiveProcess, Phase
 from terminals.owner.outbox import Outbox
-from terminals.owner.screens import keep_screen
+from terminals.owner.screens import keep_screen, last_screen
 from terminals.protocol import Closed, Exited, NextGeneration, Reason, Request
 from terminals.wake import WAKE_CHANNEL
 
@@ -88,6 +88,8 @@ class SessionHost:
             live.adopted_screen = len(screen)
         # A held stream resumed by a new owner goes on at the holder's offsets: viewers keep their place.
         live.buffer.start = live.acked = process.stream_origin
+        if not adopted or screen or live.buffer.start == 0:
+            live.whole_from = live.buffer.start
         if live.session_id and not process.can_snapshot:
             keep_screen(self.context.screens, live, process, adopted)
         if adopted and process.offsets_survive_owner:
@@ -185,12 +187,14 @@ class SessionHost:
             outcome = replace(outcome, note=f"{outcome.note} ({asked['action']}: {asked['why']})")
         command = live.kind == Kind.COMMAND
         reset = outcome.close_reason == Reason.RESET
+        screen = await last_screen(self.context.screens, live) if live.session_id else None
         execution = await db(actions.settle_execution)(
             execution,
             outcome,
             worker=self.context.worker,
             token=live.token,
             snapshot=live.buffer.tail(64 * 1024),
+            screen=screen,
             output_offset=live.buffer.end,
             restart_session=bool(live.session_id) and reset,
             output=output if command else None,

@@ -113,6 +113,9 @@ class LiveProcess:
     # Bytes at the buffer's start that are the screen as adopted: drawn for the grid it had then.
     adopted_screen: int = 0
     adopted: bool = False  # taken over from a dead or stopped owner
+    # The offset from which the buffer held every byte its screen was drawn from (a fresh shell's first byte, a
+    # redraw of the whole screen as adopted): while its start is still there, its last screen is exact.
+    whole_from: int | None = None
     grid: tuple[int, int] = (80, 24)  # the writer's grid (observers draw this one)
     writer_name: str = ""  # who wrote last (a change of hands is marked in the recording)
     observers: dict[str, Observer] = field(default_factory=dict)  # viewer id -> observer

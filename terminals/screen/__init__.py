@@ -10,9 +10,12 @@ costs nothing here: its terminal is made at its first byte let go.
 The screen is only given where it is exact: a shell whose every byte went through (from its start, under this
 worker). One adopted from another worker, whose earlier bytes this one never saw, gets the tail as before. The
 process is started on first use and again after it dies; the shells it kept are then no longer exact.
+
+When a shell ends, its last screen is rendered as text (``Screens.render``, ``ShellScreen.text``) for the admin
+and the API, whatever the backend, and kept with the closed session for its retention.
 """
 
 from terminals.screen.process import Screens
-from terminals.screen.shell import Screen, ShellScreen
+from terminals.screen.shell import LastScreen, Screen, ShellScreen
 
-__all__ = ["Screen", "Screens", "ShellScreen"]
+__all__ = ["LastScreen", "Screen", "Screens", "ShellScreen"]

@@ -10,10 +10,12 @@
 //   R  resize: 2 bytes cols, 2 bytes rows
 //   S  screen: 4 bytes request: answered once every byte sent before it is read
 //   K  the same, without the scrollback: the screen left with the session holder for the next owner
+//   T  text: 4 bytes request: the rows the terminal shows as text (a closed shell's last screen, for people)
 //   C  close
 // To the worker:
 //   S  4 bytes request | 1 byte 0 (the screen) or 1 (none: see the text) | 4 bytes n | n bytes that the screen
-//      leaves unread (the start of a sequence not yet ended) | the screen (UTF-8)
+//      leaves unread (the start of a sequence not yet ended) | the screen (UTF-8); to T: 4 bytes request | 0 or
+//      1 | 4 bytes 0 | the rows as text (UTF-8), its blank rows at the end left out
 //   E  text: a frame it could not take (the shell's terminal is dropped; its screens are answered `none`)
 //
 // Output is written as feed.cjs says: a long run of plain lines only in part.
@@ -23,6 +25,15 @@ const { rebuild, unfinished } = require("./serialize.cjs");
 const { feed, RECENT } = require("./feed.cjs");
 
 const HEADER = 9;
+
+// The rows the terminal shows, as text: what a page showed (its blank rows at the end left out).
+function text(term) {
+  const buffer = term.buffer.active;
+  const rows = [];
+  for (let y = 0; y < term.rows; y++) rows.push(buffer.getLine(buffer.baseY + y)?.translateToString(true) ?? "");
+  while (rows.length && !rows[rows.length - 1]) rows.pop();
+  return rows.join("\n");
+}
 
 const shells = new Map(); // number -> { term, recent, broken, scrollback }
 const out = process.stdout;
@@ -66,13 +77,14 @@ function handle(type, id, payload) {
     shells.delete(id);
     return;
   }
-  if (type === "S" || type === "K") {
+  if (type === "S" || type === "K" || type === "T") {
     const answer = Buffer.alloc(9);
     payload.copy(answer, 0, 0, 4);
     if (shell.broken) {
       answer[4] = 1;
       return send("S", id, Buffer.concat([answer, Buffer.from(shell.broken)]));
     }
+    if (type === "T") return send("S", id, Buffer.concat([answer, Buffer.from(text(shell.term))]));
     const pending = unfinished(shell.term, shell.recent);
     if (pending === null) {
       answer[4] = 1;

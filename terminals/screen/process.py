@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -26,7 +27,8 @@ class Screens:
     ``terminals.children`` on raw pipes, as the worker's other programs are (config/loop.py says why)."""
 
     def __init__(self, scrollback: int = 200, node: str | None = None):
-        """``scrollback`` 0: no screens (every shell's is ``inexact``, saying so)."""
+        """``scrollback`` 0: no screens kept (every shell's is ``inexact``, saying so); closed shells' last screens
+        are still rendered (``render``)."""
         self.scrollback = scrollback
         self.node = node if node is not None else shutil.which("node")
         self._child: Child | None = None
@@ -41,8 +43,7 @@ class Screens:
         self._asked = 0
         self._answers: dict[int, asyncio.Future] = {}
         self.unavailable = "" if self.node else "node is not installed"
-        if not scrollback:
-            self.unavailable = "screens are off (TETHER_SCREEN_SCROLLBACK=0)"
+        self.off = "" if scrollback else "screens are off (TETHER_SCREEN_SCROLLBACK=0)"
 
     def shell(self, cols: int, rows: int, *, origin: int, restore: bytes | None = None) -> ShellScreen:
         """A shell's screen from ``origin`` on, every byte of the shell from there coming through here (``restore``:
@@ -51,7 +52,7 @@ class Screens:
         shell = ShellScreen(self, self._next, cols, rows, fed=origin)
         if restore is not None:
             shell.cols, shell.rows, shell.restore = *GRID.unpack_from(restore), restore[GRID.size :]
-        shell.inexact = self.unavailable
+        shell.inexact = self.unavailable or self.off
         return shell
 
     # --- the process -----------------------------------------------------------------------------------------
@@ -178,11 +179,26 @@ class Screens:
         log.info("the screen emulator ended (%s)", await child.wait())
 
     async def ask(self, shell: ShellScreen, kind: bytes = b"S") -> bytes | None:
+        return await self._ask(shell.number, kind)
+
+    async def render(self, cols: int, rows: int, data: bytes) -> str | None:
+        """The rows ``data`` leaves on a blank ``cols`` x ``rows`` terminal, as text (None: no emulator)."""
+        if not self.start():
+            return None
+        self._next += 1
+        number = self._next
+        self._send(b"O", number, json.dumps({"cols": cols, "rows": rows, "scrollback": 0}).encode())
+        self._send(b"D", number, data)
+        answer = await self._ask(number, b"T")
+        self._send(b"C", number)
+        return text_of(answer)
+
+    async def _ask(self, number: int, kind: bytes) -> bytes | None:
         self._asked += 1
         request = self._asked
         answer = asyncio.get_running_loop().create_future()
         self._answers[request] = answer
-        if not self._send(kind, shell.number, struct.pack(">I", request)):
+        if not self._send(kind, number, struct.pack(">I", request)):
             self._answers.pop(request, None)
             return None
         try:
@@ -205,3 +221,10 @@ class Screens:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(child.wait(), 2)
         self._ended()
+
+
+def text_of(answer: bytes | None) -> str | None:
+    """A ``T`` answer's text (None: none)."""
+    if answer is None or answer[0] != 0:
+        return None
+    return answer[5:].decode("utf-8", "replace")

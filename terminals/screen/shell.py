@@ -38,11 +38,22 @@ class Screens(Protocol):
 
     async def ask(self, shell: ShellScreen, kind: bytes = b"S") -> bytes | None: ...
 
+    off: str
+
 
 @dataclass(frozen=True, slots=True)
 class Screen:
     offset: int  # the stream offset the screen is at
     data: bytes  # the screen, then the bytes of a sequence begun before ``offset`` and not yet ended
+
+
+@dataclass(frozen=True, slots=True)
+class LastScreen:
+    """A closed shell's last screen, as the rows its page showed (text), and whether every byte it was drawn from
+    was there (else it is drawn from the output kept, and rows drawn before may be missing)."""
+
+    text: str
+    exact: bool
 
 
 @dataclass(eq=False)
@@ -195,6 +206,19 @@ class ShellScreen:
         if answer is None or self.inexact or self.fed != offset:
             return None
         return self._screen(answer, offset)
+
+    async def text(self, offset: int, rest: bytes) -> str | None:
+        """The rows it shows once ``rest`` (every byte the buffer keeps, from ``offset``: the shell has ended) is
+        written, as text; None when it is not exact."""
+        if self.inexact or not (self.opened or self._open()):
+            return None
+        self.keep = None  # ended: no screen is left with the session holder any more
+        self.feed(offset, rest)
+        self.send()
+        answer = await self.screens.ask(self, b"T")
+        if self.inexact or answer is None or answer[0] != 0:
+            return None
+        return answer[5:].decode("utf-8", "replace")
 
     @staticmethod
     def _screen(answer: bytes, offset: int) -> Screen | None:
