@@ -1,0 +1,92 @@
+"""Real full-screen programs (issue 44's tests): less and vi on every backend, paged on past what the worker keeps; a
+page that comes back then (a reload) shows, cell by cell, what a page that saw every byte shows (@xterm/headless),
+and again once the program has quit and the shell's own screen is back."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import subprocess
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from tests.bridge.harness import Stack, Viewer, open_viewer
+from tests.screens.reference import differences, xterm_screen
+from tests.screens.test_page_screens import SCREENS, read_to
+from tests.screens.test_tmux_screens import UNTOLD
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BUFFER = 128 * 1024
+PAGES = 130  # a page of this file is about 1.8 KB drawn: about 230 KB in all, past the buffer
+
+# Each: how it is started on the file, the key that goes a screen on, how it is left.
+PROGRAMS = {"less": ("less {file}\r", b" ", b"q"), "vi": ("vi {file}\r", b"\x06", b":q!\r")}
+
+
+def the_file(request, tmp_path, backend: str) -> str:
+    """A file of 6,000 numbered lines the shell of ``backend`` can open (copied into the container for docker)."""
+    path = tmp_path / "long.txt"
+    path.write_text("".join(f"line {n} of a long file, words enough to fill most of a row {n * 7919 % 10007}\n"
+                            for n in range(1, 6001)))  # fmt: skip
+    if backend != "docker":
+        return str(path)
+    container = request.getfixturevalue("container")
+    subprocess.run(["docker", "cp", str(path), f"{container}:/tmp/long.txt"], check=True, capture_output=True)
+    return "/tmp/long.txt"
+
+
+async def quiet(viewer: Viewer, seconds: float = 1.0, timeout: float = 60) -> None:
+    """Read until nothing more has come for ``seconds``."""
+    async with asyncio.timeout(timeout):
+        while True:
+            before = viewer.offset
+            await viewer.read_for(seconds)
+            if viewer.offset == before:
+                return
+
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+@pytest.mark.parametrize("backend", ["local", "tmux", "docker"])
+async def test_a_real_program_paged_past_the_buffer_comes_back_as_it_is_and_so_does_the_shell_after_it(
+    request, terminal, operator, tmp_path, backend, program
+):
+    start, forward, leave = PROGRAMS[program]
+    path = the_file(request, tmp_path, backend)
+    stack = Stack(extra_env={"TETHER_RECONNECT_GRACE_SECONDS": "0", "TETHER_BUFFER_BYTES": str(BUFFER), **SCREENS})
+    untold = UNTOLD if backend == "tmux" else ()
+    try:
+        await sync_to_async(stack.start)(backend)
+        first, session, cookie = await open_viewer(stack, terminal, operator, backend)
+        await quiet(first)
+        await first.type(start.format(file=path))
+        await quiet(first)
+        for _ in range(PAGES):  # one key at a time: a program that sees keys waiting draws only the last page
+            await first.type(forward)
+            await first.read_for(0.02)
+        await quiet(first)
+        await first.close()
+        assert first.offset > BUFFER + 64 * 1024, first.offset
+
+        again = await Viewer.open(stack.ports[0], session.id, cookie)
+        attached = await again.attach(since=0)  # a reload
+        assert attached["lost"] > 0 and attached["screen"], {k: v for k, v in attached.items() if k != "screen"}
+        redraw = base64.b64decode(attached["screen"])
+        await read_to(again, first.offset)
+        page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output))
+        assert any("line " in row["text"] for row in truth[truth["active"]]), truth[truth["active"]]
+        assert differences(page, truth, leave_out=untold) == []
+
+        mark = len(again.output)
+        await again.type(leave)
+        await quiet(again)
+        await again.type("echo back-$((6*7))\r")
+        await again.read_until(b"back-42")
+        await quiet(again, 0.5)
+        after = bytes(again.output[mark:])
+        page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output) + after)
+        assert truth["active"] == "normal" and any(row["text"].endswith("back-42") for row in truth["normal"])
+        assert differences(page, truth, leave_out=untold) == []
+    finally:
+        await sync_to_async(stack.stop)()
