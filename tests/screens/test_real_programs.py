@@ -90,3 +90,40 @@ async def test_a_real_program_paged_past_the_buffer_comes_back_as_it_is_and_so_d
         assert differences(page, truth, leave_out=untold) == []
     finally:
         await sync_to_async(stack.stop)()
+
+
+@pytest.mark.parametrize("backend", ["local", "tmux"])  # procps top (the container's busybox top draws once a second)
+async def test_top_repainting_only_what_changed_comes_back_whole_after_a_page_back_past_the_buffer(
+    terminal, operator, backend
+):
+    """top redraws only the rows that changed: a page drawn from the kept tail alone keeps rows top drew before it
+    (the bug); drawn from the screen at the buffer's start, it equals the page that saw every byte."""
+    stack = Stack(extra_env={"TETHER_RECONNECT_GRACE_SECONDS": "0", "TETHER_BUFFER_BYTES": str(BUFFER), **SCREENS})
+    untold = UNTOLD if backend == "tmux" else ()
+    try:
+        await sync_to_async(stack.start)(backend)
+        first, session, cookie = await open_viewer(stack, terminal, operator, backend)
+        await quiet(first)
+        await first.type("top -d 0.05\r")
+        async with asyncio.timeout(60):
+            while first.offset < BUFFER + 64 * 1024:
+                await first.read_for(0.2)
+        await first.type("q")
+        await quiet(first)
+        await first.type("echo back-$((6*7))\r")
+        await first.read_until(b"back-42")
+        await quiet(first, 0.5)
+        await first.close()
+
+        again = await Viewer.open(stack.ports[0], session.id, cookie)
+        attached = await again.attach(since=0)
+        assert attached["lost"] > 0 and attached["screen"]
+        redraw = base64.b64decode(attached["screen"])
+        await read_to(again, first.offset)
+        page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output))
+        assert any("PID" in row["text"] for row in truth["normal"]), truth["normal"]
+        assert differences(page, truth, leave_out=untold) == []
+        tail = xterm_screen(bytes(again.output))  # the kept output alone, as a page got it before
+        assert differences(tail, truth, leave_out=untold) != []
+    finally:
+        await sync_to_async(stack.stop)()
