@@ -19,6 +19,7 @@ from tests.screens.test_tmux_screens import UNTOLD
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BUFFER = 128 * 1024
+ENV = {"TETHER_RECONNECT_GRACE_SECONDS": "0", "TETHER_BUFFER_BYTES": str(BUFFER), **SCREENS}
 PAGES = 130  # a page of this file is about 1.8 KB drawn: about 230 KB in all, past the buffer
 
 # Each: how it is started on the file, the key that goes a screen on, how it is left.
@@ -47,6 +48,25 @@ async def quiet(viewer: Viewer, seconds: float = 1.0, timeout: float = 60) -> No
                 return
 
 
+async def first_page(stack: Stack, terminal, operator, backend: str) -> tuple[Viewer, object, str]:
+    """The stack started, a shell opened and its prompt drawn: the page that sees every byte (the truth)."""
+    await sync_to_async(stack.start)(backend)
+    first, session, cookie = await open_viewer(stack, terminal, operator, backend)
+    await quiet(first)
+    return first, session, cookie
+
+
+async def page_back(stack: Stack, session, cookie: str, first: Viewer) -> tuple[Viewer, bytes, dict, dict]:
+    """A reload once ``first`` has gone: the screen it is drawn, and (as @xterm/headless shows them) its screen and
+    the truth's, once it has every byte ``first`` had."""
+    again = await Viewer.open(stack.ports[0], session.id, cookie)
+    attached = await again.attach(since=0)
+    assert attached["lost"] > 0 and attached["screen"], {k: v for k, v in attached.items() if k != "screen"}
+    redraw = base64.b64decode(attached["screen"])
+    await read_to(again, first.offset)
+    return again, redraw, xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output))
+
+
 @pytest.mark.parametrize("program", sorted(PROGRAMS))
 @pytest.mark.parametrize("backend", ["local", "tmux", "docker"])
 async def test_a_real_program_paged_past_the_buffer_comes_back_as_it_is_and_so_does_the_shell_after_it(
@@ -54,12 +74,10 @@ async def test_a_real_program_paged_past_the_buffer_comes_back_as_it_is_and_so_d
 ):
     start, forward, leave = PROGRAMS[program]
     path = the_file(request, tmp_path, backend)
-    stack = Stack(extra_env={"TETHER_RECONNECT_GRACE_SECONDS": "0", "TETHER_BUFFER_BYTES": str(BUFFER), **SCREENS})
+    stack = Stack(extra_env=ENV)
     untold = UNTOLD if backend == "tmux" else ()
     try:
-        await sync_to_async(stack.start)(backend)
-        first, session, cookie = await open_viewer(stack, terminal, operator, backend)
-        await quiet(first)
+        first, session, cookie = await first_page(stack, terminal, operator, backend)
         await first.type(start.format(file=path))
         await quiet(first)
         for _ in range(PAGES):  # one key at a time: a program that sees keys waiting draws only the last page
@@ -69,12 +87,7 @@ async def test_a_real_program_paged_past_the_buffer_comes_back_as_it_is_and_so_d
         await first.close()
         assert first.offset > BUFFER + 64 * 1024, first.offset
 
-        again = await Viewer.open(stack.ports[0], session.id, cookie)
-        attached = await again.attach(since=0)  # a reload
-        assert attached["lost"] > 0 and attached["screen"], {k: v for k, v in attached.items() if k != "screen"}
-        redraw = base64.b64decode(attached["screen"])
-        await read_to(again, first.offset)
-        page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output))
+        again, redraw, page, truth = await page_back(stack, session, cookie, first)
         assert any("line " in row["text"] for row in truth[truth["active"]]), truth[truth["active"]]
         assert differences(page, truth, leave_out=untold) == []
 
@@ -98,12 +111,10 @@ async def test_top_repainting_only_what_changed_comes_back_whole_after_a_page_ba
 ):
     """top redraws only the rows that changed: a page drawn from the kept tail alone keeps rows top drew before it
     (the bug); drawn from the screen at the buffer's start, it equals the page that saw every byte."""
-    stack = Stack(extra_env={"TETHER_RECONNECT_GRACE_SECONDS": "0", "TETHER_BUFFER_BYTES": str(BUFFER), **SCREENS})
+    stack = Stack(extra_env=ENV)
     untold = UNTOLD if backend == "tmux" else ()
     try:
-        await sync_to_async(stack.start)(backend)
-        first, session, cookie = await open_viewer(stack, terminal, operator, backend)
-        await quiet(first)
+        first, session, cookie = await first_page(stack, terminal, operator, backend)
         await first.type("top -d 0.05\r")
         async with asyncio.timeout(60):
             while first.offset < BUFFER + 64 * 1024:
@@ -115,12 +126,7 @@ async def test_top_repainting_only_what_changed_comes_back_whole_after_a_page_ba
         await quiet(first, 0.5)
         await first.close()
 
-        again = await Viewer.open(stack.ports[0], session.id, cookie)
-        attached = await again.attach(since=0)
-        assert attached["lost"] > 0 and attached["screen"]
-        redraw = base64.b64decode(attached["screen"])
-        await read_to(again, first.offset)
-        page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output))
+        again, _, page, truth = await page_back(stack, session, cookie, first)
         assert any("PID" in row["text"] for row in truth["normal"]), truth["normal"]
         assert differences(page, truth, leave_out=untold) == []
         tail = xterm_screen(bytes(again.output))  # the kept output alone, as a page got it before
