@@ -38,7 +38,6 @@ PRELOAD = (
     "django.template",
     "django.forms",
     "django.views",
-    "django.test.signals",
     "psycopg",
     "docker",
     "pydantic",
