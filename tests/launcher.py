@@ -82,14 +82,14 @@ def _preload() -> None:
     assert threading.active_count() == 1, "a preloaded module started a thread"
 
 
-def _child(fds: list[int], request: dict) -> None:
+def _child(fds: list[int], request: dict, interrupt) -> None:
     """In the forked child: become the process asked for, then run it as ``python`` would."""
     import runpy
 
     signal.set_wakeup_fd(-1)
     for number in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
         signal.signal(number, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, interrupt)  # as a new Python: its own handler, or ignored where it was
     for target, fd in enumerate(fds):
         os.dup2(fd, target, inheritable=True)
     os.closerange(3, 65536)  # as Popen's close_fds: nothing of the launcher's stays open
@@ -101,6 +101,7 @@ def _child(fds: list[int], request: dict) -> None:
     try:
         if argv[0] == "-m":
             sys.argv = [str(ROOT / (argv[1].replace(".", "/") + ".py")), *argv[2:]]
+            sys.path[0] = request["cwd"]
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         else:
             sys.argv = list(argv)
@@ -118,6 +119,10 @@ def _child(fds: list[int], request: dict) -> None:
 
 def serve(fd: int) -> None:
     """The launcher: preload, then a child per request until the test process goes."""
+    # Python's own SIGINT handler, or ignored when this was started ignoring it (a background job): the children
+    # get it. The launcher itself ignores it: a Ctrl-C of the run must not end it before the tests stop theirs.
+    interrupt = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _preload()
     channel = socket.socket(fileno=fd)
     wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -149,11 +154,11 @@ def serve(fd: int) -> None:
                 channel.close()
                 os.close(wake_read)
                 os.close(wake_write)
-                _child(fds, request)
+                _child(fds, request, interrupt)
             for passed in fds:
                 os.close(passed)
             pidfd = os.pidfd_open(pid)
-            socket.send_fds(channel, [json.dumps({"pid": pid}).encode()], [pidfd])
+            socket.send_fds(channel, [json.dumps({"pid": pid, "id": request["id"]}).encode()], [pidfd])
             os.close(pidfd)
 
 
@@ -173,6 +178,17 @@ class Launched:
     def _end(self, code: int) -> None:
         self.returncode = code
         self._ended.set()
+
+    def _orphaned(self) -> None:
+        """The launcher is gone (it reaped this process, and now nobody will): ended once its pidfd says so, with
+        -1 for a status nobody can tell any more."""
+
+        def watch() -> None:
+            select.select([self._pidfd], [], [])
+            if not self._ended.is_set():
+                self._end(-1)
+
+        threading.Thread(target=watch, name=f"orphan-{self.pid}", daemon=True).start()
 
     def __del__(self):
         os.close(self._pidfd)  # only now: a number closed earlier could name another process's pidfd
@@ -211,10 +227,12 @@ class Launcher:
         )
         theirs.close()
         self.channel = ours
-        self.lock = threading.Lock()  # one request at a time: its answer is the next pid message
+        self.lock = threading.Lock()  # one request at a time
         self.started: dict[int, Launched] = {}
         self.early: dict[int, int] = {}  # ends reported before their launch's answer was read
-        self.answers: list[tuple[dict, list[int]]] = []
+        self.answers: dict[int, tuple[dict, list[int]]] = {}  # by request
+        self.asked = 0
+        self.gone = False
         self.answered = threading.Condition()
         threading.Thread(target=self._read, name="launcher", daemon=True).start()
 
@@ -226,9 +244,14 @@ class Launcher:
                 message = b""
             if not message:
                 with self.answered:
-                    self.answers.append(({"gone": True}, []))
+                    self.gone = True
+                    for orphan in self.started.values():
+                        orphan._orphaned()
+                    self.started.clear()
                     self.answered.notify_all()
                 return
+            for fd in fds:
+                os.set_inheritable(fd, False)  # (received descriptors are) not for this process's children
             answer = json.loads(message)
             with self.answered:
                 if "exit" in answer:
@@ -237,7 +260,7 @@ class Launcher:
                     else:
                         self.early[answer["exit"]] = answer["code"]
                 else:
-                    self.answers.append((answer, fds))
+                    self.answers[answer["id"]] = (answer, fds)
                     self.answered.notify_all()
 
     def launch(self, argv: list[str], cwd: Path, env: dict[str, str], stdout, stderr) -> Launched:
@@ -245,17 +268,21 @@ class Launcher:
         streams = [(0, False), out, (out[0], False) if stderr == subprocess.STDOUT else _fd(stderr, 2)]
         if argv[0] == sys.executable:
             argv = argv[1:]
-        request = {"argv": [str(part) for part in argv], "cwd": str(cwd), "env": dict(env)}
         with self.lock:
-            socket.send_fds(self.channel, [json.dumps(request).encode()], [fd for fd, _ in streams])
-            for fd, opened in streams:
-                if opened:
-                    os.close(fd)
+            self.asked += 1
+            request = {"id": self.asked, "argv": [str(part) for part in argv], "cwd": str(cwd), "env": dict(env)}
+            try:
+                socket.send_fds(self.channel, [json.dumps(request).encode()], [fd for fd, _ in streams])
+            finally:
+                for fd, opened in streams:
+                    if opened:
+                        os.close(fd)
             with self.answered:
-                self.answered.wait_for(lambda: self.answers)
-                answer, fds = self.answers.pop(0)
-                if "gone" in answer:
+                # Matched by number: an answer an interrupted launch left is never taken for this one's.
+                self.answered.wait_for(lambda: self.asked in self.answers or self.gone)
+                if self.asked not in self.answers:
                     raise RuntimeError("the test launcher ended")
+                answer, fds = self.answers.pop(self.asked)
                 launched = Launched([sys.executable, *argv], answer["pid"], fds[0])
                 if (code := self.early.pop(launched.pid, None)) is not None:
                     launched._end(code)

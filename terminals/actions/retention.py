@@ -31,7 +31,7 @@ def expire_closed_sessions(*, actor: Actor, hours: int | None = None, dry_run: b
             continue
         with transaction.atomic():
             changed = TerminalSession.objects.filter(pk=session.pk, expired_at__isnull=True).update(
-                snapshot=b"", last_screen="", expired_at=Now(), updated_at=Now()
+                snapshot=b"", last_screen="", last_screen_exact=False, expired_at=Now(), updated_at=Now()
             )
             if changed:
                 # Typed command lines can hold secrets (a password on a command line): they go with the

@@ -156,8 +156,9 @@ def close_session(
     }
     if snapshot is not None:
         updates["snapshot"] = snapshot
-    if screen is not None:
-        updates |= {"last_screen": screen.text.replace("\x00", ""), "last_screen_exact": screen.exact}
+    # Always written: a shell closed without one shows none, not an earlier generation's.
+    updates["last_screen"] = screen.text.replace("\x00", "") if screen is not None else ""
+    updates["last_screen_exact"] = screen is not None and screen.exact
     with transaction.atomic():
         changed = (
             TerminalSession.objects.filter(pk=session.pk, generation=session.generation)

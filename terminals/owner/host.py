@@ -88,7 +88,7 @@ class SessionHost:
             live.adopted_screen = len(screen)
         # A held stream resumed by a new owner goes on at the holder's offsets: viewers keep their place.
         live.buffer.start = live.acked = process.stream_origin
-        if not adopted or screen or live.buffer.start == 0:
+        if not adopted or (live.buffer.start == 0 and not screen):
             live.whole_from = live.buffer.start
         if live.session_id and not process.can_snapshot:
             keep_screen(self.context.screens, live, process, adopted)
@@ -187,7 +187,7 @@ class SessionHost:
             outcome = replace(outcome, note=f"{outcome.note} ({asked['action']}: {asked['why']})")
         command = live.kind == Kind.COMMAND
         reset = outcome.close_reason == Reason.RESET
-        screen = await last_screen(self.context.screens, live) if live.session_id else None
+        screen = await last_screen(self.context.screens, live) if live.session_id else None  # bounded: never fails
         execution = await db(actions.settle_execution)(
             execution,
             outcome,

@@ -116,6 +116,7 @@ class LiveProcess:
     # The offset from which the buffer held every byte its screen was drawn from (a fresh shell's first byte, a
     # redraw of the whole screen as adopted): while its start is still there, its last screen is exact.
     whole_from: int | None = None
+    grid_from: int = 0  # the offset from which output is drawn for ``grid`` (its last change)
     grid: tuple[int, int] = (80, 24)  # the writer's grid (observers draw this one)
     writer_name: str = ""  # who wrote last (a change of hands is marked in the recording)
     observers: dict[str, Observer] = field(default_factory=dict)  # viewer id -> observer

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 from terminals.backends.base import Process
 from terminals.backends.holder import HeldProcess
 from terminals.owner.live import LiveProcess
 from terminals.screen import LastScreen, Screens
+
+log = logging.getLogger(__name__)
 
 
 def keep_screen(screens: Screens, live: LiveProcess, process: Process, adopted: bool) -> None:
@@ -34,14 +39,28 @@ def keep_screen(screens: Screens, live: LiveProcess, process: Process, adopted: 
         live.screen.release = release
 
 
+LAST_SCREEN_SECONDS = 2.0  # the most an exit's record waits for its last screen (none is kept past it)
+LAST_SCREEN_CHARS = 64 * 1024  # the most of it kept (its first rows: a 500-column, 200-row grid is more)
+
+
 async def last_screen(screens: Screens, live: LiveProcess) -> LastScreen | None:
     """A shell's last screen as its page showed it, as text (rendered by the page's emulator, for every backend),
     once it has ended: exact where its screen was kept, or where its buffer still holds every byte the screen was
-    drawn from; else drawn from the bytes kept (and said so). None without an emulator."""
+    drawn from, for one grid; else drawn from the bytes kept (and said so). None without an emulator, or when it
+    takes longer than LAST_SCREEN_SECONDS: the exit is recorded without it."""
+    try:
+        return await asyncio.wait_for(_last_screen(screens, live), LAST_SCREEN_SECONDS)
+    except Exception as error:  # (a timeout among them) the exit's record matters more than its picture
+        log.info("execution %s: no last screen (%r)", live.execution_pk, error)
+        return None
+
+
+async def _last_screen(screens: Screens, live: LiveProcess) -> LastScreen | None:
     first, data, _ = live.buffer.since(live.buffer.start)
     if live.screen is not None and (text := await live.screen.text(first, data)) is not None:
-        return LastScreen(text, exact=True)
+        return LastScreen(text[:LAST_SCREEN_CHARS], exact=True)
     text = await screens.render(*live.grid, data)
     if text is None:
         return None
-    return LastScreen(text, exact=live.whole_from is not None and live.buffer.start == live.whole_from)
+    whole = live.whole_from is not None and live.buffer.start == live.whole_from
+    return LastScreen(text[:LAST_SCREEN_CHARS], exact=whole and live.grid_from <= live.buffer.start)

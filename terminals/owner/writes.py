@@ -39,6 +39,7 @@ class Writes:
             if (cols, rows) == live.grid:
                 return
             live.grid = (cols, rows)
+            live.grid_from = live.buffer.end
             if live.screen is not None:
                 live.screen.resize(cols, rows, live.buffer.end)
             self.recorder.resize(live, cols, rows)

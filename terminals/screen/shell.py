@@ -133,7 +133,10 @@ class ShellScreen:
 
     async def _keep(self) -> None:
         """Leave the screen at ``fed`` with the session holder, for a later owner."""
+        keep = self.keep  # (the shell's end lets go of it meanwhile: this one still finishes)
         try:
+            if keep is None:
+                return
             self.send()
             offset = self.fed
             answer = await self.screens.ask(self, b"K")
@@ -148,7 +151,7 @@ class ShellScreen:
             if len(data) > KEEP_MOST:
                 self.fail(f"its screen ({len(data)} bytes) is more than a session holder keeps")
                 return
-            await self.keep(offset, data)
+            await keep(offset, data)
             self.kept = offset
         except Exception as error:  # the link to the holder: its reader finds out; acks go on without a screen
             self.fail(f"its screen could not be left with the session holder: {error!r}")
@@ -215,6 +218,9 @@ class ShellScreen:
         self.keep = None  # ended: no screen is left with the session holder any more
         self.feed(offset, rest)
         self.send()
+        for _, cols, rows in self.resizes:  # the grid it has now, whatever came last
+            self._apply(cols, rows)
+        self.resizes.clear()
         answer = await self.screens.ask(self, b"T")
         if self.inexact or answer is None or answer[0] != 0:
             return None

@@ -17,11 +17,14 @@ from asgiref.sync import sync_to_async
 from django.test import Client
 from websockets.exceptions import ConnectionClosed
 
+from api.terminals import last_screen_out
 from api.tokens import create_token
 from executions.actions import Actor
 from terminals.actions import operator_session_action
 from terminals.actions.retention import expire_closed_sessions
+from terminals.actions.sessions import close_session
 from terminals.models import TerminalSession
+from terminals.screen import LastScreen
 from tests.bridge.harness import Stack, Viewer, open_viewer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -132,3 +135,22 @@ async def test_a_last_screen_is_hidden_when_dismissed_and_goes_with_the_retentio
     await sync_to_async(expire_closed_sessions)(actor=actor, hours=0)
     session = await TerminalSession.objects.aget(pk=session.id)
     assert session.expired_at and session.last_screen == "" and session.snapshot == b""
+
+
+def test_a_shell_closed_without_a_last_screen_shows_none_of_an_earlier_shells(terminal, operator):
+    """A reset keeps the session: the next shell closed with no screen rendered (no emulator, a spawn failure,
+    recovery) shows none, not the last shell's as its own."""
+    session, _cookie = terminal(operator, "local")
+    actor = Actor.for_user(operator)
+    assert close_session(session, reason="exited", actor=actor, screen=LastScreen("the first shell's", exact=True))
+    session.refresh_from_db()
+    assert (session.last_screen, session.last_screen_exact) == ("the first shell's", True)
+    # The next generation, as start_next_generation leaves the session's row (its shell not started here).
+    TerminalSession.objects.filter(pk=session.pk).update(
+        generation=2, process_state="live", snapshot_kind="live", close_reason="", closed_at=None
+    )
+    session.refresh_from_db()
+    assert close_session(session, reason="exited", actor=actor)
+    session.refresh_from_db()
+    assert (session.generation, session.last_screen, session.last_screen_exact) == (2, "", False)
+    assert last_screen_out(session) is None

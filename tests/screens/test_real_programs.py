@@ -81,8 +81,11 @@ async def test_a_real_program_paged_past_the_buffer_comes_back_as_it_is_and_so_d
         await first.type(start.format(file=path))
         await quiet(first)
         for _ in range(PAGES):  # one key at a time: a program that sees keys waiting draws only the last page
+            before = first.offset
             await first.type(forward)
-            await first.read_for(0.02)
+            async with asyncio.timeout(10):
+                while first.offset == before:  # this page drawn (at least begun) before the next key
+                    await first.read_for(0.02)
         await quiet(first)
         await first.close()
         assert first.offset > BUFFER + 64 * 1024, first.offset
