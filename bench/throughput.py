@@ -197,7 +197,10 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
     size = (50 if ctx.quick else 200) * MIB
     data = ctx.workdir / f"bench-{size // MIB}MB.b64"
     make_data(data, size)
-    raw_rate, raw_hash = raw_throughput(data)
+    # The raw PTY read, best of ROUNDS too (one read moved by a fifth from run to run): the ceiling, not a sample.
+    raws = [raw_throughput(data) for _ in range(ROUNDS)]
+    raw_rate, raw_hash = max(raws)
+    raw_note = f"raw PTY reads {', '.join(f'{rate:.1f}' for rate, _ in raws)} MB/s, the best kept"
     local, (peer_rate, peer_hash, peer_cpu) = await best_of(
         lambda: full_throughput(ctx, "local", str(data)), lambda: terminado_throughput(data)
     )
@@ -209,7 +212,7 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
             "MB/s",
             raw_rate,
             "raw PTY read",
-            note=f"{_matches(peer_hash, raw_hash)}; {rounds}",
+            note=f"{_matches(peer_hash, raw_hash)}; {rounds}; {raw_note}",
         )
     )
     ctx.report.add(
@@ -219,8 +222,9 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
             "MB/s",
             peer_rate,
             "terminado",
-            "≥ 1.5x terminado",
-            local.rate >= 1.5 * peer_rate,
+            # (Issue 45: 1.5x terminado was 90% of a raw PTY read on this machine, unfair: restated.)
+            "≥ 1.0x terminado and ≥ 80% of the best raw PTY read",
+            local.rate >= peer_rate and local.rate >= 0.8 * raw_rate,
             note=f"{local.rate / raw_rate:.0%} of a raw PTY read; {_matches(local.digest, raw_hash)}; "
             + f"cores busy {local.cores:.2f} of {os.cpu_count()}; {rounds}",
         )
@@ -266,8 +270,8 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
                 "MB/s",
                 own,
                 "docker exec read in-process",
-                "≥ 95% of docker's relay",
-                docker.rate >= 0.95 * own,
+                "≥ 85% of docker's relay read in-process",  # (issue 45: its relay alone keeps 1.7 cores busy)
+                docker.rate >= 0.85 * own,
                 note=f"{docker.rate / raw_rate:.0%} of a raw PTY read; {_matches(docker.digest, raw_hash)}; "
                 + f"{_where_it_went(docker, own_cores)}; {rounds}",
             )
@@ -286,8 +290,8 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
             "MB/s",
             control,
             "tmux control mode in-process",
-            "≥ 90% of tmux",
-            tmux.rate >= 0.9 * control,
+            "≥ 85% of control mode read in-process",  # (issue 45's goal)
+            tmux.rate >= 0.85 * control,
             note=f"{_where_it_went(tmux, control_cores)}; {rounds}",
         )
     )
