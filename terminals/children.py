@@ -133,3 +133,60 @@ async def _write_all(loop: asyncio.AbstractEventLoop, stream, data: bytes) -> No
     finally:
         loop.remove_writer(fd)
         stream.close()
+
+
+class PipeWriter:
+    """Writes to a child's non-blocking pipe from the event loop (tmux's control client, the screen emulator): what
+    the pipe cannot take now is kept, in order, and written as it drains. An error (the child is gone) is kept in
+    ``broken``, what was waiting is dropped, and ``on_broken`` is told. The descriptor stays the caller's to close
+    (``stop`` first)."""
+
+    def __init__(self, fd: int, on_broken=None):
+        self.fd: int | None = fd
+        self.outgoing = bytearray()
+        self.broken: OSError | None = None
+        self.on_broken = on_broken
+        self._waiting: list[asyncio.Future] = []
+
+    def write(self, *parts: bytes) -> None:
+        for part in parts:
+            self.outgoing += part
+        self._flush()
+
+    def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self.outgoing and self.fd is not None:
+                del self.outgoing[: os.write(self.fd, self.outgoing)]
+        except BlockingIOError:
+            loop.add_writer(self.fd, self._flush)
+            return
+        except OSError as error:
+            self.broken = error
+            self.outgoing.clear()
+        if self.fd is not None:
+            loop.remove_writer(self.fd)
+        self._wake()
+        if self.broken is not None and self.on_broken is not None:
+            self.on_broken(self.broken)
+
+    def _wake(self) -> None:
+        for waiter in self._waiting:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiting.clear()
+
+    async def drain(self) -> None:
+        """Until everything written has been handed to the pipe (or the pipe is gone)."""
+        if self.outgoing and self.fd is not None:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiting.append(waiter)
+            await waiter
+
+    def stop(self) -> None:
+        """No more writing (the caller closes the descriptor): what waited is dropped, and waiters go on."""
+        if self.fd is not None:
+            asyncio.get_running_loop().remove_writer(self.fd)
+            self.fd = None
+        self.outgoing.clear()
+        self._wake()

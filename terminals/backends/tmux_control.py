@@ -17,7 +17,7 @@ import os
 import weakref
 from dataclasses import dataclass, field
 
-from terminals.children import DEVNULL, Child
+from terminals.children import DEVNULL, Child, PipeWriter
 
 PIPE_READ = 64 * 1024
 
@@ -209,9 +209,7 @@ class ControlClient:
         self._stdin: int | None = stdin
         self._fds = [stdin, stdout]
         self._finalizer = weakref.finalize(self, _close_all, self._fds)
-        self._outgoing = bytearray()
-        self._waiting: list[asyncio.Future] = []
-        self._broken: OSError | None = None
+        self._writer = PipeWriter(stdin)
 
     @classmethod
     async def start(cls, argv: list[str], env: dict[str, str]) -> ControlClient:
@@ -230,46 +228,25 @@ class ControlClient:
 
     @property
     def open(self) -> bool:
-        return self._stdin is not None and self._broken is None
+        return self._stdin is not None and self._writer.broken is None
 
     def send(self, command: str) -> None:
         if not self.open:
-            raise BrokenPipeError(f"the control client is closed{f': {self._broken}' if self._broken else ''}")
-        self._outgoing += command.encode() + b"\n"
-        self._flush()
-
-    def _flush(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._outgoing and self._stdin is not None:
-                del self._outgoing[: os.write(self._stdin, self._outgoing)]
-        except BlockingIOError:
-            loop.add_writer(self._stdin, self._flush)
-            return
-        except OSError as error:
-            self._broken = error
-            self._outgoing.clear()
-        if self._stdin is not None:
-            loop.remove_writer(self._stdin)
-        for waiter in self._waiting:
-            if not waiter.done():
-                waiter.set_result(None)
-        self._waiting.clear()
+            broken = self._writer.broken
+            raise BrokenPipeError(f"the control client is closed{f': {broken}' if broken else ''}")
+        self._writer.write(command.encode() + b"\n")
 
     async def drain(self) -> None:
         """Wait until every command sent has been handed to tmux (not until it ran)."""
-        if self._outgoing:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiting.append(waiter)
-            await waiter
-        if self._broken is not None:
-            raise BrokenPipeError(f"the control client is gone: {self._broken}")
+        await self._writer.drain()
+        if self._writer.broken is not None:
+            raise BrokenPipeError(f"the control client is gone: {self._writer.broken}")
 
     async def close(self, timeout: float = 5.0) -> None:
         """End the client; the session stays. tmux lets it go only once its queued output is written,
         so that output is read and dropped."""
         if self._stdin is not None:
-            asyncio.get_running_loop().remove_writer(self._stdin)
+            self._writer.stop()
             self._fds.remove(self._stdin)
             os.close(self._stdin)
             self._stdin = None

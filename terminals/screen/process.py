@@ -12,7 +12,7 @@ import shutil
 import struct
 from pathlib import Path
 
-from terminals.children import Child
+from terminals.children import Child, PipeWriter
 from terminals.screen.shell import GRID, ShellScreen
 
 log = logging.getLogger(__name__)
@@ -34,9 +34,8 @@ class Screens:
         self._child: Child | None = None
         self._stdin: int | None = None
         self._stdout: int | None = None
-        self._outgoing = bytearray()  # written to it as its pipe takes it
+        self._writer: PipeWriter | None = None  # to its stdin, as its pipe takes it
         self._incoming = bytearray()
-        self._drained: asyncio.Event | None = None
         self._reaping: asyncio.Task | None = None
         self._shells: dict[int, ShellScreen] = {}
         self._next = 0
@@ -85,41 +84,22 @@ class Screens:
         os.set_blocking(stdin_write, False)
         os.set_blocking(stdout_read, False)
         self._stdin, self._stdout = stdin_write, stdout_read
-        self._drained = asyncio.Event()
-        self._drained.set()
+        self._writer = PipeWriter(stdin_write, on_broken=lambda _: self._ended())
         asyncio.get_running_loop().add_reader(stdout_read, self._read)
         return True
 
     def _send(self, kind: bytes, shell: int, payload: bytes = b"") -> bool:
         if not self.running:
             return False
-        self._outgoing += HEADER.pack(kind, shell, len(payload))
-        self._outgoing += payload
-        self._flush()
+        self._writer.write(HEADER.pack(kind, shell, len(payload)), payload)
         return self.running
 
-    def _flush(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._outgoing and self._stdin is not None:
-                del self._outgoing[: os.write(self._stdin, self._outgoing)]
-        except BlockingIOError:
-            self._drained.clear()
-            loop.add_writer(self._stdin, self._flush)
-            return
-        except OSError:
-            self._ended()
-            return
-        if self._stdin is not None:
-            loop.remove_writer(self._stdin)
-        self._drained.set()
-
     def backlog(self) -> int:
-        return len(self._outgoing)
+        return len(self._writer.outgoing) if self._writer is not None else 0
 
     async def drain(self) -> None:
-        if self._drained is not None:
-            await self._drained.wait()
+        if self._writer is not None:
+            await self._writer.drain()
 
     def _read(self) -> None:
         try:
@@ -153,14 +133,14 @@ class Screens:
         if child is None:
             return
         self._child = self._stdin = self._stdout = None
-        for fd, remove in ((stdin, loop.remove_writer), (stdout, loop.remove_reader)):
-            if fd is not None:
-                remove(fd)
-                os.close(fd)
-        self._outgoing.clear()
+        if self._writer is not None:
+            self._writer.stop()
+        if stdin is not None:
+            os.close(stdin)
+        if stdout is not None:
+            loop.remove_reader(stdout)
+            os.close(stdout)
         self._incoming.clear()
-        if self._drained is not None:
-            self._drained.set()
         for shell in list(self._shells.values()):
             shell.opened = False
             shell.fail("the screen emulator ended")
@@ -215,7 +195,7 @@ class Screens:
         for shell in self._shells.values():
             shell.inexact = shell.inexact or "the worker stopped"
         if self._stdin is not None:
-            asyncio.get_running_loop().remove_writer(self._stdin)
+            self._writer.stop()
             os.close(self._stdin)
             self._stdin = None
         with contextlib.suppress(TimeoutError):
