@@ -90,6 +90,7 @@ class SessionHost:
         live.buffer.start = live.acked = process.stream_origin
         if not adopted or (live.buffer.start == 0 and not screen):
             live.whole_from = live.buffer.start
+        live.grids.append((live.buffer.start, *live.grid))
         if live.session_id and not process.can_snapshot:
             keep_screen(self.context.screens, live, process, adopted)
         if adopted and process.offsets_survive_owner:

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 OUTPUT_MESSAGE_BYTES = 64 * 1024  # cap on one channel message's payload
 
 
+GRIDS_KEPT = 256  # grid changes remembered (a last screen past the oldest is not exact)
+
+
 @dataclass
 class Viewer:
     channel: str
@@ -116,7 +119,9 @@ class LiveProcess:
     # The offset from which the buffer held every byte its screen was drawn from (a fresh shell's first byte, a
     # redraw of the whole screen as adopted): while its start is still there, its last screen is exact.
     whole_from: int | None = None
-    grid_from: int = 0  # the offset from which output is drawn for ``grid`` (its last change)
+    # (offset, cols, rows): the grid output is drawn for from each offset on, the latest GRIDS_KEPT (the last
+    # screen is drawn with each at its place)
+    grids: list[tuple[int, int, int]] = field(default_factory=list)
     grid: tuple[int, int] = (80, 24)  # the writer's grid (observers draw this one)
     writer_name: str = ""  # who wrote last (a change of hands is marked in the recording)
     observers: dict[str, Observer] = field(default_factory=dict)  # viewer id -> observer

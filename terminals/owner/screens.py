@@ -59,8 +59,12 @@ async def _last_screen(screens: Screens, live: LiveProcess) -> LastScreen | None
     first, data, _ = live.buffer.since(live.buffer.start)
     if live.screen is not None and (text := await live.screen.text(first, data)) is not None:
         return LastScreen(text[:LAST_SCREEN_CHARS], exact=True)
-    text = await screens.render(*live.grid, data)
+    # Drawn as the page drew it: each grid from the offset it began at.
+    before = [grid for grid in live.grids if grid[0] <= first]
+    _, cols, rows = before[-1] if before else live.grids[0]
+    resizes = [(offset - first, *grid) for offset, *grid in live.grids if offset > first]
+    text = await screens.render(cols, rows, data, resizes)
     if text is None:
         return None
-    whole = live.whole_from is not None and live.buffer.start == live.whole_from
-    return LastScreen(text[:LAST_SCREEN_CHARS], exact=whole and live.grid_from <= live.buffer.start)
+    whole = live.whole_from is not None and first == live.whole_from and bool(before)
+    return LastScreen(text[:LAST_SCREEN_CHARS], exact=whole)

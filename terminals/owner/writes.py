@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from recordings.recorder import Recorder
 from terminals.owner.commands import CommandTracker
-from terminals.owner.live import LiveProcess
+from terminals.owner.live import GRIDS_KEPT, LiveProcess
 from terminals.owner.outbox import Outbox
 from terminals.protocol import Grid
 
@@ -39,7 +39,8 @@ class Writes:
             if (cols, rows) == live.grid:
                 return
             live.grid = (cols, rows)
-            live.grid_from = live.buffer.end
+            live.grids.append((live.buffer.end, cols, rows))
+            del live.grids[:-GRIDS_KEPT]
             if live.screen is not None:
                 live.screen.resize(cols, rows, live.buffer.end)
             self.recorder.resize(live, cols, rows)

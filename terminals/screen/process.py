@@ -161,14 +161,21 @@ class Screens:
     async def ask(self, shell: ShellScreen, kind: bytes = b"S") -> bytes | None:
         return await self._ask(shell.number, kind)
 
-    async def render(self, cols: int, rows: int, data: bytes) -> str | None:
-        """The rows ``data`` leaves on a blank ``cols`` x ``rows`` terminal, as text (None: no emulator)."""
+    async def render(self, cols: int, rows: int, data: bytes, resizes: list[tuple[int, int, int]] = ()) -> str | None:
+        """The rows ``data`` leaves on a blank ``cols`` x ``rows`` terminal, as text (None: no emulator); each of
+        ``resizes`` (at, cols, rows) makes it that grid from byte ``at`` of ``data`` on."""
         if not self.start():
             return None
         self._next += 1
         number = self._next
         self._send(b"O", number, json.dumps({"cols": cols, "rows": rows, "scrollback": 0}).encode())
-        self._send(b"D", number, data)
+        at = 0
+        for cut, new_cols, new_rows in resizes:
+            if cut > at:
+                self._send(b"D", number, data[at:cut])
+                at = cut
+            self._send(b"R", number, struct.pack(">HH", new_cols, new_rows))
+        self._send(b"D", number, data[at:])
         answer = await self._ask(number, b"T")
         self._send(b"C", number)
         return text_of(answer)

@@ -91,6 +91,20 @@ async def test_a_closed_shells_last_screen_is_the_screen_its_page_showed(
     assert f'<td class="field-last_screen_line">{html.escape(shown[-1].strip())}</td>' in listed
 
 
+async def test_a_last_screen_is_drawn_for_the_grid_the_page_had(stack, terminal, operator):
+    """The page attached at 40x12 (the shell started at 80x24): the last screen is drawn for each grid from where
+    it began, so a 60-character line wraps at 40, and it is exact (every byte was there)."""
+    viewer, session, _cookie = await open_viewer(stack, terminal, operator, "local", cols=40, rows=12)
+    await viewer.read_for(0.5)
+    await viewer.type(DRAW.replace("\\033[10;1H' $((6*7)); exit", "\\033[10;1H%060d' $((6*7)) 0; exit"))
+    session = await closed(viewer, session.id)
+    await viewer.close()
+    shown = rows(session.last_screen)
+    assert shown[2] == "    drawn-42" and shown[9] == "0" * 40, session.last_screen
+    assert shown[10].startswith("0" * 20) and not shown[10].startswith("0" * 21), session.last_screen
+    assert session.last_screen_exact
+
+
 @pytest.mark.parametrize("kept", [False, True], ids=["screens-off", "screens-on"])
 async def test_a_last_screen_past_the_buffer_is_exact_where_the_screen_was_kept_and_says_so_where_not(
     terminal, operator, admin_user, kept
