@@ -13,7 +13,7 @@ import struct
 from pathlib import Path
 
 from terminals.children import Child, PipeWriter
-from terminals.screen.shell import GRID, ShellScreen
+from terminals.screen.shell import GRID, ShellScreen, text_of, write_with_grids
 
 log = logging.getLogger(__name__)
 
@@ -169,13 +169,12 @@ class Screens:
         self._next += 1
         number = self._next
         self._send(b"O", number, json.dumps({"cols": cols, "rows": rows, "scrollback": 0}).encode())
-        at = 0
-        for cut, new_cols, new_rows in resizes:
-            if cut > at:
-                self._send(b"D", number, data[at:cut])
-                at = cut
-            self._send(b"R", number, struct.pack(">HH", new_cols, new_rows))
-        self._send(b"D", number, data[at:])
+        write_with_grids(
+            data,
+            resizes,
+            lambda piece: self._send(b"D", number, piece),
+            lambda new_cols, new_rows: self._send(b"R", number, struct.pack(">HH", new_cols, new_rows)),
+        )
         answer = await self._ask(number, b"T")
         self._send(b"C", number)
         return text_of(answer)
@@ -208,10 +207,3 @@ class Screens:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(child.wait(), 2)
         self._ended()
-
-
-def text_of(answer: bytes | None) -> str | None:
-    """A ``T`` answer's text (None: none)."""
-    if answer is None or answer[0] != 0:
-        return None
-    return answer[5:].decode("utf-8", "replace")

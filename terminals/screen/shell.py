@@ -38,7 +38,28 @@ class Screens(Protocol):
 
     async def ask(self, shell: ShellScreen, kind: bytes = b"S") -> bytes | None: ...
 
-    off: str
+
+def write_with_grids(
+    data: bytes, grids: list[tuple[int, int, int]], write: Callable[[bytes], None], regrid: Callable[[int, int], None]
+) -> None:
+    """``data`` written in pieces, each of ``grids`` (at, cols, rows: ``at`` a byte of ``data``, in order; one before
+    the start counts from it) made at its byte."""
+    at = 0
+    for cut, cols, rows in grids:
+        cut = max(cut, at)
+        if cut > at:
+            write(data[at:cut])
+            at = cut
+        regrid(cols, rows)
+    if at < len(data):
+        write(data[at:] if at else data)
+
+
+def text_of(answer: bytes | None) -> str | None:
+    """A ``T`` answer's text (None: none)."""
+    if answer is None or answer[0] != 0:
+        return None
+    return answer[5:].decode("utf-8", "replace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,16 +137,11 @@ class ShellScreen:
             return
         data, self.pending = bytes(self.pending), bytearray()
         offset = self.fed - len(data)
-        at = 0
+        due = []
         while self.resizes and self.resizes[0][0] < offset + len(data):
             when, cols, rows = self.resizes.pop(0)
-            cut = max(when - offset, at)
-            if cut > at:
-                self.screens._send(b"D", self.number, data[at:cut])
-                at = cut
-            self._apply(cols, rows)
-        if at < len(data):
-            self.screens._send(b"D", self.number, data[at:] if at else data)
+            due.append((when - offset, cols, rows))
+        write_with_grids(data, due, lambda piece: self.screens._send(b"D", self.number, piece), self._apply)
 
     def _keep_soon(self) -> None:
         if self.keep is not None and self.fed - self.kept >= KEEP_EVERY and self.keeping is None:
@@ -222,9 +238,7 @@ class ShellScreen:
             self._apply(cols, rows)
         self.resizes.clear()
         answer = await self.screens.ask(self, b"T")
-        if self.inexact or answer is None or answer[0] != 0:
-            return None
-        return answer[5:].decode("utf-8", "replace")
+        return None if self.inexact else text_of(answer)
 
     @staticmethod
     def _screen(answer: bytes, offset: int) -> Screen | None:
