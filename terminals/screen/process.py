@@ -46,12 +46,13 @@ class Screens:
 
     def shell(self, cols: int, rows: int, *, origin: int, restore: bytes | None = None) -> ShellScreen:
         """A shell's screen from ``origin`` on, every byte of the shell from there coming through here (``restore``:
-        the screen at ``origin``, as ``kept`` left it with the session holder)."""
+        the screen at ``origin``, as ``kept`` left it with the session holder). Asked for only where screens are on
+        and node was found (``owner.screens.keep_screen``); an emulator that cannot start fails the shell's screen
+        at its first use."""
         self._next += 1
         shell = ShellScreen(self, self._next, cols, rows, fed=origin)
         if restore is not None:
             shell.cols, shell.rows, shell.restore = *GRID.unpack_from(restore), restore[GRID.size :]
-        shell.inexact = self.unavailable or self.off
         return shell
 
     # --- the process -----------------------------------------------------------------------------------------
