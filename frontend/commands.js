@@ -7,6 +7,8 @@
 // keeps too), so a jump lands on its first line of output while that is still in the scrollback.
 
 const GLYPH = { running: "●", exited: "✓", failed: "✗", unknown: "?" };
+// How far along a record is: a command runs, then ends (its outcome unknown until an operator settles it).
+const STAGE = { running: 0, unknown: 1, exited: 2 };
 
 function clock(iso) {
   return new Date(iso).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
@@ -64,6 +66,7 @@ export class CommandRail {
     this.outputAt = new Map(); // mark key -> xterm marker of the line the command's output starts on
     this.tracked = null;
     this.fetching = null;
+    this.arriving = new Set(); // per fetch on its way: the records its messages brought meanwhile
     term.parser.registerOscHandler(133, (data) => this.onMark(data));
   }
 
@@ -90,16 +93,26 @@ export class CommandRail {
     if (last && tell) this.told(told(last));
   }
 
+  // The list as the server has it. A `command` message that comes while the fetch is on its way may be newer
+  // than the list (built before that command ran or ended): it is kept over the list's older word.
   async refresh() {
     if (!this.url) return null; // watching through a share link: the record is not this viewer's to list
+    const arrived = new Map();
+    this.arriving.add(arrived);
     try {
       const response = await fetch(this.url, { credentials: "same-origin", headers: { Accept: "application/json" } });
       if (!response.ok) return null;
       const body = await response.json();
-      this.records = new Map(body.commands.map((record) => [record.id, record]));
+      const records = new Map(body.commands.map((record) => [record.id, record]));
+      for (const [id, record] of arrived) {
+        if (!records.has(id) || STAGE[record.state] > STAGE[records.get(id).state]) records.set(id, record);
+      }
+      this.records = new Map([...records].sort(([a], [b]) => a - b));
       this.setTracking(body.tracking.tracked, body.tracking.why);
     } catch {
       return null; // offline: the list stays as it was; the next attach fetches again
+    } finally {
+      this.arriving.delete(arrived);
     }
     this.render();
     return [...this.records.values()].at(-1) ?? null;
@@ -115,6 +128,7 @@ export class CommandRail {
     if (message.tracked) this.setTracking(true, "");
     if (message.record) {
       this.records.set(message.record.id, message.record);
+      for (const arrived of this.arriving) arrived.set(message.record.id, message.record);
       this.render();
     }
   }

@@ -123,3 +123,35 @@ async def test_the_rail_follows_a_command_whose_outcome_became_unknown(page, hos
     back = page.locator("#terminal-command-list li").last  # the list was empty
     await expect(back).to_have_attribute("data-state", "unknown")
     await expect(back.locator("code")).to_have_text("sleep 600; echo finished")
+
+
+async def test_a_command_that_ends_while_the_list_is_fetched_stays_in_the_rail(page, host_machine):
+    """The rail's list is fetched at each attach and kept current by the socket's `command` messages. A command
+    whose message came while the fetch was on its way (the list built before it ran) vanished from the rail
+    when the older list arrived: seen in CI as 2 of 3 commands listed. The fetch is held here until it has."""
+    import asyncio
+
+    await log_in(page, "operator", "operator-password")
+    await open_workspace(page, host_machine)
+    await open_the_rail(page)
+    release = asyncio.Event()
+
+    async def hold(route):
+        response = await route.fetch()  # the list as it is before the command runs
+        await release.wait()
+        await route.fulfill(response=response)
+
+    await page.route("**/commands/", hold)
+    await page.reload()
+    await wait_live(page)
+    rail = page.locator("#terminal-command-list li")
+    await run(page, "true")
+    await expect(rail).to_have_count(1)  # from the socket's message
+    await expect(rail.nth(0)).to_have_attribute("data-state", "exited")
+    async with page.expect_response("**/commands/"):
+        release.set()
+    await page.unroute("**/commands/")
+    await run(page, "(exit 2)")
+    await expect(rail.nth(1)).to_have_attribute("data-state", "failed")
+    await expect(rail).to_have_count(2)  # the older list did not take `true` away
+    await expect(rail.nth(0).locator("code")).to_have_text("true")
