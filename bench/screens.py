@@ -19,7 +19,7 @@ from pathlib import Path
 from asgiref.sync import sync_to_async
 
 from bench.commands import ROUNDS, _rate, close_pair, open_on
-from bench.common import Figure, unique
+from bench.common import Figure, cpu_seconds, tree_cpu, unique
 from bench.sessions import MIB, Context
 from bench.throughput import make_data
 
@@ -100,10 +100,18 @@ async def bench_screens(ctx: Context) -> None:
         for kind, host in (("off", None), ("kept", elsewhere)):
             opened[kind] = await open_on(ctx, await sync_to_async(_machine)(host))
         rates = {(text, kind): [] for text in files for kind in opened}
+        cpu = {(text, kind): [] for text in files for kind in opened}  # the worker's (and its emulator's) per MB
+        emulator = {text: [] for text in files}  # of which the emulator's (every process under the worker)
+        workers = {"off": ctx.stack.workers[0].pid, "kept": worker.pid}
         for _ in range(ROUNDS):
             for text, path in files.items():
                 for kind, (viewer, _) in opened.items():
+                    before = tree_cpu(workers[kind]), cpu_seconds(workers[kind])
                     rates[text, kind].append(await _rate(viewer, str(path)))
+                    spent = tree_cpu(workers[kind]) - before[0], cpu_seconds(workers[kind]) - before[1]
+                    cpu[text, kind].append(spent[0] * 1000 / (size / MIB))
+                    if kind == "kept":
+                        emulator[text].append((spent[0] - spent[1]) * 1000 / (size / MIB))
     finally:
         await close_pair(ctx, opened, worker)
     for text in files:
@@ -119,6 +127,18 @@ async def bench_screens(ctx: Context) -> None:
                 f"off {', '.join(f'{r:.1f}' for r in off)}",
                 goal="≥ 0.9x",
                 met=statistics.median(kept) >= 0.9 * statistics.median(off),
+            )
+        )
+        kept, off = cpu[text, "kept"], cpu[text, "off"]
+        ctx.report.add(
+            Figure(
+                f"screens: CPU of the worker and its emulator per MB of {text} text, screen kept",
+                statistics.median(kept),
+                "ms/MB",
+                statistics.median(off),
+                "the same shell's worker, no screen kept",
+                note=f"median of {ROUNDS}: kept {', '.join(f'{c:.1f}' for c in kept)} (the emulator "
+                f"{', '.join(f'{c:.1f}' for c in emulator[text])}); off {', '.join(f'{c:.1f}' for c in off)}",
             )
         )
     began = time.perf_counter()
