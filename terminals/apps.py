@@ -17,6 +17,7 @@ class TerminalsConfig(AppConfig):
                 directory=settings.TETHER_HOLDER_DIR,
                 ring_bytes=settings.TETHER_HOLDER_RING_BYTES,
                 buffer_bytes=settings.TETHER_BUFFER_BYTES,
+                screens=settings.TETHER_SCREEN_SCROLLBACK > 0,
             )
 
         config.configure(holder_config)

@@ -15,6 +15,7 @@ class HolderConfig:
     directory: str = "/tmp/tether-held"  # TETHER_HOLDER_DIR: local holders' directories
     ring_bytes: int = 1024 * 1024  # TETHER_HOLDER_RING_BYTES
     buffer_bytes: int = 512 * 1024  # TETHER_BUFFER_BYTES: the worker's own buffer, which the ring must fit
+    screens: bool = False  # TETHER_SCREEN_SCROLLBACK > 0: the ring also holds what came since the screen last kept
 
 
 _provider: Callable[[], HolderConfig] = HolderConfig

@@ -31,15 +31,28 @@ RECORD_POLL_SECONDS = 0.1
 
 HOLDER_DEFAULT_RING = 1024 * 1024  # the ring of a holder started without --ring (holder/tether-holder.c)
 HOLDER_MAX_RING = 256 * 1024 * 1024  # the most --ring takes
+SCREEN_EVERY = 1024 * 1024  # the most output between screens left with a holder (each costs the emulator ~1 ms)
 
 
 def ring_bytes() -> int:
     """The ring a new holder gets: TETHER_HOLDER_RING_BYTES, raised to fit the worker's own buffer and two
     acknowledgements more. The worker acknowledges only what its buffer no longer needs; a ring no larger
-    than the buffer was never acknowledged, filled, and froze the shell (and its Kill) at 1 MiB."""
+    than the buffer was never acknowledged, filled, and froze the shell (and its Kill) at 1 MiB. With screens
+    kept, raised to fit twice SCREEN_EVERY more (``screen_every``: the fewer screens left, the less they cost; and
+    the holder reads on while the next is made). A ring's memory is only taken as output fills it."""
     config = holder_config()
     wanted = max(config.ring_bytes, config.buffer_bytes + 2 * ACK_EVERY)
+    if config.screens:
+        wanted = max(wanted, config.buffer_bytes + 2 * SCREEN_EVERY + 4 * ACK_EVERY)
     return min(wanted, HOLDER_MAX_RING)
+
+
+def screen_every(ring: int) -> int:
+    """Output between screens the worker leaves with a holder whose ring is ``ring``: half what the ring holds past
+    the worker's buffer and some acknowledgements, SCREEN_EVERY at most. Acknowledgements wait for the screen: one
+    left further apart would fall out of the ring before the next, and with less room the holder stops reading
+    while the next is made (a third less output in `make bench`'s screens with the half left: docs/benchmarks.md)."""
+    return max(64 * 1024, min(SCREEN_EVERY, (ring - holder_config().buffer_bytes - 4 * ACK_EVERY) // 2))
 
 
 def kept_behind(ring: int) -> int:
@@ -198,6 +211,10 @@ class HeldProcess(Process):
     @property
     def keeps_screens(self) -> bool:
         return bool(self.handle.holder.screens)
+
+    @property
+    def screen_every(self) -> int:
+        return screen_every(self.handle.holder.ring or HOLDER_DEFAULT_RING)
 
     async def keep_screen(self, offset: int, data: bytes) -> None:
         """Leave the screen at ``offset`` with the holder (for the next owner); output before it may then go."""

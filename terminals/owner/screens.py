@@ -31,7 +31,7 @@ def keep_screen(screens: Screens, live: LiveProcess, process: Process, adopted: 
     live.buffer.on_evict = live.screen.feed
     if holder is not None:
         holder.screen_kept = live.screen.kept = origin
-        live.screen.keep = holder.keep_screen
+        live.screen.keep, live.screen.keep_every = holder.keep_screen, holder.screen_every
 
         def release() -> None:
             holder.screen_kept = None

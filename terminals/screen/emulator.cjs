@@ -13,6 +13,8 @@
 //   T  text: 4 bytes request: the rows the terminal shows as text (a closed shell's last screen, for people)
 //   C  close
 // To the worker:
+//   A  after each O, D and R: 4 bytes, how many of those it has read for the shell | 1 byte 1 when its terminal is
+//      where a long plain run may be cut short (feed.cjs's plain(): the worker then cuts runs itself, plain.py)
 //   S  4 bytes request | 1 byte 0 (the screen) or 1 (none: see the text) | 4 bytes n | n bytes that the screen
 //      leaves unread (the start of a sequence not yet ended) | the screen (UTF-8); to T: 4 bytes request | 0 or
 //      1 | 4 bytes 0 | the rows as text (UTF-8), its blank rows at the end left out
@@ -22,7 +24,7 @@
 "use strict";
 const { Terminal } = require("@xterm/headless");
 const { rebuild, unfinished } = require("./serialize.cjs");
-const { feed, RECENT } = require("./feed.cjs");
+const { feed, plain, RECENT } = require("./feed.cjs");
 
 const HEADER = 9;
 
@@ -46,6 +48,13 @@ function send(type, id, payload) {
   out.write(Buffer.concat([header, payload]));
 }
 
+function acknowledge(id, shell) {
+  const payload = Buffer.alloc(5);
+  payload.writeUInt32BE(shell.frames, 0);
+  payload[4] = plain(shell.term) ? 1 : 0;
+  send("A", id, payload);
+}
+
 function fail(id, why) {
   const shell = shells.get(id);
   if (shell) {
@@ -60,7 +69,7 @@ function handle(type, id, payload) {
   if (type === "O") {
     const { cols, rows, scrollback = 200, screen = "" } = JSON.parse(payload.toString());
     const term = new Terminal({ cols, rows, scrollback, allowProposedApi: true, logLevel: "off" });
-    const shell = { term, recent: Buffer.alloc(0), broken: "", scrollback };
+    const shell = { term, recent: Buffer.alloc(0), broken: "", scrollback, frames: 1 };
     shells.set(id, shell);
     if (screen) {
       // A screen as answered before (a sequence it ended in the middle of included): read as output was.
@@ -68,7 +77,7 @@ function handle(type, id, payload) {
       term._core.writeSync(bytes);
       shell.recent = bytes.subarray(Math.max(bytes.length - RECENT, 0));
     }
-    return;
+    return acknowledge(id, shell);
   }
   const shell = shells.get(id);
   if (!shell) return send("E", id, Buffer.from("no such shell"));
@@ -98,10 +107,12 @@ function handle(type, id, payload) {
   try {
     if (type === "D") feed(shell, payload);
     else if (type === "R") shell.term.resize(payload.readUInt16BE(0), payload.readUInt16BE(2));
-    else fail(id, `a frame of type ${JSON.stringify(type)}`);
+    else return fail(id, `a frame of type ${JSON.stringify(type)}`);
   } catch (error) {
-    fail(id, `the emulator failed: ${error}`);
+    return fail(id, `the emulator failed: ${error}`);
   }
+  shell.frames++;
+  acknowledge(id, shell);
 }
 
 let pending = Buffer.alloc(0);

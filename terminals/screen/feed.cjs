@@ -103,4 +103,4 @@ function feed(shell, data) {
   return skip ? skip.from - skip.first - 1 - skip.sgr.length : 0;
 }
 
-module.exports = { feed, skippable, RECENT };
+module.exports = { feed, plain, skippable, RECENT };

@@ -124,6 +124,12 @@ class Screens:
                 answer = self._answers.pop(request, None)
                 if answer is not None and not answer.done():
                     answer.set_result(payload[4:])
+            elif kind == b"A" and (found := self._shells.get(shell)) is not None:
+                frames, plain = struct.unpack_from(">IB", payload)
+                try:
+                    found.acked(frames, bool(plain))
+                except Exception as error:  # a fault of ours: its screen is no longer trusted, the rest go on
+                    found.fail(f"its emulator's word could not be taken: {error!r}")
             elif kind == b"E" and (found := self._shells.get(shell)) is not None:
                 found.fail(f"the emulator failed: {payload.decode(errors='replace')}")
 

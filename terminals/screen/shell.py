@@ -12,12 +12,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from terminals.screen.plain import cut_short, plain_escapes, unfinished
+
 log = logging.getLogger(__name__)
 
 GRID = struct.Struct(">HH")  # a kept screen's grid, before it
-KEEP_EVERY = 256 * 1024  # bytes fed between screens left with the session holder (acknowledgements wait for them)
 KEEP_MOST = 64 * 1024 - 8  # the most a session holder keeps (its frame of output)
-BATCH_BYTES = 512 * 1024  # output gathered before it is sent to the emulator (a long plain run: mostly skipped)
+BATCH_BYTES = 1024 * 1024  # output gathered before it is sent to the emulator (a long plain run: mostly cut)
 BACKLOG_BYTES = 8 * 1024 * 1024  # bytes on their way to the emulator above which a shell's output waits
 
 
@@ -91,12 +92,23 @@ class ShellScreen:
     resizes: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, cols, rows) not yet applied
     restore: bytes | None = None  # the screen at ``fed`` it starts from (left with the session holder)
     # Where its screen is left for a later owner (a session holder that keeps one): ``keep(offset, data)``
-    # every KEEP_EVERY bytes fed; ``release()`` when it cannot be (acknowledgements then wait for none).
+    # every ``keep_every`` bytes fed (what its ring holds: holder.screen_every); ``release()`` when it cannot be
+    # (acknowledgements then wait for none).
     keep: Callable[[int, bytes], Awaitable[None]] | None = None
     release: Callable[[], None] | None = None
+    keep_every: int = 256 * 1024
     kept: int = 0  # the offset of the screen last left
     keeping: asyncio.Task | None = None
     pending: bytearray = field(default_factory=bytearray)  # fed, not yet sent (sent in BATCH_BYTES pieces)
+    # Frames sent that change its terminal (O, D, R). Every output frame after ``chain`` was plain (plain.py), each
+    # going on from what the last left unfinished (``carries``: frame -> those bytes); once the emulator has said
+    # its terminal let a plain run be cut short after one of them (its ``A``; ``known``), so it does after the last,
+    # and long plain runs are cut short here.
+    frames: int = 0
+    chain: int = 0
+    carries: dict[int, bytes] = field(default_factory=lambda: {0: b""})
+    known: bool = False
+    cut: int = 0  # bytes of output not sent to the emulator (cut from long plain runs)
 
     def resize(self, cols: int, rows: int, at: int) -> None:
         """The shell's grid is (cols, rows) from stream offset ``at`` on."""
@@ -108,7 +120,53 @@ class ShellScreen:
     def _apply(self, cols: int, rows: int) -> None:
         self.cols, self.rows = cols, rows
         if self.opened:
-            self.screens._send(b"R", self.number, struct.pack(">HH", cols, rows))
+            self._frame(b"R", struct.pack(">HH", cols, rows))
+            self._unchained()
+
+    def _frame(self, kind: bytes, payload: bytes) -> bool:
+        self.frames += 1
+        return self.screens._send(kind, self.number, payload)
+
+    def _unchained(self) -> None:
+        """After a frame that is not plain output: nothing is known of its terminal until the emulator says."""
+        self.chain, self.carries, self.known = self.frames, {self.frames: b""}, False
+
+    def _write(self, data: bytes) -> None:
+        """Output to the emulator: a long plain run cut short where its terminal is known to let it be."""
+        carry = self.carries[self.frames]
+        whole = carry + data if carry else data
+        escapes = plain_escapes(whole)
+        left = unfinished(whole) if escapes is not None else -1
+        short = None
+        if self.known and left >= 0:
+            short = cut_short(whole, self.screens.scrollback + 2 * self.rows + 1, escapes)
+        if short is None:
+            self._frame(b"D", data)
+        else:
+            self.cut += len(whole) - len(short)
+            self._frame(b"D", short[len(carry) :])  # (the cut keeps the first line whole: carry is its start)
+        if left < 0:
+            self._unchained()
+            return
+        if self.known:
+            self.carries.clear()
+        self.carries[self.frames] = whole[len(whole) - left :] if left else b""
+
+    def acked(self, frames: int, plain: bool) -> None:
+        """The emulator's word after its ``frames``-th frame: whether its terminal lets a plain run be cut short
+        (never in the middle of a sequence: only a frame that left nothing unfinished is taken at its word)."""
+        if frames < self.chain:
+            return
+        carry = self.carries.get(frames)
+        for older in [frame for frame in self.carries if frame < frames]:  # (never to be said of again)
+            del self.carries[older]
+        if carry != b"":
+            return
+        if plain:
+            self.known = True
+            self.carries = {self.frames: self.carries[self.frames]}
+        elif self.known:  # not what was sent said: the emulator is believed
+            self._unchained()
 
     def feed(self, offset: int, data: bytes) -> None:
         """The bytes from stream offset ``offset`` on, let go of by the buffer (called in order, with no gap)."""
@@ -141,10 +199,10 @@ class ShellScreen:
         while self.resizes and self.resizes[0][0] < offset + len(data):
             when, cols, rows = self.resizes.pop(0)
             due.append((when - offset, cols, rows))
-        write_with_grids(data, due, lambda piece: self.screens._send(b"D", self.number, piece), self._apply)
+        write_with_grids(data, due, self._write, self._apply)
 
     def _keep_soon(self) -> None:
-        if self.keep is not None and self.fed - self.kept >= KEEP_EVERY and self.keeping is None:
+        if self.keep is not None and self.fed - self.kept >= self.keep_every and self.keeping is None:
             self.keeping = asyncio.get_running_loop().create_task(self._keep())
 
     async def _keep(self) -> None:
@@ -195,11 +253,12 @@ class ShellScreen:
         if self.restore is not None:
             opening["screen"] = base64.b64encode(self.restore).decode()
         payload = json.dumps(opening).encode()
-        if not screens._send(b"O", self.number, payload):
+        if not self._frame(b"O", payload):
             self.inexact = "the screen emulator was not running"
             return False
         screens._shells[self.number] = self
         self.opened = True
+        self._unchained()
         return True
 
     async def ready(self) -> None:

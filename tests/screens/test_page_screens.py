@@ -131,12 +131,12 @@ async def test_after_a_kill_9_of_the_worker_the_page_gets_the_pager_and_its_mode
 async def test_after_a_kill_9_of_the_worker_a_held_shells_page_gets_the_same_screen_from_the_adopter(
     request, terminal, operator, tmp_path, backend
 ):
-    """The screen a local or docker shell's worker keeps is left with its session holder every 128 KiB, and the
-    holder keeps every byte after it: the adopter rebuilds it, reads the rest, and a page back past the buffer gets
-    the screen a page that saw every byte has."""
-    # About 650 KB (screens are left on the way), then 2 s for the worker's emulator to catch up before READY:
+    """The screen a local or docker shell's worker keeps is left with its session holder every MiB of output (what
+    the holder's ring holds past the worker's buffer), and the holder keeps every byte after it: the adopter
+    rebuilds it, reads the rest, and a page back past the buffer gets the screen a page that saw every byte has."""
+    # About 1.5 MB (a screen is left on the way), then 2 s for the worker's emulator to catch up before READY:
     # a worker killed before it left any screen lets go of nothing, and its adopter replays from the first byte.
-    program = PROGRAM.replace("-le 4000", "-le 9000")
+    program = PROGRAM.replace("-le 4000", "-le 24000")
     program = program.replace("printf '\\033[24;2H READY'", "sleep 2; printf '\\033[24;2H READY'")
     path = script_for(request, tmp_path, backend, program)
     stack = Stack(extra_env={"TETHER_RECOVERY_SECONDS": "1", "TETHER_BUFFER_BYTES": "131072", **SCREENS})

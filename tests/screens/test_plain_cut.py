@@ -1,0 +1,151 @@
+"""The worker cuts long plain runs short before they reach the emulator (terminals/screen/plain.py), where the
+emulator has said its terminal lets them be, or what was sent since keeps it so. Fuzzed through the real emulator
+process: random streams of plain runs (wide and combining characters, colour changes, tabs, backspaces, bare LFs,
+lines longer than the screen) between control sequences (the alternate screen, regions, insert and origin mode,
+C1 controls, a title, a charset), cut into chunks anywhere, go to two shells of one emulator, one cut short by the
+worker and one sent every byte; their screens (both buffers, scrollback, cursor, pen, modes: the screen a page is
+given) must be the same bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from terminals.screen import Screens, ShellScreen, plain
+from terminals.screen.plain import cut_short, plain_escapes, unfinished
+
+SCROLLBACK = 30
+WORDS = ["a", "bc", "def ", "中文", "e\u0301", "\t", "x\by", "0123456789", "\uff57\uff49\uff44\uff45", "😀",
+         "\x1b[31m", "\x1b[0m", "\x1b[1;4:3;38;5;200m", "\x1b[m", "\x1b[48;2;1;2;3m", "\x1b[7;58:5:9m"]  # fmt: skip
+
+
+def stream(rand: random.Random, cols: int, rows: int) -> bytes:
+    def line() -> str:
+        return "".join(rand.choice(WORDS) for _ in range(rand.randrange(12))) + rand.choice(["\r\n"] * 4 + ["\n"])
+
+    controls = [
+        "\x1b[31m", "\x1b[0m", "\x1b[1;44m", "\x1b[2J", "\x1b[K", "\x1b[r", "\x1b[?1049h", "\x1b[?1049l",
+        "\x1b[4h", "\x1b[4l", "\x1b[?6h", "\x1b[?6l", "\x1b(0", "\x1b(B", "\x1b]2;title\x07", "\x1b7", "\x1b8",
+        "\x9b2J", "\x7f", "\x1b[?25l", "\x1bM", "\x1b[3S",
+    ]  # fmt: skip
+    parts = []
+    for _ in range(2 + rand.randrange(8)):
+        if rand.random() < 0.6:
+            run = rand.choice(["\x1b[1;35m", "\x1b[4:3;48;5;17m", "\x1b[0;7m"]) if rand.random() < 0.3 else ""
+            if rand.random() < 0.5:  # back on the normal screen, no region, no insert or origin mode: cut-worthy
+                run = "\x1b[?1049l\x1b[r\x1b[4l\x1b[?6l" + run
+            lines = rand.randrange(20) if rand.randrange(3) == 0 else 60 + rand.randrange(1500)
+            parts.append(run + "".join(line() for _ in range(lines)))
+        elif rand.random() < 0.2:
+            parts.append(f"\x1b[{1 + rand.randrange(3)};{rows - rand.randrange(3)}r")
+        elif rand.random() < 0.2:
+            parts.append(f"\x1b[{1 + rand.randrange(rows)};{1 + rand.randrange(cols)}H")
+        else:
+            parts.append(rand.choice(controls))
+    return "".join(parts).encode()  # (C1's CSI, U+009B, as UTF-8: ESC [ to xterm.js)
+
+
+class EveryByte(ShellScreen):
+    """The reference: every byte sent to the emulator."""
+
+    def _write(self, data: bytes) -> None:
+        self._frame(b"D", data)
+
+    def acked(self, frames: int, plain: bool) -> None:
+        pass
+
+
+async def fuzz(seed: int, count: int, cols: int, rows: int) -> dict:
+    screens = Screens(scrollback=SCROLLBACK)
+    failures, cut, sent = [], 0, 0
+    try:
+        for case in range(seed, seed + count):
+            rand = random.Random(case)
+            data = stream(rand, cols, rows)
+            shells = [
+                ShellScreen(screens, 2 * case, cols, rows, fed=0),
+                EveryByte(screens, 2 * case + 1, cols, rows, fed=0),
+            ]
+            for shell in shells:  # a shell's terminal is made before its output (the emulator's word on it comes back)
+                shell.feed(0, b"$ ")
+                shell.send()
+            await screens.ask(shells[1], b"T")
+            at = 2
+            data = b"$ " + data
+            while at < len(data):
+                size = 1 + rand.randrange(64) if rand.random() < 0.3 else 4096 + rand.randrange(40_000)
+                for shell in shells:
+                    shell.feed(at, data[at : at + size])
+                    shell.send()
+                at += size
+                if rand.random() < 0.6:  # the emulator catches up (its acknowledgements read) now and then
+                    await screens.ask(shells[1], b"T")
+            answers = [await screens.ask(shell) for shell in shells]
+            assert answers[1] is not None and answers[1][0] == 0, answers[1]
+            if answers[0] != answers[1]:
+                failures.append(case)
+            cut += shells[0].cut
+            sent += len(data)
+            for shell in shells:
+                shell.close()
+    finally:
+        await screens.close()
+    return {"failures": failures, "cut": cut, "sent": sent}
+
+
+@pytest.mark.parametrize(("cols", "rows"), [(80, 24), (40, 8), (12, 4)])
+async def test_a_run_cut_short_by_the_worker_leaves_the_screen_every_byte_leaves(cols, rows):
+    found = await fuzz(1, 60, cols, rows)
+    assert found["failures"] == [], found
+    assert found["cut"] > 20_000, found  # the cut was made, not only written around
+
+
+async def test_a_large_file_is_mostly_not_sent():
+    """`cat` of 4 MB of coloured lines, as a pipe gives it: the emulator is sent every byte of the first batch only
+    (until it says its terminal lets the cut be made), then the first line, colours and last lines of each."""
+    screens = Screens(scrollback=200)
+    line = "".join(f"\x1b[3{n % 8}mword{n}\x1b[0m " for n in range(12)).encode() + b"\r\n"
+    data = line * (4 * 1024 * 1024 // len(line))
+    shell, whole = ShellScreen(screens, 1, 80, 24, fed=0), EveryByte(screens, 2, 80, 24, fed=0)
+    try:
+        screens.start()
+        await screens.render(80, 24, b"node started: ready")
+        for at in range(0, len(data), 65536):
+            for one in (shell, whole):
+                one.feed(at, data[at : at + 65536])  # (sent in batches of 512 KiB)
+            await asyncio.sleep(0.005)  # as a pipe gives it (the emulator's word comes back meanwhile)
+        shell.send()
+        whole.send()
+        answers = [await screens.ask(one) for one in (shell, whole)]
+    finally:
+        await screens.close()
+    assert answers[0] == answers[1] and answers[0][0] == 0
+    assert shell.cut > 0.85 * len(data), (shell.cut, len(data))  # (250 lines of every 512 KiB are sent)
+
+
+async def test_the_fuzz_sees_a_cut_that_keeps_too_few_lines(monkeypatch):
+    """The comparison is not blind: a cut that keeps a quarter of the lines it must loses scrollback, found where no
+    later output scrolled it away (4 of these 60 streams)."""
+    monkeypatch.setattr(
+        "terminals.screen.shell.cut_short", lambda data, keep, escapes: plain.cut_short(data, keep // 4, escapes)
+    )
+    found = await fuzz(1, 60, 40, 8)
+    assert len(found["failures"]) >= 3, found
+
+
+def test_what_is_plain_and_what_is_not():
+    assert plain_escapes(b"text \x1b[1;31mred\x1b[0m\tand\bback\r\n\xe4\xb8\xad") == 2
+    assert plain_escapes(b"no colour at all") == 0
+    assert plain_escapes(b"a colour cut at the end \x1b[38;5") == plain_escapes(b"or here \x1b") == 1
+    for control in (b"\x1b[2J", b"\x1b]2;t\x07", b"\x1b7", b"\x07", b"\x7f", b"\xc2\x9b", b"\x1b[?1049h", b"\x00",
+                    b"\x1b[>4;1m", b"\x1b[1 m", b"\x1b\x1b[m", b"\x1b[3\x1b[m"):  # fmt: skip
+        assert plain_escapes(b"text \x1b[31m" + control + b" more") is None, control
+    assert unfinished(b"abc\x1b[0m") == unfinished("中".encode()) == unfinished(b"") == 0
+    assert unfinished(b"abc\x1b[3") == 3 and unfinished("中".encode()[:2]) == 2 and unfinished(b"\x1b") == 1
+    assert unfinished(b"a\x80") == unfinished(b"\xe4\xb8\xad\x80") == -1  # not UTF-8: the emulator is asked
+    lines = b"".join(b"line %d\r\n" % n for n in range(1000))
+    short = cut_short(b"\x1b[32m" + lines, keep=10)
+    assert short == b"\x1b[32mline 0\r\n\r" + b"".join(b"line %d\r\n" % n for n in range(990, 1000))
+    assert cut_short(lines[:4000], keep=10) is None  # too short to be worth it
