@@ -37,6 +37,7 @@ function skippable(data, keep) {
   let lines = 0;
   let at = length;
   while (lines <= keep) {
+    if (at <= 0) return null; // (a negative start would count from the end)
     at = data.lastIndexOf(0x0a, at - 1);
     if (at < 0) return null;
     lines++;

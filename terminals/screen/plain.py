@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 LONG = 4096  # shorter output is sent whole (as feed.cjs writes it whole)
+UNFINISHED_MOST = 256  # the longest unfinished colour change carried on to the next piece
 
 # Printable bytes (UTF-8's included), CR, LF, tab and backspace: what is left of output once these are taken out
 # must be escapes only, each beginning a colour change (SGR), and no C1 control is written as UTF-8.
@@ -33,8 +34,12 @@ def plain_escapes(data: bytes) -> int | None:
     if rest.count(b"\x1b") != escapes:
         return None
     if escapes:
-        # Without the parameters, each escape must read ESC [ m (a private marker, an intermediate or another final
-        # byte would not); the last may be cut short by the end.
+        # Each escape must begin ESC [ (ESC 7 before a "[" would pass what follows), and without the parameters
+        # read ESC [ m (a private marker, an intermediate or another final byte would not); the last may be cut
+        # short by the end.
+        introduced = data.count(b"\x1b[")
+        if introduced != escapes and not (introduced == escapes - 1 and data.endswith(b"\x1b")):
+            return None
         bare = data.translate(None, PARAMETERS)
         found = bare.count(b"\x1b[m")
         if found != escapes and not (found == escapes - 1 and bare.endswith((b"\x1b[", b"\x1b"))):
@@ -50,7 +55,9 @@ def unfinished(data: bytes) -> int:
     short is so after ``data`` but for those bytes, which the next output ends."""
     escape = data.rfind(b"\x1b")
     if escape >= 0 and data.find(b"m", escape) < 0:
-        return len(data) - escape
+        # (a colour change longer than any a program writes is not carried on: rescanned with every piece after
+        # it, an endless one would cost the worker more each time)
+        return len(data) - escape if len(data) - escape <= UNFINISHED_MOST else -1
     for back in range(1, min(4, len(data)) + 1):
         byte = data[-back]
         if byte < 0x80:

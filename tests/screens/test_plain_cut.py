@@ -114,7 +114,7 @@ async def test_a_large_file_is_mostly_not_sent():
         await screens.render(80, 24, b"node started: ready")
         for at in range(0, len(data), 65536):
             for one in (shell, whole):
-                one.feed(at, data[at : at + 65536])  # (sent in batches of 512 KiB)
+                one.feed(at, data[at : at + 65536])  # (sent in batches of a MiB)
             await asyncio.sleep(0.005)  # as a pipe gives it (the emulator's word comes back meanwhile)
         shell.send()
         whole.send()
@@ -122,7 +122,7 @@ async def test_a_large_file_is_mostly_not_sent():
     finally:
         await screens.close()
     assert answers[0] == answers[1] and answers[0][0] == 0
-    assert shell.cut > 0.85 * len(data), (shell.cut, len(data))  # (250 lines of every 512 KiB are sent)
+    assert shell.cut > 0.9 * len(data), (shell.cut, len(data))  # (249 lines of every MiB are sent)
 
 
 async def test_the_fuzz_sees_a_cut_that_keeps_too_few_lines(monkeypatch):
@@ -138,6 +138,8 @@ async def test_the_fuzz_sees_a_cut_that_keeps_too_few_lines(monkeypatch):
 def test_what_is_plain_and_what_is_not():
     assert plain_escapes(b"text \x1b[1;31mred\x1b[0m\tand\bback\r\n\xe4\xb8\xad") == 2
     assert plain_escapes(b"no colour at all") == 0
+    # ESC 7 and ESC 8 (save and restore the cursor and pen) before a "[": found by a review
+    assert plain_escapes(b"\x1b[32mgreen\x1b8[m") is None and plain_escapes(b"\x1b7[31m") is None
     assert plain_escapes(b"a colour cut at the end \x1b[38;5") == plain_escapes(b"or here \x1b") == 1
     for control in (b"\x1b[2J", b"\x1b]2;t\x07", b"\x1b7", b"\x07", b"\x7f", b"\xc2\x9b", b"\x1b[?1049h", b"\x00",
                     b"\x1b[>4;1m", b"\x1b[1 m", b"\x1b\x1b[m", b"\x1b[3\x1b[m"):  # fmt: skip
@@ -145,6 +147,8 @@ def test_what_is_plain_and_what_is_not():
     assert unfinished(b"abc\x1b[0m") == unfinished("中".encode()) == unfinished(b"") == 0
     assert unfinished(b"abc\x1b[3") == 3 and unfinished("中".encode()[:2]) == 2 and unfinished(b"\x1b") == 1
     assert unfinished(b"a\x80") == unfinished(b"\xe4\xb8\xad\x80") == -1  # not UTF-8: the emulator is asked
+    # An endless colour change is not carried on (rescanned with each piece, it cost more each time: a review)
+    assert unfinished(b"\x1b[" + b"1" * 300) == -1 and unfinished(b"\x1b[" + b"1" * 200) == 202
     lines = b"".join(b"line %d\r\n" % n for n in range(1000))
     short = cut_short(b"\x1b[32m" + lines, keep=10)
     assert short == b"\x1b[32mline 0\r\n\r" + b"".join(b"line %d\r\n" % n for n in range(990, 1000))

@@ -59,3 +59,30 @@ def test_a_long_plain_run_only_scanned_leaves_the_terminal_that_writing_every_by
     found = json.loads(done.stdout)
     assert found["failures"] == [], json.dumps(found["failures"][:3], indent=1)[:4000]
     assert found["skipped"] > 20_000  # the skip was taken, not only written around
+
+
+LINES = r"""
+const { Terminal } = require("@xterm/headless");
+const { feed } = require("./terminals/screen/feed.cjs");
+const data = Buffer.from("\n" + Array.from({ length: 200 }, (_, n) => `line ${n} ${"x".repeat(30)}\r\n`).join(""));
+const make = () => new Terminal({ cols: 80, rows: 24, scrollback: 200, allowProposedApi: true, logLevel: "off" });
+const text = (term) => {
+  const buffer = term.buffer.normal;
+  return Array.from({ length: buffer.length }, (_, y) => buffer.getLine(y).translateToString(true));
+};
+const whole = make();
+whole._core.writeSync(data);
+const shell = { term: make(), recent: Buffer.alloc(0), scrollback: 200 };
+feed(shell, data);
+process.stdout.write(JSON.stringify([text(whole), text(shell.term)]));
+"""
+
+
+def test_a_piece_with_fewer_lines_than_the_skip_keeps_is_written_whole():
+    """A piece beginning with a line feed and with fewer lines than the skip keeps (200 here, against 249):
+    feed.cjs went on looking for line feeds from offset -1, which counts from the end, and cut after line 151
+    (152 lines of scrollback lost). Found by a review."""
+    done = subprocess.run(["node", "-e", LINES], capture_output=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    whole, fed = json.loads(done.stdout)
+    assert fed == whole and any(row.startswith("line 0 ") for row in whole)
