@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 GRID = struct.Struct(">HH")  # a kept screen's grid, before it
 KEEP_MOST = 64 * 1024 - 8  # the most a session holder keeps (its frame of output)
 BATCH_BYTES = 1024 * 1024  # output gathered before it is sent to the emulator (a long plain run: mostly cut)
+SEND_WITHIN = 1.0  # seconds output waits to be sent short of a batch (an idle shell's worker keeps none of it)
 BACKLOG_BYTES = 8 * 1024 * 1024  # bytes on their way to the emulator above which a shell's output waits
 
 
@@ -100,6 +101,7 @@ class ShellScreen:
     kept: int = 0  # the offset of the screen last left
     keeping: asyncio.Task | None = None
     pending: bytearray = field(default_factory=bytearray)  # fed, not yet sent (sent in BATCH_BYTES pieces)
+    sending: asyncio.TimerHandle | None = None  # sends what is pending SEND_WITHIN after it began to be
     # Frames sent that change its terminal (O, D, R). Every output frame after ``chain`` was plain (plain.py), each
     # going on from what the last left unfinished (``carries``: frame -> those bytes); once the emulator has said
     # its terminal let a plain run be cut short after one of them (its ``A``; ``known``), so it does after the last,
@@ -187,7 +189,14 @@ class ShellScreen:
         self.fed = offset + len(data)
         if len(self.pending) >= BATCH_BYTES:
             self.send()
+        elif self.sending is None:
+            self.sending = asyncio.get_running_loop().call_later(SEND_WITHIN, self._send_waiting)
         self._keep_soon()
+
+    def _send_waiting(self) -> None:
+        self.sending = None
+        if not self.inexact:
+            self.send()
 
     def send(self) -> None:
         """What was fed and not yet sent, to the emulator (each grid change at its offset)."""
@@ -312,6 +321,8 @@ class ShellScreen:
     def close(self) -> None:
         if self.keeping is not None:
             self.keeping.cancel()
+        if self.sending is not None:
+            self.sending.cancel()
         if self.opened:
             self.screens._send(b"C", self.number)
             self.screens._shells.pop(self.number, None)

@@ -28,7 +28,7 @@ def stream(rand: random.Random, cols: int, rows: int) -> bytes:
     controls = [
         "\x1b[31m", "\x1b[0m", "\x1b[1;44m", "\x1b[2J", "\x1b[K", "\x1b[r", "\x1b[?1049h", "\x1b[?1049l",
         "\x1b[4h", "\x1b[4l", "\x1b[?6h", "\x1b[?6l", "\x1b(0", "\x1b(B", "\x1b]2;title\x07", "\x1b7", "\x1b8",
-        "\x9b2J", "\x7f", "\x1b[?25l", "\x1bM", "\x1b[3S",
+        "\x9b2J", "\x7f", "\x1b[?25l", "\x1bM", "\x1b[3S", "\x1b7[31m", "\x1b8[m",
     ]  # fmt: skip
     parts = []
     for _ in range(2 + rand.randrange(8)):
@@ -153,3 +153,21 @@ def test_what_is_plain_and_what_is_not():
     short = cut_short(b"\x1b[32m" + lines, keep=10)
     assert short == b"\x1b[32mline 0\r\n\r" + b"".join(b"line %d\r\n" % n for n in range(990, 1000))
     assert cut_short(lines[:4000], keep=10) is None  # too short to be worth it
+
+
+async def test_output_short_of_a_batch_is_sent_within_a_second():
+    """The worker gathers output in pieces of a MiB for the emulator; what an idle shell printed last does not
+    wait in the worker's memory for more: it is sent within SEND_WITHIN."""
+    from terminals.screen.shell import SEND_WITHIN
+
+    screens = Screens(scrollback=SCROLLBACK)
+    shell = ShellScreen(screens, 1, 80, 24, fed=0)
+    try:
+        shell.feed(0, b"$ ls\r\nfile-a  file-b\r\n$ ")
+        assert shell.pending
+        await asyncio.sleep(SEND_WITHIN + 0.5)
+        assert not shell.pending
+        assert "file-a  file-b" in (await screens.ask(shell, b"T")).decode()
+    finally:
+        shell.close()
+        await screens.close()
