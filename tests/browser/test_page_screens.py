@@ -3,6 +3,7 @@ worker kept, then the kept bytes, and says what happened in a line that stays.""
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import pytest
@@ -12,7 +13,9 @@ from tests.browser.test_terminal_page import log_in, open_workspace, run, screen
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db, pytest.mark.asyncio(loop_scope="module")]
 
-STACK_ENV = {"TETHER_SCREEN_SCROLLBACK": "200"}  # off by default: on for this module's stack
+# Screens are off by default: on for this module's stack; and a page away for more than 2 s no longer holds the
+# shell's output back.
+STACK_ENV = {"TETHER_SCREEN_SCROLLBACK": "200", "TETHER_RECONNECT_GRACE_SECONDS": "2"}
 
 
 async def test_a_reload_past_the_buffer_draws_the_screen_the_worker_kept_and_says_so(page, host_machine):
@@ -36,3 +39,97 @@ async def test_a_reload_past_the_buffer_draws_the_screen_the_worker_kept_and_say
     await page.keyboard.press("Control+C")  # the program ends; leaving the alternate screen shows what was before
     await run(page, r"printf '\033[?1049l'")
     await wait_for_text(page, r"^done-16$")
+
+
+class Cuttable:
+    """A TCP proxy to daphne that can be cut, as a network outage is: every connection through it ends at once and
+    new ones are closed as they come, until it is mended (Chromium's offline mode leaves open WebSockets alone)."""
+
+    def __init__(self, target: int):
+        self.target = target
+        self.up = True
+        self.links: set = set()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _client(self, reader, writer) -> None:
+        if not self.up:
+            writer.transport.abort()
+            return
+        try:
+            upstream_reader, upstream = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        link = (writer, upstream)
+        self.links.add(link)
+
+        async def pipe(source, sink) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except OSError:
+                pass
+            finally:
+                sink.transport.abort()
+
+        await asyncio.gather(pipe(reader, upstream), pipe(upstream_reader, writer))
+        self.links.discard(link)
+
+    def cut(self) -> None:
+        self.up = False
+        for ends in list(self.links):
+            for end in ends:
+                end.transport.abort()
+
+    def mend(self) -> None:
+        self.up = True
+
+    async def close(self) -> None:
+        self.cut()
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def test_an_outage_past_the_grace_draws_the_screen_as_it_is_now_and_says_so(page, host_machine, stack):
+    """The network goes for longer than the grace (2 s here) while the program prints past the buffer, draws a
+    frame in the alternate screen and more under it: back, the page shows the frame as it is now (a tail would miss
+    what was drawn before it) and says what was not kept, and leaving the alternate screen shows the lines printed
+    before it."""
+    proxy = Cuttable(stack.ports[0])
+    url = await proxy.start()
+    context = await page.context.browser.new_context(base_url=url, viewport={"width": 1100, "height": 680})
+    try:
+        away = await context.new_page()
+        await log_in(away, "operator", "operator-password")
+        await open_workspace(away, host_machine)
+        # 1.1 MB of lines, then a frame drawn once in the alternate screen and 300 KB more drawn under it (more
+        # than the 256 KiB the worker keeps): a tail alone has neither the frame nor the normal screen.
+        await run(
+            away,
+            "sleep 3; yes $(printf '%0100d' 0) | head -n 11000; echo printed-$((5*5)); "
+            r"printf '\033[?1049h\033[H\033[2J\033[7m frame of the program \033[0m'; "
+            r"for i in $(seq 6000); do printf '\033[%d;1H body line %d, drawn under the frame\033[K' $((i%22+2)) $i; "
+            "done; "
+            "sleep 60",
+        )
+        proxy.cut()
+        await expect(away.locator("#terminal-status")).not_to_have_text("Connected")
+        await asyncio.sleep(12)  # the 3 s before the output, the grace, the output and some more
+        proxy.mend()
+        await expect(away.locator("#terminal-status")).to_have_text("Connected", timeout=30_000)
+        await wait_for_text(away, r"body line 6000, drawn under the frame")
+        assert "frame of the program" in await screen_text(away)
+        said = await away.locator("#terminal-gap-text").text_content()
+        assert re.fullmatch(r"Reconnected: the screen is as it is now; \d+ KB of earlier output are not kept", said)
+        assert "printed-25" not in await screen_text(away)  # the alternate screen, not the tail of the output
+        await away.keyboard.press("Control+C")
+        await run(away, r"printf '\033[?1049l'")
+        await wait_for_text(away, r"^printed-25$")  # the normal screen as the output left it
+        assert re.search(r"^0{100}$", await screen_text(away), re.M)
+    finally:
+        await context.close()
+        await proxy.close()
