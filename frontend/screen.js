@@ -7,9 +7,10 @@
 // but not parsed yet could still be cut off by a regrid.
 
 export class Screen {
-  constructor(term, onRendered) {
+  constructor(term, onRendered, serializer = null) {
     this.term = term;
     this.onRendered = onRendered;
+    this.serializer = serializer; // (@xterm/addon-serialize) what the page has seen, kept over a screen's reset
     this.received = 0;
     this.rendered = 0;
     this.pending = 0; // writes handed to xterm whose callback has not fired yet
@@ -47,6 +48,13 @@ export class Screen {
   writeUnsequenced(bytes) {
     this.empty = false;
     this._write(bytes, null);
+  }
+
+  // What this page shows of the shell (its normal buffer, the scrollback with it) as bytes to write again, or
+  // "" when there is none or it is not all parsed yet.
+  seen() {
+    if (this.empty || this.pending > 0 || !this.serializer) return "";
+    return this.serializer.serialize({ excludeAltBuffer: true, excludeModes: true });
   }
 
   // A fresh shell: wipe the screen and forget the old generation's offsets.
@@ -96,14 +104,25 @@ export function markerLine(text, { newlineFirst = true } = {}) {
 // before a retained tail that may begin inside an escape sequence or a mode, a soft reset (DECSTR, SGR 0)
 // that puts the terminal in a sane state without wiping what is on screen.
 export function showLoss(screen, { lost, screen: now }) {
-  if (lost > 0) {
-    const text = now
-      ? `[... ${lost} bytes of output were not kept; below is the screen as it is now ...]`
-      : `[... ${lost} bytes of earlier output were lost ...]`;
-    screen.writeMarker(markerLine(text, { newlineFirst: !screen.empty }));
+  const bytes = now ? Uint8Array.from(atob(now), (c) => c.charCodeAt(0)) : null;
+  const text = now
+    ? `[... ${lost} bytes of output were not kept; below is the screen as it is now ...]`
+    : `[... ${lost} bytes of earlier output were lost ...]`;
+  const reset = bytes && bytes[0] === 0x18 && bytes[1] === 0x1b && bytes[2] === 0x63; // CAN RIS
+  const seen = reset && lost > 0 ? screen.seen() : "";
+  if (seen) {
+    // The screen's full reset would take the page's own scrollback with it: what the page had seen is written
+    // again after the reset, then the line that says what was not kept, then the screen from the top of a
+    // cleared one, as on a fresh terminal (what the page had seen and the line go into the scrollback above it).
+    const { rows } = screen.term;
+    screen.writeUnsequenced(bytes.subarray(0, 3));
+    screen.writeMarker(`${seen}\x1b[0m\x1b[${rows};1H${markerLine(text)}${"\r\n".repeat(rows)}\x1b[H`);
+    screen.writeUnsequenced(bytes.subarray(3));
+    return;
   }
-  if (now) {
-    screen.writeUnsequenced(Uint8Array.from(atob(now), (c) => c.charCodeAt(0)));
+  if (lost > 0) screen.writeMarker(markerLine(text, { newlineFirst: !screen.empty }));
+  if (bytes) {
+    screen.writeUnsequenced(bytes);
   } else if (lost > 0) {
     screen.writeMarker("\x1b[!p\x1b[0m");
   }

@@ -1,6 +1,7 @@
 // The terminal page: xterm.js, its toolbar, and the session client (see docs/protocol.md).
 
 import { FitAddon } from "@xterm/addon-fit";
+import { SerializeAddon } from "@xterm/addon-serialize";
 import { WebLinksAddon } from "@xterm/addon-web-links";
 import { Terminal } from "@xterm/xterm";
 
@@ -289,7 +290,9 @@ async function main() {
   fit.fit();
 
   const page = new Page(root, term, config.me);
-  const screen = new Screen(term, () => {});
+  const serializer = new SerializeAddon();
+  term.loadAddon(serializer);
+  const screen = new Screen(term, () => {}, serializer);
   const commands = new CommandRail({
     root,
     term,

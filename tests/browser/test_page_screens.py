@@ -98,7 +98,8 @@ async def test_an_outage_past_the_grace_draws_the_screen_as_it_is_now_and_says_s
     """The network goes for longer than the grace (2 s here) while the program prints past the buffer, draws a
     frame in the alternate screen and more under it: back, the page shows the frame as it is now (a tail would miss
     what was drawn before it) and says what was not kept, and leaving the alternate screen shows the lines printed
-    before it."""
+    before it; what the page had seen before the outage stays in its scrollback, above a line saying what was not
+    kept (the screen's full reset wiped it)."""
     proxy = Cuttable(stack.ports[0])
     url = await proxy.start()
     context = await page.context.browser.new_context(base_url=url, viewport={"width": 1100, "height": 680})
@@ -106,6 +107,8 @@ async def test_an_outage_past_the_grace_draws_the_screen_as_it_is_now_and_says_s
         away = await context.new_page()
         await log_in(away, "operator", "operator-password")
         await open_workspace(away, host_machine)
+        await run(away, "echo seen-before-$((6*7))")
+        await wait_for_text(away, r"^seen-before-42$")
         # 1.1 MB of lines, then a frame drawn once in the alternate screen and 300 KB more drawn under it (more
         # than the 256 KiB the worker keeps): a tail alone has neither the frame nor the normal screen.
         await run(
@@ -130,6 +133,16 @@ async def test_an_outage_past_the_grace_draws_the_screen_as_it_is_now_and_says_s
         await run(away, r"printf '\033[?1049l'")
         await wait_for_text(away, r"^printed-25$")  # the normal screen as the output left it
         assert re.search(r"^0{100}$", await screen_text(away), re.M)
+        # What the page had seen is still in its scrollback (the screen begins with a full reset, which wiped it),
+        # once, then the line that says what was not kept, then the screen as it was.
+        seen = await away.evaluate(
+            "(() => { const b = window.tetherTerminal.term.buffer.normal; const rows = [];"
+            " for (let y = 0; y < b.length; y++) rows.push(b.getLine(y).translateToString(true));"
+            " return rows.join('\\n'); })()"
+        )
+        assert seen.count("seen-before-42") == 1, seen[-3000:]
+        marker = seen.index("bytes of output were not kept; below is the screen as it is now")
+        assert seen.index("seen-before-42") < marker < seen.rindex("printed-25")
     finally:
         await context.close()
         await proxy.close()
