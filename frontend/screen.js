@@ -57,6 +57,14 @@ export class Screen {
     return this.serializer.serialize({ excludeAltBuffer: true, excludeModes: true });
   }
 
+  // The last row of the normal screen with something on it, or the cursor's if that is lower (0: the top).
+  lastRow() {
+    const buffer = this.term.buffer.normal;
+    let row = this.term.rows - 1;
+    while (row > buffer.cursorY && !buffer.getLine(buffer.baseY + row)?.translateToString(true)) row -= 1;
+    return row;
+  }
+
   // A fresh shell: wipe the screen and forget the old generation's offsets.
   clear() {
     this.epoch += 1;
@@ -108,15 +116,18 @@ export function showLoss(screen, { lost, screen: now }) {
   const text = now
     ? `[... ${lost} bytes of output were not kept; below is the screen as it is now ...]`
     : `[... ${lost} bytes of earlier output were lost ...]`;
-  const reset = bytes && bytes[0] === 0x18 && bytes[1] === 0x1b && bytes[2] === 0x63; // CAN RIS
-  const seen = reset && lost > 0 ? screen.seen() : "";
-  if (seen) {
-    // The screen's full reset would take the page's own scrollback with it: what the page had seen is written
-    // again after the reset, then the line that says what was not kept, then the screen from the top of a
-    // cleared one, as on a fresh terminal (what the page had seen and the line go into the scrollback above it).
+  if (bytes && lost > 0 && bytes[0] === 0x18 && bytes[1] === 0x1b && bytes[2] === 0x63) {
+    // The worker's screen begins with a full reset (CAN RIS), which would take the page's own scrollback and the
+    // line saying what was lost with it: what the page had seen is written again after the reset, under it that
+    // line, then the screen from the top of a cleared one, as on a fresh terminal (the rest go into the
+    // scrollback above it).
+    const seen = screen.seen();
     const { rows } = screen.term;
     screen.writeUnsequenced(bytes.subarray(0, 3));
-    screen.writeMarker(`${seen}\x1b[0m\x1b[${rows};1H${markerLine(text)}${"\r\n".repeat(rows)}\x1b[H`);
+    const above = seen
+      ? `${seen}\x1b[0m\x1b[${screen.lastRow() + 1};1H${markerLine(text)}`
+      : markerLine(text, { newlineFirst: false });
+    screen.writeMarker(`${above}${"\r\n".repeat(rows - 1)}\x1b[H`);
     screen.writeUnsequenced(bytes.subarray(3));
     return;
   }

@@ -39,6 +39,17 @@ async def test_a_reload_past_the_buffer_draws_the_screen_the_worker_kept_and_say
     await page.keyboard.press("Control+C")  # the program ends; leaving the alternate screen shows what was before
     await run(page, r"printf '\033[?1049l'")
     await wait_for_text(page, r"^done-16$")
+    # The line saying what was not kept is in the scrollback above the screen (the screen's reset wiped it).
+    assert "bytes of output were not kept; below is the screen as it is now" in await normal_buffer(page)
+
+
+async def normal_buffer(page) -> str:
+    """The page's normal buffer, scrollback and screen, as text."""
+    return await page.evaluate(
+        "(() => { const b = window.tetherTerminal.term.buffer.normal; const rows = [];"
+        " for (let y = 0; y < b.length; y++) rows.push(b.getLine(y).translateToString(true));"
+        " return rows.join('\\n'); })()"
+    )
 
 
 class Cuttable:
@@ -135,14 +146,12 @@ async def test_an_outage_past_the_grace_draws_the_screen_as_it_is_now_and_says_s
         assert re.search(r"^0{100}$", await screen_text(away), re.M)
         # What the page had seen is still in its scrollback (the screen begins with a full reset, which wiped it),
         # once, then the line that says what was not kept, then the screen as it was.
-        seen = await away.evaluate(
-            "(() => { const b = window.tetherTerminal.term.buffer.normal; const rows = [];"
-            " for (let y = 0; y < b.length; y++) rows.push(b.getLine(y).translateToString(true));"
-            " return rows.join('\\n'); })()"
-        )
+        seen = await normal_buffer(away)
         assert seen.count("seen-before-42") == 1, seen[-3000:]
         marker = seen.index("bytes of output were not kept; below is the screen as it is now")
         assert seen.index("seen-before-42") < marker < seen.rindex("printed-25")
+        # No blank rows between what was seen and that line (the page's rows under its last line are not kept).
+        assert not re.search(r"seen-before-42\n(.*\n)*\n\n\[\.\.\. \d+ bytes of output were not kept", seen)
     finally:
         await context.close()
         await proxy.close()
