@@ -98,6 +98,7 @@ async def embedded_echo(ctx, samples: int, profile: Path | None = None) -> None:
 
 async def main(args) -> Report:
     from asgiref.sync import sync_to_async
+    from django.conf import settings
     from django.contrib.auth import get_user_model
 
     from bench.suite import BENCHMARKS, Context
@@ -109,6 +110,9 @@ async def main(args) -> Report:
     cookie = await sync_to_async(session_cookie)(user)
     stack = Stack(worker_poll=0.5)  # the worker's default, not the tests' quick poll
     stack.extra_env.update(TETHER_SESSIONS_PER_USER="100000", TETHER_STRIKE_LIMIT="100000")
+    # No session closed for its output (a session's limits are set where it is opened: here): --full's screens
+    # send 1.2 GB through each of its two shells, past the 1 GiB default.
+    settings.TETHER_OUTPUT_LIMIT_BYTES = 1 << 40
     for setting in args.set or []:  # e.g. --set TETHER_CHANNEL_LAYER=pubsub to compare a configuration
         key, _, value = setting.partition("=")
         stack.extra_env[key] = value
