@@ -119,9 +119,14 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+def _stat(path: Path) -> tuple[int, float]:
+    """A process's parent and the CPU seconds it has used, from its ``/proc/PID/stat``."""
+    fields = path.read_text().rsplit(")", 1)[1].split()
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat(Path(f"/proc/{pid}/stat"))[1]
 
 
 def tree_cpu(pid: int) -> float:
@@ -129,11 +134,9 @@ def tree_cpu(pid: int) -> float:
     parents, seconds = {}, {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)], seconds[int(stat.parent.name)] = _stat(stat)
         except OSError:
             continue  # ended meanwhile
-        parents[int(stat.parent.name)] = int(fields[1])
-        seconds[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     tree, grew = {pid}, True
     while grew:
         more = {child for child, parent in parents.items() if parent in tree} - tree
