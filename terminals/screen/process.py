@@ -166,6 +166,7 @@ class Screens:
         log.info("the screen emulator ended (%s)", await child.wait())
 
     async def ask(self, shell: ShellScreen, kind: bytes = b"S") -> bytes | None:
+        shell.flush()  # (what it holds back first: the answer is the screen after every byte it was given)
         return await self._ask(shell.number, kind)
 
     async def render(self, cols: int, rows: int, data: bytes, resizes: list[tuple[int, int, int]] = ()) -> str | None:

@@ -21,6 +21,7 @@ KEEP_MOST = 64 * 1024 - 8  # the most a session holder keeps (its frame of outpu
 BATCH_BYTES = 1024 * 1024  # output gathered before it is sent to the emulator (a long plain run: mostly cut)
 SEND_WITHIN = 1.0  # seconds output waits to be sent short of a batch (an idle shell's worker keeps none of it)
 BACKLOG_BYTES = 8 * 1024 * 1024  # bytes on their way to the emulator above which a shell's output waits
+HELD_MOST = 256 * 1024  # plain output held back from the emulator (cut short) above which it is sent
 
 
 class Screens(Protocol):
@@ -111,6 +112,12 @@ class ShellScreen:
     carries: dict[int, bytes] = field(default_factory=lambda: {0: b""})
     known: bool = False
     cut: int = 0  # bytes of output not sent to the emulator (cut from long plain runs)
+    # Plain output after the last frame sent, held back (cut short) while its terminal is known to let it be:
+    # sent when the emulator is asked, or output that is not plain comes, or the grid changes. Until then the
+    # screen left with the session holder is the emulator's last one (``base``: the frame count it was at, its
+    # bytes) followed by what is held, cut to the screen's lines: a `cat` costs the emulator nothing.
+    held: bytes = b""
+    base: tuple[int, bytes] | None = None
 
     def resize(self, cols: int, rows: int, at: int) -> None:
         """The shell's grid is (cols, rows) from stream offset ``at`` on."""
@@ -120,6 +127,7 @@ class ShellScreen:
             self.resizes.append((at, cols, rows))
 
     def _apply(self, cols: int, rows: int) -> None:
+        self.flush()
         self.cols, self.rows = cols, rows
         if self.opened:
             self._frame(b"R", struct.pack(">HH", cols, rows))
@@ -134,25 +142,54 @@ class ShellScreen:
         self.chain, self.carries, self.known = self.frames, {self.frames: b""}, False
 
     def _write(self, data: bytes) -> None:
-        """Output to the emulator: a long plain run cut short where its terminal is known to let it be."""
+        """Output for the emulator: held back while it is plain and its terminal known to let it be, a long run
+        cut short; else sent (with what was held before it)."""
         carry = self.carries[self.frames]
-        whole = carry + data if carry else data
+        whole = b"".join((carry, self.held, data)) if carry or self.held else data
         escapes = plain_escapes(whole)
         left = unfinished(whole) if escapes is not None else -1
-        short = None
         if self.known and left >= 0:
             short = cut_short(whole, self.screens.scrollback + 2 * self.rows + 1, escapes)
-        if short is None:
-            self._frame(b"D", data)
-        else:
-            self.cut += len(whole) - len(short)
-            self._frame(b"D", short[len(carry) :])  # (the cut keeps the first line whole: carry is its start)
+            if short is not None:
+                self.cut += len(whole) - len(short)
+                whole = short  # (the cut keeps the first line whole: carry is its start)
+            self.held = whole[len(carry) :]
+            if len(self.held) > HELD_MOST:
+                self.flush()
+            return
+        self.held = b""
+        self._frame(b"D", whole[len(carry) :])
+        self._sent(whole, left)
+
+    def _sent(self, whole: bytes, left: int) -> None:
+        """After a D frame of ``whole`` (the carry before it included), ``left`` bytes of which are unfinished
+        (-1: not plain)."""
         if left < 0:
             self._unchained()
             return
         if self.known:
             self.carries.clear()
         self.carries[self.frames] = whole[len(whole) - left :] if left else b""
+
+    def flush(self) -> None:
+        """What is held back, to the emulator (before it is asked, or anything else is sent)."""
+        if not self.held or not self.opened:
+            return
+        carry = self.carries[self.frames]
+        whole, self.held = carry + self.held, b""
+        self._frame(b"D", whole[len(carry) :])
+        self._sent(whole, unfinished(whole))
+
+    def _held_screen(self) -> bytes | None:
+        """The screen at ``fed`` without asking the emulator: its last screen (``base``) and what was held since,
+        cut to the lines a screen needs (as feed.cjs would cut them); None when there is no such screen."""
+        if self.base is None or self.base[0] != self.frames or self.pending:
+            return None
+        data = self.held
+        if self.held and (short := cut_short(self.held, 2 * self.rows + 1)) is not None:
+            data = short
+        screen = b"".join((GRID.pack(self.cols, self.rows), self.base[1], data))
+        return screen if len(screen) <= KEEP_MOST else None
 
     def acked(self, frames: int, plain: bool) -> None:
         """The emulator's word after its ``frames``-th frame: whether its terminal lets a plain run be cut short
@@ -222,15 +259,22 @@ class ShellScreen:
                 return
             self.send()
             offset = self.fed
-            answer = await self.screens.ask(self, b"K")
-            if answer is None or self.inexact:
-                self.fail(self.inexact or "the screen emulator did not answer")
-                return
-            screen = self._screen(answer, offset)
-            if screen is None:
-                self.fail("the screen could not be rebuilt")
-                return
-            data = GRID.pack(self.cols, self.rows) + screen.data
+            data = self._held_screen()
+            if data is None:
+                self.flush()
+                frames = self.frames
+                answer = await self.screens.ask(self, b"K")
+                if answer is None or self.inexact:
+                    self.fail(self.inexact or "the screen emulator did not answer")
+                    return
+                screen = self._screen(answer, offset)
+                if screen is None:
+                    self.fail("the screen could not be rebuilt")
+                    return
+                data = GRID.pack(self.cols, self.rows) + screen.data
+                # Later screens are this one (which ends with what its last frame left unfinished) and what is held
+                # after it, while nothing else is sent.
+                self.base = (frames, screen.data)
             if len(data) > KEEP_MOST:
                 self.fail(f"its screen ({len(data)} bytes) is more than a session holder keeps")
                 return
