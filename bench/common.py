@@ -129,6 +129,14 @@ def cpu_seconds(pid: int) -> float:
     return _stat(Path(f"/proc/{pid}/stat"))[1]
 
 
+def machine_cpu() -> tuple[float, float]:
+    """CPU seconds the whole machine has been busy (every core, every process: /proc/stat), and seconds elapsed
+    on all its cores (busy or idle)."""
+    fields = [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields) - fields[3] - fields[4]) / tick, sum(fields) / tick  # (less idle and iowait)
+
+
 def tree_cpu(pid: int) -> float:
     """CPU seconds of ``pid`` and every process under it (a worker's emulator), those that ended not counted."""
     parents, seconds = {}, {}

@@ -18,13 +18,14 @@ from pathlib import Path
 
 from asgiref.sync import sync_to_async
 
-from bench.commands import ROUNDS, _rate, close_pair, open_on
-from bench.common import Figure, cpu_seconds, tree_cpu, unique
+from bench.commands import _rate, close_pair, open_on
+from bench.common import Figure, cpu_seconds, machine_cpu, tree_cpu, unique
 from bench.sessions import MIB, Context
 from bench.throughput import make_data
 
 EMULATOR = Path(__file__).resolve().parents[1] / "terminals" / "screen"
 WARM = 16 * MIB  # output through each shell before it is measured
+ROUNDS = 5  # each kind's rate varies by a fifth from one round to the next on a 2-core machine: the median of 5
 
 
 def _machine(host: str | None):
@@ -103,6 +104,7 @@ async def bench_screens(ctx: Context) -> None:
         rates = {(text, kind): [] for text in files for kind in opened}
         cpu = {(text, kind): [] for text in files for kind in opened}  # the worker's (and its emulator's) per MB
         emulator = {text: [] for text in files}  # of which the emulator's (every process under the worker)
+        machine = {(text, kind): [] for text in files for kind in opened}  # (all CPU per MB, the share busy)
         workers = {"off": ctx.stack.workers[0].pid, "kept": worker.pid}
         # A round not counted first: the kept shells' worker (and its emulator) was just started, and a shell's
         # first output grows its buffers; what a running worker pays per MB is the figure.
@@ -115,9 +117,16 @@ async def bench_screens(ctx: Context) -> None:
         for _ in range(ROUNDS):
             for text, path in files.items():
                 for kind, (viewer, _) in opened.items():
-                    before = tree_cpu(workers[kind]), cpu_seconds(workers[kind])
+                    before = tree_cpu(workers[kind]), cpu_seconds(workers[kind]), machine_cpu()
                     rates[text, kind].append(await _rate(viewer, str(path)))
+                    busy = machine_cpu()
                     spent = tree_cpu(workers[kind]) - before[0], cpu_seconds(workers[kind]) - before[1]
+                    machine[text, kind].append(
+                        (
+                            (busy[0] - before[2][0]) * 1000 / (size / MIB),
+                            (busy[0] - before[2][0]) / (busy[1] - before[2][1]),
+                        )
+                    )
                     cpu[text, kind].append(spent[0] * 1000 / (size / MIB))
                     if kind == "kept":
                         emulator[text].append((spent[0] - spent[1]) * 1000 / (size / MIB))
@@ -148,6 +157,19 @@ async def bench_screens(ctx: Context) -> None:
                 "the same shell's worker, no screen kept",
                 note=f"median of {ROUNDS}: kept {', '.join(f'{c:.1f}' for c in kept)} (the emulator "
                 f"{', '.join(f'{c:.1f}' for c in emulator[text])}); off {', '.join(f'{c:.1f}' for c in off)}",
+            )
+        )
+        kept, off = machine[text, "kept"], machine[text, "off"]
+        ctx.report.add(
+            Figure(
+                f"screens: CPU of the whole machine per MB of {text} text, screen kept",
+                statistics.median(spent for spent, _ in kept),
+                "ms/MB",
+                statistics.median(spent for spent, _ in off),
+                "the same, no screen kept",
+                note=f"median of {ROUNDS}: kept {', '.join(f'{c:.1f}' for c, _ in kept)}; off "
+                f"{', '.join(f'{c:.1f}' for c, _ in off)}; its cores busy {', '.join(f'{s:.0%}' for _, s in kept)} "
+                f"kept, {', '.join(f'{s:.0%}' for _, s in off)} off",
             )
         )
     began = time.perf_counter()

@@ -1,7 +1,7 @@
 """Long runs of plain output cut short in the worker, before they cross to the emulator: the same cut feed.cjs makes
 on its side (only up to the first line feed, the colour changes, then the last lines, as many as the screen and its
-scrollback hold and the screen's height more), found here with C-speed scans of the bytes so that most of a `cat`
-of a large file is neither piped to the emulator nor looked at there.
+scrollback hold and the screen's height more), found here with a scan in C (plain.c; Python's bytes methods where
+it is not built) so that most of a `cat` of a large file is neither piped to the emulator nor looked at there.
 
 The cut is exact only where the terminal is on its normal screen with no region, origin and insert mode off, the
 parser between sequences and no character half read (feed.cjs's ``plain``): the emulator says so after each frame
@@ -12,7 +12,12 @@ tests/screens/test_plain_cut.py fuzzes it against writing every byte.
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import re
+from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 LONG = 4096  # shorter output is sent whole (as feed.cjs writes it whole)
 UNFINISHED_MOST = 256  # the longest unfinished colour change carried on to the next piece
@@ -27,9 +32,34 @@ SGR = re.compile(rb"\x1b\[[0-9;:]*m")
 RESETS = (b"\x1b[m", b"\x1b[0m", b"\x1b[0;")
 
 
+LIBRARY = Path(__file__).resolve().parents[2] / "build" / "libtether-plain.so"  # plain.c, built by `make holder`
+
+
+def _native():
+    """plain.c's scan (a sixth of the time of python_escapes' on coloured text), or None without the library."""
+    try:
+        scan = ctypes.CDLL(str(LIBRARY)).tether_plain_escapes
+    except (OSError, AttributeError) as error:
+        log.warning("output is scanned for screens in Python, slower (%s: %s; `make holder` builds it)", LIBRARY, error)
+        return None
+    scan.restype, scan.argtypes = ctypes.c_long, [ctypes.c_char_p, ctypes.c_size_t]
+    return scan
+
+
+NATIVE = _native()
+
+
 def plain_escapes(data: bytes) -> int | None:
     """How many colour changes ``data`` has when it is only text and colour changes (a sequence cut at the end
     counts: it goes on in what follows); None when it has anything else."""
+    if NATIVE is None:
+        return python_escapes(data)
+    found = NATIVE(data, len(data))
+    return None if found < 0 else found
+
+
+def python_escapes(data: bytes) -> int | None:
+    """``plain_escapes`` with Python's scans of the bytes (where plain.c's library is not built)."""
     escapes = len(rest := data.translate(None, TEXT))
     if rest.count(b"\x1b") != escapes:
         return None

@@ -14,7 +14,7 @@ import random
 import pytest
 
 from terminals.screen import Screens, ShellScreen, plain
-from terminals.screen.plain import cut_short, plain_escapes, unfinished
+from terminals.screen.plain import cut_short, plain_escapes, python_escapes, unfinished
 
 SCROLLBACK = 30
 WORDS = ["a", "bc", "def ", "中文", "e\u0301", "\t", "x\by", "0123456789", "\uff57\uff49\uff44\uff45", "😀",
@@ -175,6 +175,25 @@ def test_what_is_plain_and_what_is_not():
     short = cut_short(b"\x1b[32m" + lines, keep=10)
     assert short == b"\x1b[32mline 0\r\n\r" + b"".join(b"line %d\r\n" % n for n in range(990, 1000))
     assert cut_short(lines[:4000], keep=10) is None  # too short to be worth it
+
+
+def test_the_scan_in_c_says_what_pythons_says():
+    """plain.c (built by `make holder`, loaded by the worker) against plain.py's own scan, on random strings of the
+    bytes where they could part: escapes and what may follow them, parameters, C1 controls as UTF-8, cut anywhere."""
+    assert plain.NATIVE is not None, f"{plain.LIBRARY} is not built (make holder)"
+    tokens = [b"a", b"[", b"m", b"0", b"1;2", b":", b"\x1b", b"\x1b[", b"\x1b[31m", b"\x1b[m", b"\x1b7", b"\xc2",
+              b"\x80", b"\x9b", b"\xc2\x9b", b"\xe4\xb8\xad", b"\r\n", b"\t", b"\b", b"\x00", b"\x07", b"\x7f", b"?",
+              b"h", b" "]  # fmt: skip
+    rand = random.Random(7)
+    seen = {None: 0, "escapes": 0}
+    for _ in range(20_000):
+        data = b"".join(rand.choice(tokens) for _ in range(rand.randrange(12)))
+        if rand.random() < 0.1:
+            data = bytes(rand.randrange(256) for _ in range(rand.randrange(8)))
+        expected = python_escapes(data)
+        assert plain_escapes(data) == expected, data
+        seen[None if expected is None else "escapes"] += 1
+    assert min(seen.values()) > 2000, seen  # both answers drawn often
 
 
 async def test_output_short_of_a_batch_is_sent_within_a_second():
