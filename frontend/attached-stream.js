@@ -27,6 +27,8 @@ export class AttachedStream {
     this.lastAck = 0;
     this.ackTimer = null;
     this.replay = new ReplayWatch(screen, () => this.replaySettled());
+    this.ahead = []; // [offset, cols, rows]: grids the output from `offset` was drawn for (drawnFor)
+    this.ownGrid = null; // the grid the page asks for while it draws a replay at another
     this.newSocket();
   }
 
@@ -50,9 +52,44 @@ export class AttachedStream {
   request(type, since = null) {
     if (since === null) since = this.generation === null ? 0 : this.screen.rendered;
     const message = { type, since, generation: this.generation, epoch: this.epoch };
-    const { cols, rows } = this.grid();
+    const { cols, rows } = this.ownGrid ?? this.grid(); // (not a grid the replay is drawn at for a while)
     if (cols > 0 && rows > 0) Object.assign(message, { cols, rows });
     return message;
+  }
+
+  // The grids what an attach sends was drawn for, when they are not the shell's now (a screen kept before a
+  // resize, output from before it: `drawn_for` in terminals/owner/replay.py): the terminal takes each from its
+  // offset, then the grid the shell has now at the replay's end, so the page draws what the worker's emulator
+  // did. Where part of the replay is on screen already, it was drawn at this page's grid: nothing is changed.
+  drawnFor(message) {
+    this.ahead = [];
+    const grids = message.grids ?? [];
+    const fromItsStart = Boolean(message.screen) || this.screen.received <= message.offset;
+    if (!grids.length || !fromItsStart || this.confirming) {
+      if (this.ownGrid) this.screen.then(() => this.resizeTo(this.ownGrid));
+      this.ownGrid = null;
+      return;
+    }
+    this.ownGrid = { cols: message.cols, rows: message.rows };
+    const [, cols, rows] = grids[0];
+    // Now, when nothing is queued: the page's own lines (written again over a screen's reset) are taken at it.
+    if (this.screen.pending === 0) this.resizeTo({ cols, rows });
+    else this.screen.then(() => this.resizeTo({ cols, rows }));
+    this.ahead = [...grids.slice(1), [message.end, message.cols, message.rows]];
+  }
+
+  // The grid changes up to `offset` (output before it written), in order with the output.
+  gridsUpTo(offset) {
+    while (this.ahead.length && this.ahead[0][0] <= offset) {
+      const [, cols, rows] = this.ahead.shift();
+      this.screen.then(() => this.resizeTo({ cols, rows }));
+      if (!this.ahead.length) this.ownGrid = null;
+    }
+  }
+
+  resizeTo({ cols, rows }) {
+    const term = this.screen.term;
+    if (cols > 0 && rows > 0 && (term.cols !== cols || term.rows !== rows)) term.resize(cols, rows);
   }
 
   output(bytes) {
@@ -68,7 +105,15 @@ export class AttachedStream {
     if (this.streamPos <= have) return;
     if (start < have) bytes = bytes.subarray(have - start);
     else if (start > have) this.screen.start(start); // not announced by a gap: continue where the server is
-    this.screen.writeOutput(bytes);
+    let at = this.streamPos - bytes.length;
+    while (this.ahead.length && this.ahead[0][0] <= this.streamPos) {
+      const cut = Math.max(0, this.ahead[0][0] - at);
+      if (cut > 0) this.screen.writeOutput(bytes.subarray(0, cut));
+      bytes = bytes.subarray(cut);
+      at += cut;
+      this.gridsUpTo(at);
+    }
+    if (bytes.length) this.screen.writeOutput(bytes);
     this.replay.sawOutput();
   }
 
@@ -96,7 +141,9 @@ export class AttachedStream {
     if (!sameShell || message.fresh || message.offset > this.screen.received) this.screen.start(message.offset);
     // The worker's flow window now starts at `offset`: say at once how far we really are.
     this.lastAck = Math.min(this.lastAck, message.offset);
+    this.drawnFor(message);
     showLoss(this.screen, message);
+    this.gridsUpTo(message.offset);
     if (message.lost > 0) this.onLoss(message.lost, Boolean(message.screen));
     if (this.confirming) {
       this.confirming = false;

@@ -23,6 +23,7 @@ class Replay:
     lost: int  # bytes before ``first`` no longer kept (or replaced by ``screen``)
     screen: bytes | None  # the screen as it is now, when that beats a torn tail
     fresh: bool  # the same shell's stream restarted under this owner: the page redraws
+    grids: tuple[tuple[int, int, int], ...] = ()  # the grids the bytes were drawn for (drawn_for)
 
     def attached(self, live: LiveProcess, message: Attach | Observe, role: Role = Role.WRITER) -> Attached:
         """The answer to the attach, from this replay."""
@@ -43,6 +44,7 @@ class Replay:
             role=role,
             cols=live.grid[0],
             rows=live.grid[1],
+            grids=self.grids,
             observers=tuple(observer.said() for observer in live.observers.values()),
         )
 
@@ -70,7 +72,7 @@ async def replay_for(live: LiveProcess, message: Attach | Observe, message_bytes
         if kept is not None and first <= kept.offset <= live.buffer.end and len(kept.data) <= message_bytes - 65536:
             # (An adopter's buffer may begin before the screen it was left: the bytes before it are not sent.)
             start, rest, _ = live.buffer.since(kept.offset)
-            return Replay(start, rest, start - since, kept.data, fresh)
+            return Replay(start, rest, start - since, kept.data, fresh, drawn_for(live, start, start + len(rest)))
         if kept is None:
             log.info("execution %s: no screen (%s); replaying the tail", live.execution_pk, live.screen.inexact)
     if (lost or redraw) and live.process.can_snapshot:
@@ -85,4 +87,19 @@ async def replay_for(live: LiveProcess, message: Attach | Observe, message_bytes
         else:
             lost = live.buffer.end - since if lost else 0
             first, data = live.buffer.end, b""
-    return Replay(first, data, lost, screen, fresh)
+    grids = drawn_for(live, first, first + len(data)) if screen is None else ()  # (tmux's: drawn for the grid now)
+    return Replay(first, data, lost, screen, fresh, grids)
+
+
+def drawn_for(live: LiveProcess, first: int, end: int) -> tuple[tuple[int, int, int], ...]:
+    """The grids the output from ``first`` to ``end`` (and a screen at ``first``) was drawn for: (offset, cols,
+    rows), the grid at ``first`` then each change up to ``end``. A page draws them at those grids, then takes the
+    grid the shell has now. Empty when all were the grid it has now, or the changes kept do not reach back to
+    ``first`` (the page draws them at its own, as before)."""
+    before = [grid for grid in live.grids if grid[0] <= first]
+    if not before:
+        return ()
+    drawn = [(first, *before[-1][1:]), *(grid for grid in live.grids if first < grid[0] <= end)]
+    if all((cols, rows) == live.grid for _, cols, rows in drawn):
+        return ()
+    return tuple(drawn)

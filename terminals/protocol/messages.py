@@ -184,6 +184,7 @@ class Attached(Message):
     cols: int = 80  # the writer's grid
     rows: int = 24
     observers: tuple = ()  # who watches besides the writer: ({"name", "via"}, ...)
+    grids: tuple = ()  # the grids the screen and bytes that follow were drawn for: ((offset, cols, rows), ...)
 
 
 @dataclass(frozen=True, slots=True)

@@ -271,6 +271,7 @@ class Attached(ToPage):
     observers: list
     screen: str | None  # tmux: the screen as it is now (base64), drawn before the stream
     process_state: str
+    grids: list  # [[offset, cols, rows], ...]: the grids what follows was drawn for ([]: the grid it has now)
 
     @classmethod
     def of(cls, message: messages.Attached) -> Attached:
@@ -279,6 +280,7 @@ class Attached(ToPage):
             **{name: getattr(message, name) for name in (*names, "cols", "rows", "process_state")},
             observers=[dict(observer) for observer in message.observers],
             screen=base64.b64encode(message.screen).decode() if message.screen else None,
+            grids=[list(grid) for grid in message.grids],
         )
 
 

@@ -12,16 +12,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from terminals.screen.plain import cut_short, plain_escapes, unfinished
+from terminals.screen.frames import GRID, KEEP_MOST, Frames
 
 log = logging.getLogger(__name__)
 
-GRID = struct.Struct(">HH")  # a kept screen's grid, before it
-KEEP_MOST = 64 * 1024 - 8  # the most a session holder keeps (its frame of output)
 BATCH_BYTES = 1024 * 1024  # output gathered before it is sent to the emulator (a long plain run: mostly cut)
 SEND_WITHIN = 1.0  # seconds output waits to be sent short of a batch (an idle shell's worker keeps none of it)
 BACKLOG_BYTES = 8 * 1024 * 1024  # bytes on their way to the emulator above which a shell's output waits
-HELD_MOST = 256 * 1024  # plain output held back from the emulator (cut short) above which it is sent
 
 
 class Screens(Protocol):
@@ -81,7 +78,7 @@ class LastScreen:
 
 
 @dataclass(eq=False)
-class ShellScreen:
+class ShellScreen(Frames):
     """One shell's terminal in the emulator: fed what its buffer lets go of, in order."""
 
     screens: Screens
@@ -103,21 +100,6 @@ class ShellScreen:
     keeping: asyncio.Task | None = None
     pending: bytearray = field(default_factory=bytearray)  # fed, not yet sent (sent in BATCH_BYTES pieces)
     sending: asyncio.TimerHandle | None = None  # sends what is pending SEND_WITHIN after it began to be
-    # Frames sent that change its terminal (O, D, R). Every output frame after ``chain`` was plain (plain.py), each
-    # going on from what the last left unfinished (``carries``: frame -> those bytes); once the emulator has said
-    # its terminal let a plain run be cut short after one of them (its ``A``; ``known``), so it does after the last,
-    # and long plain runs are cut short here.
-    frames: int = 0
-    chain: int = 0
-    carries: dict[int, bytes] = field(default_factory=lambda: {0: b""})
-    known: bool = False
-    cut: int = 0  # bytes of output not sent to the emulator (cut from long plain runs)
-    # Plain output after the last frame sent, held back (cut short) while its terminal is known to let it be:
-    # sent when the emulator is asked, or output that is not plain comes, or the grid changes. Until then the
-    # screen left with the session holder is the emulator's last one (``base``: the frame count it was at, its
-    # bytes) followed by what is held, cut to the screen's lines: a `cat` costs the emulator nothing.
-    held: bytes = b""
-    base: tuple[int, bytes] | None = None
 
     def resize(self, cols: int, rows: int, at: int) -> None:
         """The shell's grid is (cols, rows) from stream offset ``at`` on."""
@@ -131,80 +113,6 @@ class ShellScreen:
         self.cols, self.rows = cols, rows
         if self.opened:
             self._frame(b"R", struct.pack(">HH", cols, rows))
-            self._unchained()
-
-    def _frame(self, kind: bytes, payload: bytes) -> bool:
-        self.frames += 1
-        return self.screens._send(kind, self.number, payload)
-
-    def _unchained(self) -> None:
-        """After a frame that is not plain output: nothing is known of its terminal until the emulator says."""
-        self.chain, self.carries, self.known = self.frames, {self.frames: b""}, False
-
-    def _write(self, data: bytes) -> None:
-        """Output for the emulator: held back while it is plain and its terminal known to let it be, a long run
-        cut short; else sent (with what was held before it)."""
-        carry = self.carries[self.frames]
-        whole = b"".join((carry, self.held, data)) if carry or self.held else data
-        escapes = plain_escapes(whole)
-        left = unfinished(whole) if escapes is not None else -1
-        if self.known and left >= 0:
-            short = cut_short(whole, self.screens.scrollback + 2 * self.rows + 1, escapes)
-            if short is not None:
-                self.cut += len(whole) - len(short)
-                whole = short  # (the cut keeps the first line whole: carry is its start)
-            self.held = whole[len(carry) :]
-            if len(self.held) > HELD_MOST:
-                self.flush()
-            return
-        self.held = b""
-        self._frame(b"D", whole[len(carry) :])
-        self._sent(whole, left)
-
-    def _sent(self, whole: bytes, left: int) -> None:
-        """After a D frame of ``whole`` (the carry before it included), ``left`` bytes of which are unfinished
-        (-1: not plain)."""
-        if left < 0:
-            self._unchained()
-            return
-        if self.known:
-            self.carries.clear()
-        self.carries[self.frames] = whole[len(whole) - left :] if left else b""
-
-    def flush(self) -> None:
-        """What is held back, to the emulator (before it is asked, or anything else is sent)."""
-        if not self.held or not self.opened:
-            return
-        carry = self.carries[self.frames]
-        whole, self.held = carry + self.held, b""
-        self._frame(b"D", whole[len(carry) :])
-        self._sent(whole, unfinished(whole))
-
-    def _held_screen(self) -> bytes | None:
-        """The screen at ``fed`` without asking the emulator: its last screen (``base``) and what was held since,
-        cut to the lines a screen needs (as feed.cjs would cut them); None when there is no such screen."""
-        if self.base is None or self.base[0] != self.frames or self.pending:
-            return None
-        data = self.held
-        if self.held and (short := cut_short(self.held, 2 * self.rows + 1)) is not None:
-            data = short
-        screen = b"".join((GRID.pack(self.cols, self.rows), self.base[1], data))
-        return screen if len(screen) <= KEEP_MOST else None
-
-    def acked(self, frames: int, plain: bool) -> None:
-        """The emulator's word after its ``frames``-th frame: whether its terminal lets a plain run be cut short
-        (never in the middle of a sequence: only a frame that left nothing unfinished is taken at its word)."""
-        if frames < self.chain:
-            return
-        carry = self.carries.get(frames)
-        for older in [frame for frame in self.carries if frame < frames]:  # (never to be said of again)
-            del self.carries[older]
-        if carry != b"":
-            return
-        if plain:
-            self.known = True
-            self.carries = {self.frames: self.carries[self.frames]}
-        elif self.known:  # not what was sent said: the emulator is believed
             self._unchained()
 
     def feed(self, offset: int, data: bytes) -> None:

@@ -43,6 +43,55 @@ async def test_a_reload_past_the_buffer_draws_the_screen_the_worker_kept_and_say
     assert "bytes of output were not kept; below is the screen as it is now" in await normal_buffer(page)
 
 
+FRAME = r"""
+import os, sys, time
+cols, rows = os.get_terminal_size()
+lines = [("r%02d" % y).ljust(cols - 1, "-") + "E" for y in range(1, rows + 1)]  # rows the width of the screen
+out = sys.stdout.buffer
+out.write(b"\033[?1049h")
+for n in range(1_100_000 // (cols * rows) + 1):  # past the buffer, the same frame drawn again and again
+    out.write(b"".join(b"\033[%d;1H%s" % (y + 1, line.encode()) for y, line in enumerate(lines)))
+out.flush()
+open(sys.argv[1], "w").close()  # (all drawn)
+time.sleep(600)  # (a resize changes nothing: SIGWINCH is ignored, so only what it drew is on the screen)
+"""
+
+
+async def test_a_page_of_another_width_draws_the_screen_at_the_grid_it_was_kept_then_its_own(
+    page, host_machine, tmp_path
+):
+    """A new page narrower than the one that watched: the screen (kept for the old grid) and the bytes after it
+    (drawn for it too) are drawn at that grid, then the page takes its own, as a terminal that saw every byte and
+    was then resized (an alternate screen is cut, not wrapped). Drawn at the page's own grid from the start, each
+    row of the frame (as wide as the old grid) wraps, and the last scrolls the first away."""
+    await log_in(page, "operator", "operator-password")
+    await open_workspace(page, host_machine)
+    before = await page.evaluate("window.tetherTerminal.state()")
+    script = tmp_path / "frame.py"
+    script.write_text(FRAME)
+    await run(page, f"python3 {script} {tmp_path / 'drawn'}")
+    for _ in range(300):  # (every frame drawn before the page goes: later ones would be drawn for its new grid)
+        if (tmp_path / "drawn").exists():
+            break
+        await asyncio.sleep(0.1)
+    assert (tmp_path / "drawn").exists()
+    await wait_for_text(page, r"^r01-+E$")
+    await page.set_viewport_size({"width": 860, "height": 680})
+    await page.reload()
+    await wait_live(page)
+    grid = await page.evaluate("window.tetherTerminal.state()")
+    assert grid["cols"] < before["cols"] and grid["rows"] == before["rows"], (before, grid)
+    await expect(page.locator("#terminal-gap")).to_be_visible()  # past the buffer: the screen kept was drawn
+    wanted = [(f"r{y:02d}".ljust(before["cols"] - 1, "-") + "E")[: grid["cols"]] for y in range(1, grid["rows"] + 1)]
+    shown = await page.evaluate(
+        "(() => { const t = window.tetherTerminal.term, b = t.buffer.active, rows = [];"
+        " for (let y = 0; y < t.rows; y++) rows.push(b.getLine(b.baseY + y).translateToString(true, 0, t.cols));"
+        " return rows; })()"
+    )
+    assert shown == wanted
+    await page.keyboard.press("Control+C")
+
+
 async def normal_buffer(page) -> str:
     """The page's normal buffer, scrollback and screen, as text."""
     return await page.evaluate(

@@ -151,7 +151,7 @@ async def test_the_fuzz_sees_a_cut_that_keeps_too_few_lines(monkeypatch):
     """The comparison is not blind: a cut that keeps a quarter of the lines it must loses scrollback, found where no
     later output scrolled it away (4 of these 60 streams)."""
     monkeypatch.setattr(
-        "terminals.screen.shell.cut_short", lambda data, keep, escapes: plain.cut_short(data, keep // 4, escapes)
+        "terminals.screen.frames.cut_short", lambda data, keep, escapes: plain.cut_short(data, keep // 4, escapes)
     )
     found = await fuzz(1, 60, 40, 8)
     assert len(found["failures"]) >= 3, found
@@ -294,7 +294,7 @@ async def test_a_screen_left_from_what_was_held_is_the_screen():
 async def test_the_held_screen_fuzz_sees_a_cut_that_keeps_too_few_lines(monkeypatch):
     """Not blind: a screen left from fewer held lines than the screen has rows is found."""
     monkeypatch.setattr(
-        "terminals.screen.shell.cut_short", lambda data, keep, escapes=1: plain.cut_short(data, keep // 4, escapes)
+        "terminals.screen.frames.cut_short", lambda data, keep, escapes=1: plain.cut_short(data, keep // 4, escapes)
     )
     found = await kept_and_restored(range(1, 5), 80, 24)
     assert found["failures"], found
