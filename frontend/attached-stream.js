@@ -66,7 +66,8 @@ export class AttachedStream {
     const grids = message.grids ?? [];
     const fromItsStart = Boolean(message.screen) || this.screen.received <= message.offset;
     if (!grids.length || !fromItsStart || this.confirming) {
-      if (this.ownGrid) this.screen.then(() => this.resizeTo(this.ownGrid));
+      const own = this.ownGrid;
+      if (own) this.screen.then(() => this.resizeTo(own), { always: true });
       this.ownGrid = null;
       return;
     }
@@ -74,17 +75,25 @@ export class AttachedStream {
     const [, cols, rows] = grids[0];
     // Now, when nothing is queued: the page's own lines (written again over a screen's reset) are taken at it.
     if (this.screen.pending === 0) this.resizeTo({ cols, rows });
-    else this.screen.then(() => this.resizeTo({ cols, rows }));
+    else this.screen.then(() => this.resizeTo({ cols, rows }), { always: true });
     this.ahead = [...grids.slice(1), [message.end, message.cols, message.rows]];
   }
 
   // The grid changes up to `offset` (output before it written), in order with the output.
+  // (Resizes run even if the stream restarts before xterm reaches them: the last one queued is the page's grid.)
   gridsUpTo(offset) {
     while (this.ahead.length && this.ahead[0][0] <= offset) {
       const [, cols, rows] = this.ahead.shift();
-      this.screen.then(() => this.resizeTo({ cols, rows }));
+      this.screen.then(() => this.resizeTo({ cols, rows }), { always: true });
       if (!this.ahead.length) this.ownGrid = null;
     }
+  }
+
+  // The page fitted itself to a grid of its own (a new box, a take-over): the grids of a replay still being
+  // drawn are not followed any more, and the page asks for its own.
+  forgetGrids() {
+    this.ahead = [];
+    this.ownGrid = null;
   }
 
   resizeTo({ cols, rows }) {

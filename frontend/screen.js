@@ -75,9 +75,9 @@ export class Screen {
   }
 
   // Run `fn` once xterm has parsed everything written before, and before anything written after (a new grid
-  // for the output that follows it).
-  then(fn) {
-    this._write("", null, fn);
+  // for the output that follows it); unless `always`, not once the stream has restarted meanwhile.
+  then(fn, { always = false } = {}) {
+    this._write("", null, fn, always);
   }
 
   // Resolves once xterm has parsed everything it was given.
@@ -86,13 +86,13 @@ export class Screen {
     return new Promise((resolve) => this.drainWaiters.push(resolve));
   }
 
-  _write(data, endOffset, after = null) {
+  _write(data, endOffset, after = null, always = false) {
     const epoch = this.epoch;
     this.pending += 1;
     this.term.write(data, () => {
       this.pending -= 1;
       if (endOffset !== null && epoch === this.epoch) this.rendered = endOffset;
-      if (after && epoch === this.epoch) after();
+      if (after && (always || epoch === this.epoch)) after();
       if (this.pending === 0) {
         const waiters = this.drainWaiters;
         this.drainWaiters = [];

@@ -306,6 +306,7 @@ export class SessionClient {
     if (this.observing) this.dropSocket(CloseCode.PAGE_LEFT, "taking over");
     this.role = Role.WRITER; // confirmed: from now on every connect takes over, at this window's own grid
     this.page.drawGrid(null);
+    this.stream.forgetGrids();
     this.grid.fitNow(true);
     this.connect(ToServer.TAKEOVER);
   }
@@ -343,6 +344,7 @@ export class SessionClient {
     if (!this.grid.proposedChange()) return;
     if (this.phase === "superseded" || this.phase === "ended" || this.phase === "lost") return; // keep the frame
     if (!this.conn.present) {
+      this.stream.forgetGrids();
       this.grid.fitNow(true); // no socket: the next connect attaches with the new grid
       return;
     }
@@ -350,6 +352,7 @@ export class SessionClient {
     this.setPhase("suspended", this.status, "info");
     this.dropSocket(CloseCode.PAGE_LEFT, "grid change");
     await this.screen.drained();
+    this.stream.forgetGrids();
     this.grid.fitNow(true);
     this.connect(ToServer.ATTACH);
   }

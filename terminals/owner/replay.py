@@ -72,7 +72,8 @@ async def replay_for(live: LiveProcess, message: Attach | Observe, message_bytes
         if kept is not None and first <= kept.offset <= live.buffer.end and len(kept.data) <= message_bytes - 65536:
             # (An adopter's buffer may begin before the screen it was left: the bytes before it are not sent.)
             start, rest, _ = live.buffer.since(kept.offset)
-            return Replay(start, rest, start - since, kept.data, fresh, drawn_for(live, start, start + len(rest)))
+            grids = drawn_for(live, start, start + len(rest), (kept.cols, kept.rows))
+            return Replay(start, rest, start - since, kept.data, fresh, grids)
         if kept is None:
             log.info("execution %s: no screen (%s); replaying the tail", live.execution_pk, live.screen.inexact)
     if (lost or redraw) and live.process.can_snapshot:
@@ -91,15 +92,23 @@ async def replay_for(live: LiveProcess, message: Attach | Observe, message_bytes
     return Replay(first, data, lost, screen, fresh, grids)
 
 
-def drawn_for(live: LiveProcess, first: int, end: int) -> tuple[tuple[int, int, int], ...]:
-    """The grids the output from ``first`` to ``end`` (and a screen at ``first``) was drawn for: (offset, cols,
-    rows), the grid at ``first`` then each change up to ``end``. A page draws them at those grids, then takes the
-    grid the shell has now. Empty when all were the grid it has now, or the changes kept do not reach back to
-    ``first`` (the page draws them at its own, as before)."""
-    before = [grid for grid in live.grids if grid[0] <= first]
-    if not before:
-        return ()
-    drawn = [(first, *before[-1][1:]), *(grid for grid in live.grids if first < grid[0] <= end)]
+def drawn_for(
+    live: LiveProcess, first: int, end: int, screen: tuple[int, int] | None = None
+) -> tuple[tuple[int, int, int], ...]:
+    """The grids the output from ``first`` to ``end`` (and a screen at ``first``, drawn for ``screen``'s grid) was
+    drawn for: (offset, cols, rows), the grid at ``first`` then each change up to ``end`` (one at ``first`` itself
+    after the screen: the emulator takes a change at the offset its screen is at only with the next byte). A page
+    draws them at those grids, then takes the grid the shell has now. Empty when all were the grid it has now, or
+    the changes kept do not reach back to ``first`` (the page draws them at its own, as before). An adopted shell's
+    first grid is the one it was started with, not known to be its grid since: only changes seen here count."""
+    history = live.grids[1:] if live.adopted else live.grids
+    if screen is not None:
+        drawn = [(first, *screen), *(grid for grid in history if first <= grid[0] <= end)]
+    else:
+        before = [grid for grid in history if grid[0] <= first]
+        if not before:
+            return ()
+        drawn = [(first, *before[-1][1:]), *(grid for grid in history if first < grid[0] <= end)]
     if all((cols, rows) == live.grid for _, cols, rows in drawn):
         return ()
     return tuple(drawn)

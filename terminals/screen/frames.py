@@ -13,6 +13,7 @@ from terminals.screen.plain import cut_short, plain_escapes, unfinished
 GRID = struct.Struct(">HH")  # a kept screen's grid, before it
 KEEP_MOST = 64 * 1024 - 8  # the most a session holder keeps (its frame of output)
 HELD_MOST = 256 * 1024  # plain output held back from the emulator (cut short) above which it is sent
+ERASED = b"\x1b[2J\x1b[3J\x1b[H"  # the screen and the scrollback erased, the cursor home
 
 
 @dataclass(eq=False, kw_only=True)
@@ -89,7 +90,10 @@ class Frames:
         if self.base is None or self.base[0] != self.frames or self.pending:
             return None
         data = self.held
-        if self.held and (short := cut_short(self.held, 2 * self.rows + 1)) is not None:
+        # (the screen and its scrollback erased where the cut is, the last lines written from the top: what the
+        # emulator's last screen and the run's first line would leave above them did not come just before them; the
+        # last lines alone fill the screen, and those that scroll off are the scrollback)
+        if self.held and (short := cut_short(self.held, 2 * self.rows + 1, between=ERASED)) is not None:
             data = short
         screen = b"".join((GRID.pack(self.cols, self.rows), self.base[1], data))
         return screen if len(screen) <= KEEP_MOST else None

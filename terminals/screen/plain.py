@@ -100,11 +100,11 @@ def unfinished(data: bytes) -> int:
     return 0 if not data else -1
 
 
-def cut_short(data: bytes, keep: int, escapes: int = 1) -> bytes | None:
+def cut_short(data: bytes, keep: int, escapes: int = 1, between: bytes = b"") -> bytes | None:
     """``data`` (plain, with ``escapes`` colour changes: ``plain_escapes``) as feed.cjs would write it: up to and
     with its first line feed, the colour changes of what is left out (from the last that resets the pen), a CR,
-    then from the start of the line after the CR LF that has ``keep`` more line feeds after it. None when it is too
-    short to cut."""
+    then from the start of the line after the CR LF that has ``keep`` more line feeds after it (``between`` before
+    that line). None when it is too short to cut."""
     if len(data) <= LONG:
         return None
     at = len(data)
@@ -117,7 +117,7 @@ def cut_short(data: bytes, keep: int, escapes: int = 1) -> bytes | None:
     colours = b""
     if escapes and data.rfind(b"\x1b", first + 1, at) >= 0:
         colours = b"".join(SGR.findall(data, _last_reset(data, first + 1, at), at))
-    return b"".join((data[: first + 1], colours, b"\r", data[at + 1 :]))
+    return b"".join((data[: first + 1], colours, b"\r", between, data[at + 1 :]))
 
 
 def _last_reset(data: bytes, start: int, end: int) -> int:

@@ -17,7 +17,7 @@ from terminals.screen.frames import GRID, KEEP_MOST, Frames
 log = logging.getLogger(__name__)
 
 BATCH_BYTES = 1024 * 1024  # output gathered before it is sent to the emulator (a long plain run: mostly cut)
-SEND_WITHIN = 1.0  # seconds output waits to be sent short of a batch (an idle shell's worker keeps none of it)
+SEND_WITHIN = 1.0  # seconds output waits short of a batch before it is looked at (sent, or held cut short)
 BACKLOG_BYTES = 8 * 1024 * 1024  # bytes on their way to the emulator above which a shell's output waits
 
 
@@ -66,6 +66,8 @@ def text_of(answer: bytes | None) -> str | None:
 class Screen:
     offset: int  # the stream offset the screen is at
     data: bytes  # the screen, then the bytes of a sequence begun before ``offset`` and not yet ended
+    cols: int = 0  # the grid it is drawn for
+    rows: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,10 +243,12 @@ class ShellScreen(Frames):
             return None
         self.send()
         offset = self.fed
+        grid = self.cols, self.rows
         answer = await self.screens.ask(self)
         if answer is None or self.inexact or self.fed != offset:
             return None
-        return self._screen(answer, offset)
+        screen = self._screen(answer, offset)
+        return None if screen is None else Screen(screen.offset, screen.data, *grid)
 
     async def text(self, offset: int, rest: bytes) -> str | None:
         """The rows it shows once ``rest`` (every byte the buffer keeps, from ``offset``: the shell has ended) is

@@ -51,8 +51,8 @@ out = sys.stdout.buffer
 out.write(b"\033[?1049h")
 for n in range(1_100_000 // (cols * rows) + 1):  # past the buffer, the same frame drawn again and again
     out.write(b"".join(b"\033[%d;1H%s" % (y + 1, line.encode()) for y, line in enumerate(lines)))
+out.write(b"\033[1;1H" + ("r01".ljust(cols - 1, "=") + "E").encode())  # the last bytes: the page waits for them
 out.flush()
-open(sys.argv[1], "w").close()  # (all drawn)
 time.sleep(600)  # (a resize changes nothing: SIGWINCH is ignored, so only what it drew is on the screen)
 """
 
@@ -69,20 +69,18 @@ async def test_a_page_of_another_width_draws_the_screen_at_the_grid_it_was_kept_
     before = await page.evaluate("window.tetherTerminal.state()")
     script = tmp_path / "frame.py"
     script.write_text(FRAME)
-    await run(page, f"python3 {script} {tmp_path / 'drawn'}")
-    for _ in range(300):  # (every frame drawn before the page goes: later ones would be drawn for its new grid)
-        if (tmp_path / "drawn").exists():
-            break
-        await asyncio.sleep(0.1)
-    assert (tmp_path / "drawn").exists()
-    await wait_for_text(page, r"^r01-+E$")
+    await run(page, f"python3 {script}")
+    # Every byte through before the page goes (bytes the worker reads after the new page's grid are its own).
+    await wait_for_text(page, r"^r01=+E$")
     await page.set_viewport_size({"width": 860, "height": 680})
     await page.reload()
     await wait_live(page)
     grid = await page.evaluate("window.tetherTerminal.state()")
     assert grid["cols"] < before["cols"] and grid["rows"] == before["rows"], (before, grid)
     await expect(page.locator("#terminal-gap")).to_be_visible()  # past the buffer: the screen kept was drawn
-    wanted = [(f"r{y:02d}".ljust(before["cols"] - 1, "-") + "E")[: grid["cols"]] for y in range(1, grid["rows"] + 1)]
+    wanted = [  # (the first row last drawn with "=")
+        (f"r{y:02d}".ljust(before["cols"] - 1, "=-"[y > 1]) + "E")[: grid["cols"]] for y in range(1, grid["rows"] + 1)
+    ]
     shown = await page.evaluate(
         "(() => { const t = window.tetherTerminal.term, b = t.buffer.active, rows = [];"
         " for (let y = 0; y < t.rows; y++) rows.push(b.getLine(b.baseY + y).translateToString(true, 0, t.cols));"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 
 import pytest
 
@@ -144,7 +145,7 @@ async def test_a_large_file_is_mostly_not_sent():
         await screens.close()
     assert answers[0] == answers[1] and answers[0][0] == 0
     assert shell.cut > 0.97 * len(data), (shell.cut, len(data))  # (249 lines sent for each screen asked)
-    assert len(kept) >= 14 and asked <= 2, (kept, asked)
+    assert len(kept) >= 6 and asked <= 2, (kept, asked)  # (at most 16: fewer while the first is asked for)
 
 
 async def test_the_fuzz_sees_a_cut_that_keeps_too_few_lines(monkeypatch):
@@ -198,7 +199,8 @@ def test_the_scan_in_c_says_what_pythons_says():
 
 async def test_output_short_of_a_batch_is_sent_within_a_second():
     """The worker gathers output in pieces of a MiB for the emulator; what an idle shell printed last does not
-    wait in the worker's memory for more: it is sent within SEND_WITHIN."""
+    wait whole in the worker's memory for more: within SEND_WITHIN it is sent, or held cut short (plain output,
+    sent when the screen is asked for)."""
     from terminals.screen.shell import SEND_WITHIN
 
     screens = Screens(scrollback=SCROLLBACK)
@@ -294,7 +296,40 @@ async def test_a_screen_left_from_what_was_held_is_the_screen():
 async def test_the_held_screen_fuzz_sees_a_cut_that_keeps_too_few_lines(monkeypatch):
     """Not blind: a screen left from fewer held lines than the screen has rows is found."""
     monkeypatch.setattr(
-        "terminals.screen.frames.cut_short", lambda data, keep, escapes=1: plain.cut_short(data, keep // 4, escapes)
+        "terminals.screen.frames.cut_short",
+        lambda data, keep, escapes=1, **more: plain.cut_short(data, keep // 4, escapes, **more),
     )
     found = await kept_and_restored(range(1, 5), 80, 24)
     assert found["failures"], found
+
+
+async def test_a_screen_left_from_what_was_held_has_no_made_up_scrollback():
+    """A screen left from the emulator's last and the held run's last lines: a later owner's terminal shows the
+    run's last lines in its scrollback, consecutive, and not what the cut left out run together with them (a review
+    found the screen the emulator last made and the run's first line directly above its last lines)."""
+    screens = Screens(scrollback=200)
+    kept = []
+
+    async def keep(offset: int, screen: bytes) -> None:
+        kept.append((offset, screen))
+
+    shell = ShellScreen(screens, 1, 80, 24, fed=0, keep=keep, keep_every=64 * 1024)
+    data = b"$ " + b"".join(b"line %d of the run\r\n" % n for n in range(1, 40_001))
+    try:
+        screens.start()
+        await screens.render(80, 24, b"node started: ready")
+        for at in range(0, len(data), 16384):
+            shell.feed(at, data[at : at + 16384])
+            await asyncio.sleep(0.002)
+        while shell.keeping is not None:
+            await asyncio.sleep(0.01)
+        offset, screen = kept[-1]
+        assert shell.base is not None and len(kept) > 5  # (left from what was held)
+        restored = screens.shell(80, 24, origin=offset, restore=screen)
+        assert restored._open()
+        answer = await screens.ask(restored)  # the screen a page back past the buffer is given, scrollback and all
+    finally:
+        await screens.close()
+    numbers = [int(n) for n in re.findall(rb"line (\d+) of the run", answer)]
+    last = int(re.findall(rb"line (\d+) of the run\r\n", data[:offset])[-1])  # the last whole line at its offset
+    assert numbers == list(range(numbers[0], last + 1)) and len(numbers) >= 24, (numbers, last)
