@@ -121,11 +121,13 @@ export function showLoss(screen, { lost, screen: now }) {
     // line saying what was lost with it: what the page had seen is written again after the reset, under it that
     // line, then the screen from the top of a cleared one, as on a fresh terminal (the rest go into the
     // scrollback above it).
+    // (Both read before the reset is written: after a key, xterm writes the next output at once, not queued.)
     const seen = screen.seen();
+    const last = seen ? screen.lastRow() : 0;
     const { rows } = screen.term;
     screen.writeUnsequenced(bytes.subarray(0, 3));
     const above = seen
-      ? `${seen}\x1b[0m\x1b[${screen.lastRow() + 1};1H${markerLine(text)}`
+      ? `${seen}\x1b[0m\x1b[${last + 1};1H${markerLine(text)}`
       : markerLine(text, { newlineFirst: false });
     screen.writeMarker(`${above}${"\r\n".repeat(rows - 1)}\x1b[H`);
     screen.writeUnsequenced(bytes.subarray(3));
