@@ -1,11 +1,11 @@
 """What keeping every shell's screen costs (terminals/screen, docs/protocol.md): output through Tether with the
-worker's emulator fed all of it, against the same shell with no screens kept, in the same run; plain text (base64,
-where a long plain run is only scanned) and coloured text (a colour every few characters: every byte parsed);
-then the emulator's memory per shell and the time a screen takes to produce.
+worker keeping its screen, against the same shell with no screens kept, in the same run; plain text (base64) and
+coloured text (a colour every few characters); then the emulator's memory per shell and the time a screen takes to
+produce.
 
-The shells with screens run on a second worker started with TETHER_SCREEN_SCROLLBACK=200 (screens are off by default)
-under a host name of its own, so that only it claims them (machines run on their host's workers); the rest of the path
-is the same stack.
+The two kinds of shell run on two workers started for them, one with TETHER_SCREEN_SCROLLBACK=200 (the default) and
+one with 0, each under a host name of its own, so that only it claims them (machines run on their host's workers);
+the rest of the path is the same stack.
 """
 
 from __future__ import annotations
@@ -88,10 +88,13 @@ def emulator_costs(scrollback: int = 200, count: int = 200) -> dict:
 
 
 async def bench_screens(ctx: Context) -> None:
-    elsewhere = unique("bench-screens-host")
-    worker = await sync_to_async(ctx.stack.start_worker)(
-        "local", {"TETHER_SCREEN_SCROLLBACK": "200", "TETHER_HOST": elsewhere}
-    )
+    hosts = {kind: unique(f"bench-screens-{kind}") for kind in ("off", "kept")}
+    started = {
+        kind: await sync_to_async(ctx.stack.start_worker)(
+            "local", {"TETHER_SCREEN_SCROLLBACK": "200" if kind == "kept" else "0", "TETHER_HOST": host}
+        )
+        for kind, host in hosts.items()
+    }
     opened = {}
     size = (50 if ctx.quick else 200) * MIB
     name = f"bench-{size // MIB}MB"
@@ -99,13 +102,13 @@ async def bench_screens(ctx: Context) -> None:
     make_data(files["plain"], size)
     make_coloured(files["coloured"], size)
     try:
-        for kind, host in (("off", None), ("kept", elsewhere)):
+        for kind, host in hosts.items():
             opened[kind] = await open_on(ctx, await sync_to_async(_machine)(host))
         rates = {(text, kind): [] for text in files for kind in opened}
         cpu = {(text, kind): [] for text in files for kind in opened}  # the worker's (and its emulator's) per MB
         emulator = {text: [] for text in files}  # of which the emulator's (every process under the worker)
         machine = {(text, kind): [] for text in files for kind in opened}  # (all CPU per MB, the share busy)
-        workers = {"off": ctx.stack.workers[0].pid, "kept": worker.pid}
+        workers = {kind: worker.pid for kind, worker in started.items()}
         # A round not counted first: the kept shells' worker (and its emulator) was just started, and a shell's
         # first output grows its buffers; what a running worker pays per MB is the figure.
         for path in files.values():
@@ -131,7 +134,10 @@ async def bench_screens(ctx: Context) -> None:
                     if kind == "kept":
                         emulator[text].append((spent[0] - spent[1]) * 1000 / (size / MIB))
     finally:
-        await close_pair(ctx, opened, worker)
+        await close_pair(ctx, opened, started["kept"])
+        started["off"].terminate()
+        await sync_to_async(started["off"].wait)()
+        ctx.stack.workers.remove(started["off"])
     for text in files:
         kept, off = rates[text, "kept"], rates[text, "off"]
         ctx.report.add(

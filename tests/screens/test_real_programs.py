@@ -108,17 +108,18 @@ async def test_a_real_program_paged_past_the_buffer_comes_back_as_it_is_and_so_d
         await sync_to_async(stack.stop)()
 
 
-@pytest.mark.parametrize("backend", ["local", "tmux"])  # procps top (the container's busybox top draws once a second)
+@pytest.mark.parametrize("backend", ["local", "tmux", "docker"])  # procps top; the container's busybox top
 async def test_top_repainting_only_what_changed_comes_back_whole_after_a_page_back_past_the_buffer(
     terminal, operator, backend
 ):
     """top redraws only the rows that changed: a page drawn from the kept tail alone keeps rows top drew before it
-    (the bug); drawn from the screen at the buffer's start, it equals the page that saw every byte."""
+    (the bug); drawn from the screen at the buffer's start, it equals the page that saw every byte. (busybox top,
+    in the container, draws every frame whole: there the tail alone is right too, and only the screen is checked.)"""
     stack = Stack(extra_env=ENV)
     untold = UNTOLD if backend == "tmux" else ()
     try:
         first, session, cookie = await first_page(stack, terminal, operator, backend)
-        await first.type("top -d 0.05\r")
+        await first.type("top -d 0\r" if backend == "docker" else "top -d 0.05\r")  # (busybox: whole seconds)
         async with asyncio.timeout(60):
             while first.offset < BUFFER + 64 * 1024:
                 await first.read_for(0.2)
@@ -132,7 +133,8 @@ async def test_top_repainting_only_what_changed_comes_back_whole_after_a_page_ba
         again, _, page, truth = await page_back(stack, session, cookie, first)
         assert any("PID" in row["text"] for row in truth["normal"]), truth["normal"]
         assert differences(page, truth, leave_out=untold) == []
-        tail = xterm_screen(bytes(again.output))  # the kept output alone, as a page got it before
-        assert differences(tail, truth, leave_out=untold) != []
+        if backend != "docker":
+            tail = xterm_screen(bytes(again.output))  # the kept output alone, as a page got it before
+            assert differences(tail, truth, leave_out=untold) != []
     finally:
         await sync_to_async(stack.stop)()
