@@ -109,7 +109,7 @@ async def bench_screens(ctx: Context) -> None:
         emulator = {text: [] for text in files}  # of which the emulator's (every process under the worker)
         machine = {(text, kind): [] for text in files for kind in opened}  # (all CPU per MB, the share busy)
         workers = {kind: worker.pid for kind, worker in started.items()}
-        # A round not counted first: the kept shells' worker (and its emulator) was just started, and a shell's
+        # A round not counted first: both workers (and the kept one's emulator) were just started, and a shell's
         # first output grows its buffers; what a running worker pays per MB is the figure.
         for path in files.values():
             warm = path.with_suffix(".warm")
