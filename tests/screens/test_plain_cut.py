@@ -139,6 +139,8 @@ async def test_a_large_file_is_mostly_not_sent():
             for one in (shell, whole):
                 one.feed(at, data[at : at + 65536])  # (sent in batches of a MiB)
             await asyncio.sleep(0.005)  # as a pipe gives it (the emulator's word comes back meanwhile)
+            while shell.keeping is not None:  # (each screen left before more comes: as many, however loaded)
+                await asyncio.sleep(0.005)
         shell.send()
         whole.send()
         answers = [await screens.ask(one) for one in (shell, whole)]
@@ -146,7 +148,7 @@ async def test_a_large_file_is_mostly_not_sent():
         await screens.close()
     assert answers[0] == answers[1] and answers[0][0] == 0
     assert shell.cut > 0.97 * len(data), (shell.cut, len(data))  # (249 lines sent for each screen asked)
-    assert len(kept) >= 6 and asked <= 2, (kept, asked)  # (at most 16: fewer while the first is asked for)
+    assert len(kept) >= 15 and asked <= 2, (kept, asked)
 
 
 async def test_the_fuzz_sees_a_cut_that_keeps_too_few_lines(monkeypatch):
@@ -322,6 +324,8 @@ async def test_a_screen_left_from_what_was_held_has_no_made_up_scrollback():
         for at in range(0, len(data), 16384):
             shell.feed(at, data[at : at + 16384])
             await asyncio.sleep(0.002)
+            while shell.keeping is not None:  # (each screen left before more comes)
+                await asyncio.sleep(0.005)
         while shell.keeping is not None:
             await asyncio.sleep(0.01)
         built = [(offset, screen) for offset, screen in kept if ERASED in screen]  # (left from what was held)
