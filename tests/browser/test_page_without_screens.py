@@ -1,4 +1,4 @@
-"""The page with no screens kept (TETHER_SCREEN_SCROLLBACK=0; they are on by default): a reload past the buffer
+"""The page with no screens kept (TETHER_SCREEN_SCROLLBACK=0, said whatever the default): a reload past the buffer
 gets the kept tail, and the page says the screen may be incomplete."""
 
 from __future__ import annotations
