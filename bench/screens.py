@@ -3,7 +3,7 @@ worker keeping its screen, against the same shell with no screens kept, in the s
 coloured text (a colour every few characters); then the emulator's memory per shell and the time a screen takes to
 produce.
 
-The two kinds of shell run on two workers started for them, one with TETHER_SCREEN_SCROLLBACK=200 (the default) and
+The two kinds of shell run on two workers started for them, one with TETHER_SCREEN_SCROLLBACK=200 and
 one with 0, each under a host name of its own, so that only it claims them (machines run on their host's workers);
 the rest of the path is the same stack.
 """
