@@ -75,14 +75,15 @@ async def alternate(ctx: Context, opened: dict) -> tuple[dict, dict, int, int]:
     return rates, trips, size, count
 
 
-async def close_pair(ctx: Context, opened: dict, worker) -> None:
-    """The shells of an A/B closed, and the second worker it started for one kind stopped."""
+async def close_pair(ctx: Context, opened: dict, *workers) -> None:
+    """The shells of an A/B closed, and the workers it started for its kinds stopped."""
     for viewer, session in opened.values():
         await viewer.close()
         await close_session(session)
-    worker.terminate()
-    await sync_to_async(worker.wait)()
-    ctx.stack.workers.remove(worker)  # the benchmarks after this one read the stack's worker (workers[-1])
+    for worker in workers:
+        worker.terminate()
+        await sync_to_async(worker.wait)()
+        ctx.stack.workers.remove(worker)  # the benchmarks after this one read the stack's worker (workers[-1])
 
 
 def report_pair(ctx: Context, topic: str, kinds: tuple[str, str], measured: tuple[dict, dict, int, int]) -> None:

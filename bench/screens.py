@@ -134,10 +134,7 @@ async def bench_screens(ctx: Context) -> None:
                     if kind == "kept":
                         emulator[text].append((spent[0] - spent[1]) * 1000 / (size / MIB))
     finally:
-        await close_pair(ctx, opened, started["kept"])
-        started["off"].terminate()
-        await sync_to_async(started["off"].wait)()
-        ctx.stack.workers.remove(started["off"])
+        await close_pair(ctx, opened, *started.values())
     for text in files:
         kept, off = rates[text, "kept"], rates[text, "off"]
         ctx.report.add(
