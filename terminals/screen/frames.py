@@ -62,12 +62,12 @@ class Frames:
                 self.flush()
             return
         self.held = b""
-        self._frame(b"D", whole[len(carry) :])
-        self._sent(whole, left)
+        self._send(whole, len(carry), left)
 
-    def _sent(self, whole: bytes, left: int) -> None:
-        """After a D frame of ``whole`` (the carry before it included), ``left`` bytes of which are unfinished
-        (-1: not plain)."""
+    def _send(self, whole: bytes, carried: int, left: int) -> None:
+        """A D frame of ``whole`` but the ``carried`` bytes at its start (sent with the last frame), ``left`` bytes
+        of which are unfinished (-1: not plain)."""
+        self._frame(b"D", whole[carried:])
         if left < 0:
             self._unchained()
             return
@@ -81,8 +81,7 @@ class Frames:
             return
         carry = self.carries[self.frames]
         whole, self.held = carry + self.held, b""
-        self._frame(b"D", whole[len(carry) :])
-        self._sent(whole, unfinished(whole))
+        self._send(whole, len(carry), unfinished(whole))
 
     def _held_screen(self) -> bytes | None:
         """The screen at ``fed`` without asking the emulator: its last screen (``base``) and what was held since,
