@@ -885,6 +885,24 @@ static int serve(int argc, char **argv) {
 
 /* --- attach: a relay for `docker exec -i` ------------------------------------------------------ */
 
+/* One direction of the relay: what was read and is not yet written on. */
+struct pipe_buf { unsigned char at[CHUNK]; size_t len, pos; };
+
+/* Writes what `b` holds to `to` without blocking; 0 when `to` has gone. */
+static int pass_on(struct pipe_buf *b, int to) {
+    while (b->pos < b->len) {
+        ssize_t m = write(to, b->at + b->pos, b->len - b->pos);
+        if (m > 0) { b->pos += (size_t)m; continue; }
+        if (m < 0 && errno == EINTR) continue;
+        return m < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    }
+    b->len = b->pos = 0;
+    return 1;
+}
+
+/* Each direction has its own buffer and waits only for its own reader: a worker that stops reading output
+   (its viewers are behind) still reaches the holder with input, acknowledgements and Kill. One buffer for
+   both once did not: the relay sat in a write to a full stdout, and a Kill sent meanwhile never arrived. */
 static int relay(int argc, char **argv) {
     if (argc < 1) return 2;
     dir = argv[0];
@@ -899,24 +917,33 @@ static int relay(int argc, char **argv) {
         fprintf(stderr, "no holder listens at %s: %s\n", sock_path, strerror(errno));
         return 1;
     }
-    static unsigned char buf[CHUNK];
-    struct pollfd fds[2] = {{.fd = 0, .events = POLLIN}, {.fd = fd, .events = POLLIN}};
+    int ends[3] = {0, 1, fd};
+    for (int i = 0; i < 3; i++) fcntl(ends[i], F_SETFL, fcntl(ends[i], F_GETFL) | O_NONBLOCK);
+    static struct pipe_buf up, down;  /* stdin to the holder; the holder to stdout */
+    int stdin_open = 1;
     for (;;) {
-        if (poll(fds, 2, -1) < 0) { if (errno == EINTR) continue; return 1; }
-        for (int i = 0; i < 2; i++) {
-            if (!fds[i].revents) continue;
-            ssize_t n = read(fds[i].fd, buf, sizeof buf);
-            if (n <= 0) {
-                if (i == 0) { shutdown(fd, SHUT_WR); fds[0].fd = -1; continue; }
-                return 0;
-            }
-            int out = i == 0 ? fd : 1;
-            for (ssize_t at = 0; at < n;) {
-                ssize_t m = write(out, buf + at, (size_t)(n - at));
-                if (m <= 0) { if (m < 0 && errno == EINTR) continue; return 0; }
-                at += m;
+        struct pollfd fds[3] = {
+            {.fd = stdin_open && !up.len ? 0 : -1, .events = POLLIN},
+            {.fd = fd, .events = (short)((down.len ? 0 : POLLIN) | (up.len ? POLLOUT : 0))},
+            {.fd = down.len ? 1 : -1, .events = POLLOUT},
+        };
+        if (poll(fds, 3, -1) < 0) { if (errno == EINTR) continue; return 1; }
+        if (fds[0].revents) {
+            ssize_t n = read(0, up.at, sizeof up.at);
+            if (n > 0) up.len = (size_t)n, up.pos = 0;
+            else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+                stdin_open = 0;  /* nothing of it is left to pass on: stdin is read only when `up` is empty */
+                shutdown(fd, SHUT_WR);
             }
         }
+        if (!pass_on(&up, fd)) return 0;
+        if (!down.len && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+            ssize_t n = read(fd, down.at, sizeof down.at);
+            if (n == 0) return 0;
+            if (n > 0) down.len = (size_t)n, down.pos = 0;
+            else if (errno != EAGAIN && errno != EINTR) return 0;
+        }
+        if (!pass_on(&down, 1)) return 0;
     }
 }
 

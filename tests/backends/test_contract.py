@@ -315,6 +315,24 @@ async def test_stalled_reader_makes_the_writer_block_with_flat_memory(backend, r
                 os.unlink(counter)
 
 
+async def test_a_kill_reaches_the_program_while_nobody_reads_its_output(backend, settings):
+    """An owner whose viewers are behind stops reading; its Kill must still arrive. In a container the holder's
+    relay once waited with everything in one buffer: sitting in a write of output nobody read, it passed no
+    Kill on, and the program ran on ("the holder did not record the program's end")."""
+    settings.TETHER_HOLDER_RING_BYTES = 8 * 1024 * 1024  # more held output than the pipes between can take
+    tags = make_tags()
+    process = await backend.spawn(shell(f"echo ready; while :; do echo {'y' * 500}; done"), tags)
+    try:
+        await read_until(process, b"ready")
+        await asyncio.sleep(2)  # nobody reads: every pipe and buffer on the way fills
+        exit = await asyncio.wait_for(process.terminate(grace=0.5), 15)
+        assert exit is not None and (exit.signal or exit.code), exit
+        assert left_behind(tags.marker) == []
+    finally:
+        for survivor in left_behind(tags.marker):
+            survivor.signal(signal.SIGKILL)
+
+
 async def test_inspect_sees_a_live_process_and_its_exit(make_backend):
     first = make_backend()
     process = await first.spawn(shell("read line; exit 3"), make_tags())
