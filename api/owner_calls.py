@@ -24,6 +24,7 @@ class NotSent(Exception):
 async def ask(owner: Owner, kind: type[ToOwner], *, viewer: str, timeout: float = ANSWER_SECONDS, **fields):
     """Send ``kind`` to ``owner`` and wait for its one answer (the raw message); None when none came (it may
     still have been acted on). Raises ``NotSent`` when it could not be sent at all."""
+    owner.route_on(get_channel_layer())
     return await question(
         owner.channel, lambda reply: kind(execution=owner.execution, viewer=viewer, reply=reply, **fields), timeout
     )

@@ -256,3 +256,75 @@ async def bench_layers(ctx: Context) -> None:
             f"CPU {ours['cpu']:.0f} vs {theirs['cpu']:.0f} µs a hop",
         )
     )
+
+
+def redis_commands(url: str) -> int:
+    import redis
+
+    return int(redis.Redis.from_url(url).info("stats")["total_commands_processed"])
+
+
+async def bench_echo_links(ctx: Context) -> None:
+    """The direct link against Redis for a session's stream (issue 45): the same echo through the main stack
+    (links on, the default) and a second daphne and worker with TETHER_LINKS=0, in turns, three rounds; each
+    figure the median of the three, the three shown. Redis commands are counted over the whole Redis, so the
+    two paths are measured one at a time."""
+    from statistics import median
+
+    from tests.bridge.harness import Stack
+
+    samples = 1000 if ctx.quick else 5000
+    stack = Stack(worker_poll=0.5)
+    stack.extra_env.update(TETHER_LINKS="0", TETHER_SESSIONS_PER_USER="100000")
+    try:
+        await sync_to_async(stack.start_daphne)()
+        await sync_to_async(stack.start_worker)("local")
+        # Park the main worker's claims: only the Redis-only worker may take this session.
+        ctx.stack.workers[-1].send_signal(signal.SIGSTOP)
+        try:
+            other, other_session = await open_session(ctx, RAW_CAT, port=stack.ports[0])
+        finally:
+            ctx.stack.workers[-1].send_signal(signal.SIGCONT)
+        await other.read_until(b"READY")
+        await echo_latency(other, 50)
+        paths = {
+            "link": (None, daphne_pid(ctx), worker_pid(ctx)),
+            "Redis": (other, stack.daphnes[0].pid, stack.workers[0].pid),
+        }
+        redis = redis_pid(ctx.stack.redis_url)
+        runs: dict[str, list[dict]] = {name: [] for name in paths}
+        async with echoing(ctx) as viewer:
+            for _ in range(3):
+                for name, (path_viewer, daphne, worker) in paths.items():
+                    pids = {"daphne": daphne, "worker": worker, "Redis": redis}
+                    before = {n: cpu_seconds(p) for n, p in pids.items()}
+                    commands = redis_commands(ctx.stack.redis_url)
+                    stats = summary(await echo_latency(path_viewer or viewer, samples))
+                    stats["commands"] = (redis_commands(ctx.stack.redis_url) - commands) / samples
+                    stats["cpu"] = sum(cpu_seconds(p) - before[n] for n, p in pids.items()) * 1000 / samples
+                    runs[name].append(stats)
+        await other.close()
+        await close_session(other_session)
+    finally:
+        await sync_to_async(stack.stop)()
+
+    def shown(name: str, key: str, unit: str = "ms") -> str:
+        return ", ".join(f"{run[key]:.3f}" for run in runs[name]) + f" {unit}"
+
+    for key, label, unit in (
+        ("p50", "echo p50", "ms"),
+        ("p99", "echo p99", "ms"),
+        ("cpu", "CPU per keystroke, daphne + worker + Redis", "ms"),
+        ("commands", "Redis commands per keystroke", ""),
+    ):
+        linked, redis_only = (median(run[key] for run in runs[name]) for name in paths)
+        ctx.report.add(
+            Figure(
+                f"{label} ({samples} samples, local), direct link",
+                linked,
+                unit,
+                redis_only,
+                "the same through Redis (TETHER_LINKS=0)",
+                note=f"three rounds: link {shown('link', key, unit)}; Redis {shown('Redis', key, unit)}",
+            )
+        )

@@ -10,7 +10,7 @@ from bench.costs import bench_costs
 from bench.endurance import bench_reconnect, bench_recovery, bench_stalled
 from bench.heartbeats import bench_heartbeats
 from bench.held import bench_holder
-from bench.latency import bench_echo, bench_echo_loaded, bench_echo_other_layer, bench_layers
+from bench.latency import bench_echo, bench_echo_links, bench_echo_loaded, bench_echo_other_layer, bench_layers
 from bench.recordings import bench_recordings
 from bench.scale import bench_churn, bench_density
 from bench.screens import bench_screens
@@ -24,6 +24,7 @@ BENCHMARKS = {
     "echo": bench_echo,
     "echo_loaded": bench_echo_loaded,
     "echo_other_layer": bench_echo_other_layer,
+    "echo_links": bench_echo_links,
     "throughput": bench_throughput,
     "holder": bench_holder,
     "commands": bench_commands,

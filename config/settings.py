@@ -1,6 +1,7 @@
 """Tether settings. Every knob comes from the environment; see README "Configuration"."""
 
 import importlib.util
+import re
 import socket
 from pathlib import Path
 
@@ -124,11 +125,24 @@ TETHER_LAYER_MESSAGE_BYTES = env_int("TETHER_LAYER_MESSAGE_BYTES", 1024 * 1024, 
 # (at-least-once, per-channel capacity). The protocol survives both loss and repetition (offsets,
 # numbered input, owner checks against PostgreSQL); see docs/benchmarks.md.
 TETHER_CHANNEL_LAYER = env_choice("TETHER_CHANNEL_LAYER", "pubsub", {"core", "pubsub", "channels-pubsub"})
+# Direct links (transport/links.py; the pubsub layer only): a session's stream between a daphne and the worker
+# that owns it goes over a link of its own, not through Redis. A worker listens as TETHER_LINK_LISTEN says:
+# `unix` (an abstract socket: daphnes on its host), or `tcp:HOST:PORT` (PORT 0: any free one) with
+# TETHER_LINK_ADVERTISE the host others reach it at (default: HOST, or this host's name for 0.0.0.0).
+TETHER_LINKS = env_bool("TETHER_LINKS", True)
+TETHER_LINK_LISTEN = env_str("TETHER_LINK_LISTEN", "unix")
+TETHER_LINK_ADVERTISE = env_str("TETHER_LINK_ADVERTISE", "")
+if TETHER_LINK_LISTEN != "unix" and not re.fullmatch(r"tcp:(\[[0-9a-fA-F:]+\]|[\w.-]+):\d{1,5}", TETHER_LINK_LISTEN):
+    raise ImproperlyConfigured(f"TETHER_LINK_LISTEN is unix or tcp:HOST:PORT, not {TETHER_LINK_LISTEN!r}")
 if REDIS_URL and TETHER_CHANNEL_LAYER == "pubsub":
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "transport.layers.CappedRedisPubSubLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("TETHER_CHANNEL_PREFIX", "tether")},
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                "prefix": env_str("TETHER_CHANNEL_PREFIX", "tether"),
+                "links": TETHER_LINKS,
+            },
         }
     }
 elif REDIS_URL and TETHER_CHANNEL_LAYER == "channels-pubsub":

@@ -920,11 +920,12 @@ static int relay(int argc, char **argv) {
     int ends[3] = {0, 1, fd};
     for (int i = 0; i < 3; i++) fcntl(ends[i], F_SETFL, fcntl(ends[i], F_GETFL) | O_NONBLOCK);
     static struct pipe_buf up, down;  /* stdin to the holder; the holder to stdout */
-    int stdin_open = 1;
+    int stdin_open = 1, hung_up = 0;  /* hung_up: the holder's end went (what it sent is still passed on) */
     for (;;) {
         struct pollfd fds[3] = {
             {.fd = stdin_open && !up.len ? 0 : -1, .events = POLLIN},
-            {.fd = fd, .events = (short)((down.len ? 0 : POLLIN) | (up.len ? POLLOUT : 0))},
+            /* not polled while its last output waits for stdout: a hung-up socket polls ready at once */
+            {.fd = hung_up && down.len ? -1 : fd, .events = (short)((down.len ? 0 : POLLIN) | (up.len ? POLLOUT : 0))},
             {.fd = down.len ? 1 : -1, .events = POLLOUT},
         };
         if (poll(fds, 3, -1) < 0) { if (errno == EINTR) continue; return 1; }
@@ -936,6 +937,7 @@ static int relay(int argc, char **argv) {
                 shutdown(fd, SHUT_WR);
             }
         }
+        if (fds[1].revents & (POLLHUP | POLLERR)) hung_up = 1;
         if (!pass_on(&up, fd)) return 0;
         if (!down.len && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {
             ssize_t n = read(fd, down.at, sizeof down.at);

@@ -61,6 +61,14 @@ ECHO = Histogram(
 # --- both -----------------------------------------------------------------------------------------
 
 LAYER_ERRORS = transport_metrics.LAYER_ERRORS  # counted where the layer fails (transport/)
+# Direct links between web processes and workers (transport/links.py): both ends count theirs.
+LINKS = [
+    transport_metrics.LINKS,
+    transport_metrics.LINK_BYTES,
+    transport_metrics.LINK_RECONNECTS,
+    transport_metrics.LINK_FALLBACKS,
+    transport_metrics.LINK_REFUSED,
+]
 
 # --- workers --------------------------------------------------------------------------------------
 
@@ -106,8 +114,8 @@ class HeldCollector(Collector):
 HELD = HeldCollector()
 
 GROUPS = {
-    "web": [VIEWERS, RECONNECTS, REPLAYED, LOST, ECHO, LAYER_ERRORS],
-    "worker": [OUTCOMES, TAKEOVERS, RECOVERY, HOLDERS_SWEPT, HEARTBEAT, HEARTBEAT_AGE, LAYER_ERRORS, HELD],
+    "web": [VIEWERS, RECONNECTS, REPLAYED, LOST, ECHO, LAYER_ERRORS, *LINKS],
+    "worker": [OUTCOMES, TAKEOVERS, RECOVERY, HOLDERS_SWEPT, HEARTBEAT, HEARTBEAT_AGE, LAYER_ERRORS, HELD, *LINKS],
 }
 _exposed: set[int] = set()
 _lock = threading.Lock()

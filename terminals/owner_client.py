@@ -17,11 +17,19 @@ from terminals.protocol import Ack, Attach, Detach, Input, Keepalive, Observe, R
 
 @dataclass(frozen=True)
 class Owner:
-    """The worker holding a session's started process: its channel, and the stream (lease token) it serves."""
+    """The worker holding a session's started process: its channel, the stream (lease token) it serves, and
+    where its direct link is dialled (``link``: none, Redis carries everything)."""
 
     channel: str
     token: int
     execution: int
+    worker_id: str = ""
+    link: str = ""
+
+    def route_on(self, layer) -> None:
+        """Messages to this worker's channel go over its link, where the layer makes links (transport/links.py)."""
+        if self.link and (route := getattr(layer, "route", None)) is not None:
+            route(self.channel, self.link, self.worker_id)
 
 
 def _unreleased_started_lease(execution_pk: int, *, with_machine: bool = False):
@@ -46,7 +54,8 @@ def _owner(lease) -> Owner | None:
         return None
     if lease.worker.state == WorkerState.STOPPED:
         return None
-    return Owner(lease.worker.channel_name, lease.token, lease.execution_id)
+    worker = lease.worker
+    return Owner(worker.channel_name, lease.token, lease.execution_id, worker.worker_id, worker.link)
 
 
 def _lost(lease) -> str:
@@ -95,14 +104,18 @@ class OwnerClient:
             metrics.LAYER_ERRORS.labels("viewer_to_worker").inc()
             raise
 
+    def _to(self, owner: Owner) -> None:
+        self.owner = owner
+        owner.route_on(self.layer)
+
     async def attach(self, owner: Owner, **fields) -> None:
         """Ask ``owner`` to make this viewer its session's viewer (see protocol.Attach for the fields)."""
-        self.owner = owner
+        self._to(owner)
         await self._send(Attach, **fields)
 
     async def observe(self, owner: Owner, **fields) -> None:
         """Ask ``owner`` to let this viewer watch its session read-only (see protocol.Observe)."""
-        self.owner = owner
+        self._to(owner)
         await self._send(Observe, **fields)
 
     async def input(self, data: bytes, seq: int) -> None:

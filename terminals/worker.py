@@ -82,8 +82,13 @@ class OwnerWorker:
     async def start(self) -> None:
         self.context.channel = await self.context.layer.new_channel("tether.worker.")
         me = self.context.me
+        worker_id = uuid.uuid4().hex
+        # Its sessions' streams come over links of its own where the layer makes them (transport/links.py).
+        listen = getattr(self.context.layer, "listen", None)
+        link = await listen(worker_id) if listen is not None else ""
         self.context.worker = await db(actions.register_worker)(
-            worker_id=uuid.uuid4().hex,
+            worker_id=worker_id,
+            link=link,
             host=self.context.config.host,
             pid=me.pid,
             started_at=me.start_time,

@@ -14,6 +14,7 @@ from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.conf import settings
 
 from transport import metrics
+from transport.links import Links, link_key
 from transport.redis_layer import RedisPubSubLayer
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,44 @@ class _CappedSerialize:
 
 
 class CappedRedisPubSubLayer(_CappedSerialize, RedisPubSubLayer):
-    """Tether's pub/sub layer (the default), refusing any message over the cap."""
+    """Tether's pub/sub layer (the default), refusing any message over the cap; with ``links`` (the default),
+    a worker's stream goes over a direct link to it where one can be made (transport/links.py)."""
+
+    def __init__(self, *args, links: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.links_on = links
+
+    def links(self) -> Links:
+        """This event loop's links, kept with its connections (made on first use; closed in ``flush``)."""
+        layer = self._layer()
+        if layer.links is None:
+
+            def deliver(channel: str, data: bytes) -> None:
+                if (queue := layer.channels.get(channel)) is not None:
+                    queue.put_nowait(data)
+
+            layer.links = Links(deliver, lambda worker_id: link_key(settings.SECRET_KEY, worker_id))
+        return layer.links
+
+    async def listen(self, worker_id: str) -> str:
+        """A worker's links: listen as TETHER_LINK_LISTEN says; the address to advertise ("" when links are off)."""
+        if not self.links_on:
+            return ""
+        return await self.links().listen(worker_id, settings.TETHER_LINK_LISTEN, settings.TETHER_LINK_ADVERTISE)
+
+    def route(self, channel: str, address: str, worker_id: str) -> None:
+        """Messages to ``channel`` go over the link ``worker_id`` advertised at ``address`` (when links are on)."""
+        if self.links_on and address:
+            self.links().route(channel, address, worker_id)
+
+    async def send(self, channel: str, message: dict) -> None:
+        data = self.serialize(message)
+        layer = self._layer()
+        if layer.links is not None:  # only a loop that listened or was given a route has any
+            reply = message.get("reply")
+            if await layer.links.send(channel, reply if isinstance(reply, str) else "", data):
+                return
+        await layer.publisher.publish(channel, data)
 
 
 class CappedPubSubLayer(_CappedSerialize, RedisPubSubChannelLayer):

@@ -48,6 +48,7 @@ class _LoopLayer:
         self.groups: dict[str, set[str]] = {}  # a group's Redis channel -> the channels of ours in it
         self.publisher = Publisher(url)
         self.subscriber = Subscriber(url, self._deliver)
+        self.links = None  # direct links to or from workers (transport/links.py), where the layer makes them
 
     def _deliver(self, name: str, data: bytes) -> None:
         if (queue := self.channels.get(name)) is not None:
@@ -75,6 +76,8 @@ class _LoopLayer:
                     self.subscriber.unsubscribe(name)
 
     async def close(self) -> None:
+        if self.links is not None:
+            await self.links.close()
         await self.publisher.close()
         await self.subscriber.close()
         self.channels.clear()

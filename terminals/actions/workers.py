@@ -16,7 +16,15 @@ from terminals.models import ProcessLease, Worker, WorkerEvent, WorkerState
 
 
 def register_worker(
-    *, worker_id: str, host: str, pid: int, started_at: int, boot_id: str, channel_name: str, backends=()
+    *,
+    worker_id: str,
+    host: str,
+    pid: int,
+    started_at: int,
+    boot_id: str,
+    channel_name: str,
+    backends=(),
+    link: str = "",
 ) -> Worker:
     return Worker.objects.create(
         worker_id=worker_id,
@@ -25,6 +33,7 @@ def register_worker(
         process_started_at=started_at,
         boot_id=boot_id,
         channel_name=channel_name,
+        link=link,
         backends=sorted(backends),
         heartbeat_at=Now(),
         lease_until=lease_expiry(),

@@ -34,6 +34,13 @@ class Worker(models.Model):
     process_started_at = models.BigIntegerField(help_text="Start time in clock ticks since boot (/proc/PID/stat).")
     boot_id = models.CharField(max_length=64)
     channel_name = models.CharField(max_length=255, blank=True, help_text="Where consumers send session messages.")
+    link = models.CharField(
+        max_length=255,
+        blank=True,
+        default="",
+        db_default="",  # a worker of the previous release registers without naming it (rolling upgrade)
+        help_text="Where a web process dials this worker's direct link for its sessions' streams (none: Redis).",
+    )
     backends = models.JSONField(default=list, blank=True, help_text="The backends it serves (local, tmux, docker).")
     state = models.CharField(max_length=16, choices=WorkerState.choices, default=WorkerState.RUNNING)
     started_at = models.DateTimeField(auto_now_add=True)

@@ -82,6 +82,51 @@ class DockerOverTcp:
         self.listener.close()
 
 
+class LinkRelay:
+    """A worker's direct link reached through here: it listens at 127.0.0.1:PORT, daphnes dial 127.0.0.2:PORT
+    (its advertised host), and ``cut`` drops every connection through it, as a network between two hosts
+    that fails for a moment."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.listener = socket.create_server(("127.0.0.2", self.port))
+        self.connections: list[socket.socket] = []
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"TETHER_LINK_LISTEN": f"tcp:127.0.0.1:{self.port}", "TETHER_LINK_ADVERTISE": "127.0.0.2"}
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                worker = socket.create_connection(("127.0.0.1", self.port), timeout=2)
+            except OSError:
+                client.close()
+                continue
+            worker.settimeout(None)
+            self.accepted += 1
+            self.connections += [client, worker]
+            done = threading.Barrier(2)
+            threading.Thread(target=_pipe, args=(client, worker, done), daemon=True).start()
+            threading.Thread(target=_pipe, args=(worker, client, done), daemon=True).start()
+
+    def cut(self) -> None:
+        for end in self.connections:
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+        self.connections = []
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()
+
+
 # The namespace's first process: names the host, then reaps every process orphaned to it, as a host's init
 # does. A `sleep` there reaped nothing: the 10,000-session churn left 7,500 zombies in two hosts, and every
 # scan of the process table (ending a shell's tree, recovery) slowed with them, the churn from 2.3 to 1.4
@@ -109,6 +154,7 @@ class Host:
     daphne_port: int = 0
     worker: subprocess.Popen | None = None
     worker_http: int = 0
+    link: LinkRelay | None = None  # its worker's link reached through a relay the test may cut
 
     def boot(self) -> None:
         """A fresh namespace (after a kill: the host comes back with nothing running)."""
@@ -162,7 +208,13 @@ class Host:
         for _ in range(3):  # a free port can be taken by another test's process before the worker binds it
             self.worker_http = self.worker_http or free_port()
             log = self.stack._log(f"{self.name}-worker")
-            env = {**self.stack.env(), "TETHER_WORKER_HTTP": f"127.0.0.1:{self.worker_http}"}
+            env = {
+                **self.stack.env(),
+                "TETHER_WORKER_HTTP": f"127.0.0.1:{self.worker_http}",
+                # Daphnes of both hosts reach it over TCP, as between real hosts (an abstract unix socket is
+                # its own host's only, and the two share a network here).
+                **(self.link.env if self.link else {"TETHER_LINK_LISTEN": "tcp:127.0.0.1:0"}),
+            }
             command = [sys.executable, "manage.py", "terminal_worker", "--poll", str(self.stack.worker_poll),
                        "--backends", backends]  # fmt: skip
             self.worker = self._in_namespace(command, log, env)

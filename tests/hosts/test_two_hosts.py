@@ -22,7 +22,7 @@ from executions.models import Execution, ExecutionEvent, State
 from terminals import actions as terminal_actions
 from terminals.models import ProcessLease, Worker, WorkerState
 from tests.bridge.harness import Stack, Viewer, session_cookie, start_container
-from tests.hosts.harness import Balancer, DockerOverTcp, Host
+from tests.hosts.harness import Balancer, DockerOverTcp, Host, LinkRelay
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.bridge]
 
@@ -212,3 +212,37 @@ def _ns_pid(outer_pid: int) -> int | None:
         if line.startswith("NSpid:"):
             return int(line.split()[-1])
     return None
+
+
+async def test_a_link_cut_between_two_hosts_mid_stream_loses_no_byte_and_repeats_none(hosts, operator):
+    """Host A's daphne streams a shell of host B's worker over B's direct link; the network between them drops
+    the link twice mid-stream: the stream goes on (through Redis, then a new link) from its offset, every line
+    once and in order."""
+    a, b = hosts.a, hosts.b
+    b.link = LinkRelay()
+    try:
+        await sync_to_async(b.start_worker)("local")
+        cookie = await sync_to_async(session_cookie)(operator)
+        session = await sync_to_async(
+            lambda: terminal_actions.open_terminal(machine("b-local", "local", host="host-b"), operator)[0]
+        )()
+        await until(lambda: holder_host(session.execution_id) == "host-b", what="the shell held on host-b")
+        viewer = await Viewer.open(a.daphne_port, session.id, cookie)
+        await viewer.attach()
+        await viewer.type("echo ready-$((6*7))\n")
+        await viewer.read_until(b"ready-42")
+        assert b.link.accepted == 1  # A's daphne dialled B's worker through the relay
+        count = 200_000
+        await viewer.type(f"seq 1 {count}; echo end-$((6*7))\n")
+        for upto in (b"\r\n20000\r\n", b"\r\n90000\r\n"):
+            await viewer.read_until(upto, timeout=60)
+            b.link.cut()
+        await viewer.read_until(b"end-42\r\n", timeout=90)
+        text = bytes(viewer.output).decode(errors="replace")
+        # From the first number (after the shell's mark that the command began: OSC 133;C ... BEL).
+        numbers = text[text.index("\x071\r\n", text.index("seq 1")) + 1 :].split("\r\n")[:count]
+        assert numbers == [str(n) for n in range(1, count + 1)]
+        assert b.link.accepted >= 2  # dialled again after the cut
+        await viewer.close()
+    finally:
+        b.link.close()

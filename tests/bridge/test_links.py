@@ -1,0 +1,85 @@
+"""The direct link between daphne and the owner worker (transport/links.py), end to end: keystrokes, echoes and
+output go over it, not through Redis; where no link can be made, Redis carries the stream and says so."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+import pytest
+import redis
+from asgiref.sync import sync_to_async
+
+from tests.bridge.harness import RedisServer, Stack, Viewer, free_port
+
+pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
+
+
+def publishes(url: str) -> int:
+    """PUBLISH commands this Redis has run (its own, so no other test's count in it)."""
+    stats = redis.Redis.from_url(url).info("commandstats")
+    return stats.get("cmdstat_publish", {}).get("calls", 0)
+
+
+def metric(port: int, name: str) -> float:
+    """One figure from a process's /metrics (loopback: no token needed)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    found = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_keystrokes_echoes_and_output_go_over_the_link_not_through_redis(terminal, operator):
+    private = RedisServer()
+    private.start()
+    worker_http = free_port()
+    stack = Stack(redis_url=private.url)
+    try:
+        stack.start_daphne()
+        stack.start_worker("local", env={"TETHER_WORKER_HTTP": f"127.0.0.1:{worker_http}"})
+        session, cookie = await sync_to_async(terminal)(operator, "local")
+        viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+        await viewer.attach()
+        await viewer.type("echo ready-$((6*7))\r")
+        await viewer.read_until(b"ready-42")
+        # The terminal echoes each key while head waits for its line (a prompt's line editor would wrap it).
+        await viewer.type("head -c 100 >/dev/null\r")
+        await viewer.read_until(b"null\r\n")
+        before = publishes(private.url)
+        for n in range(100):
+            await viewer.type("x")
+            await viewer.read_until(b"x" * (n + 1))
+        await viewer.type("\rhead -c 2000000 /dev/zero | tr '\\0' y; echo done-$((6*7))\r")
+        await viewer.read_until(b"done-42", timeout=60)
+        # 100 keystrokes and their echoes, 2 MB of output and its acks: none of it through Redis.
+        assert publishes(private.url) - before == 0
+        assert metric(stack.ports[0], 'tether_links{side="dial"}') == 1
+        assert metric(stack.ports[0], 'tether_link_bytes_total{direction="received"}') > 2_000_000
+        assert metric(worker_http, 'tether_links{side="accept"}') == 1
+        assert metric(worker_http, 'tether_link_bytes_total{direction="sent"}') > 2_000_000
+        assert metric(stack.ports[0], "tether_link_fallbacks_total") == 0
+        await viewer.close()
+    finally:
+        stack.stop()
+        private.stop()
+
+
+async def test_where_no_link_can_be_made_redis_carries_the_stream_and_says_so(terminal, operator):
+    """A worker that advertises an address no daphne reaches (a firewall between hosts): the session works
+    through Redis, and daphne's log and /metrics say the link could not be made."""
+    stack = Stack()
+    try:
+        stack.start_daphne()
+        # It listens on 127.0.0.1 and says it is at 127.0.0.2, where nothing listens.
+        stack.start_worker("local", env={"TETHER_LINK_LISTEN": "tcp:127.0.0.1:0", "TETHER_LINK_ADVERTISE": "127.0.0.2"})
+        session, cookie = await sync_to_async(terminal)(operator, "local")
+        viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+        await viewer.attach()
+        await viewer.type("echo through-redis-$((6*7))\r")
+        await viewer.read_until(b"through-redis-42")
+        assert metric(stack.ports[0], "tether_link_fallbacks_total") >= 1
+        assert metric(stack.ports[0], 'tether_links{side="dial"}') == 0
+        await viewer.close()
+        logs = b"".join(path.read_bytes() for path in stack.log_dir.glob(f"{stack.prefix}-daphne-*.log"))
+        assert re.search(rb"no link to worker \w+ at tcp:127\.0\.0\.2:\d+ .*go through Redis", logs), logs[-3000:]
+    finally:
+        stack.stop()

@@ -1,0 +1,218 @@
+"""Direct links between a web process and a worker (transport/links.py), over real sockets: what goes over a
+link, who may open one, the order frames leave in, and what happens when a link drops or is spoken to wrongly.
+Each test's two ends are one process's two ``Links`` (a daphne's and a worker's), as the layer makes them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import struct
+import uuid
+
+import pytest
+
+from transport import links as links_module
+from transport import metrics
+from transport.links import HEADER, MAC, MAGIC, NONCE, Links, link_key
+
+SECRET = "the-install-secret"
+
+
+class End:
+    """One process's links and what arrived at it, in order."""
+
+    def __init__(self, secret: str = SECRET):
+        self.arrived: list[tuple[str, bytes]] = []
+        self.got = asyncio.Event()
+        self.links = Links(self._deliver, lambda worker_id: link_key(secret, worker_id))
+
+    def _deliver(self, channel: str, data: bytes) -> None:
+        self.arrived.append((channel, data))
+        self.got.set()
+
+    async def wait_for(self, count: int, timeout: float = 10.0) -> list[tuple[str, bytes]]:
+        async with asyncio.timeout(timeout):
+            while len(self.arrived) < count:
+                self.got.clear()
+                await self.got.wait()
+        return self.arrived
+
+
+@contextlib.asynccontextmanager
+async def worker_and_web(spec: str = "unix", web_secret: str = SECRET):
+    worker_id = uuid.uuid4().hex
+    worker, web = End(), End(web_secret)
+    address = await worker.links.listen(worker_id, spec)
+    web.links.route("tether.worker.w", address, worker_id)
+    try:
+        yield worker, web, address, worker_id
+    finally:
+        await web.links.close()
+        await worker.links.close()
+
+
+def counted(counter) -> float:
+    return counter._value.get()
+
+
+@pytest.mark.parametrize("spec", ["unix", "tcp:127.0.0.1:0"])
+async def test_a_viewers_message_goes_to_the_worker_over_its_link_and_the_answer_comes_back_on_it(spec):
+    async with worker_and_web(spec) as (worker, web, address, _):
+        assert address.startswith("unix:@tether-link-" if spec == "unix" else "tcp:127.0.0.1:")
+        assert await web.links.send("tether.worker.w", "viewer-1", b"attach")
+        assert await worker.wait_for(1) == [("tether.worker.w", b"attach")]
+        # The worker answers the viewer's channel over the link that viewer's message came in on.
+        assert await worker.links.send("viewer-1", "", b"attached")
+        assert await web.wait_for(1) == [("viewer-1", b"attached")]
+        assert len(web.links.dialed) == 1 and len(worker.links.accepted) == 1
+        # A channel no link reaches is the caller's to publish: nothing is sent.
+        assert not await worker.links.send("viewer-2", "", b"x")
+        assert not await web.links.send("tether.worker.other", "viewer-1", b"x")
+        # One link per worker, however many viewers.
+        assert await web.links.send("tether.worker.w", "viewer-2", b"attach")
+        await worker.wait_for(2)
+        assert len(web.links.dialed) == 1 and len(worker.links.accepted) == 1
+
+
+async def test_a_dialler_without_the_workers_key_is_refused_and_nothing_reaches_the_worker():
+    refused, fallbacks = counted(metrics.LINK_REFUSED), counted(metrics.LINK_FALLBACKS)
+    async with worker_and_web(web_secret="another-install") as (worker, web, _, _):
+        assert not await web.links.send("tether.worker.w", "viewer-1", b"rm -rf /\r")
+        await asyncio.sleep(0.2)
+        assert worker.arrived == [] and worker.links.accepted == set()
+        assert counted(metrics.LINK_REFUSED) == refused + 1
+        assert counted(metrics.LINK_FALLBACKS) == fallbacks + 1
+        # It does not dial again at once: Redis carries the stream until the retry.
+        assert not await web.links.send("tether.worker.w", "viewer-1", b"x")
+        assert counted(metrics.LINK_REFUSED) == refused + 1
+
+
+async def test_a_process_that_cannot_prove_it_is_the_worker_gets_no_keystroke():
+    """Another process listening where a worker was (its address reused): it answers the handshake but cannot
+    prove the worker's key, so the web process sends it nothing."""
+    heard: list[bytes] = []
+
+    async def impostor(reader, writer):
+        writer.write(MAGIC + os.urandom(NONCE))
+        heard.append(await reader.readexactly(NONCE + MAC))
+        writer.write(os.urandom(MAC))  # no proof
+        with contextlib.suppress(ConnectionError):
+            heard.append(await reader.read(65536))
+        writer.close()
+
+    server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    web = End()
+    web.links.route("tether.worker.w", f"tcp:127.0.0.1:{port}", "w1")
+    try:
+        assert not await web.links.send("tether.worker.w", "viewer-1", b"secret keys")
+        await asyncio.sleep(0.2)
+        assert len(heard) == 2 and heard[1] == b""  # the handshake's answer, then nothing at all
+    finally:
+        await web.links.close()
+        server.close()
+
+
+async def test_a_keystroke_goes_before_another_sessions_bulk_output():
+    """Output of one session queued ahead (2.4 MB) does not hold back another session's echo."""
+    async with worker_and_web() as (worker, web, _, _):
+        assert await web.links.send("tether.worker.w", "bulk", b"attach")
+        assert await web.links.send("tether.worker.w", "keys", b"attach")
+        await worker.wait_for(2)
+        for n in range(40):
+            assert await worker.links.send("bulk", "", bytes([n]) * 60_000)
+        assert await worker.links.send("keys", "", b"echo")
+        arrived = await web.wait_for(41)
+        order = [channel for channel, _ in arrived]
+        # Some bulk was already in the socket when the key came; the key went before everything still queued.
+        assert order.index("keys") < 10, order
+        assert [data[0] for channel, data in arrived if channel == "bulk"] == list(range(40))
+
+
+async def test_bulk_output_of_two_sessions_takes_turns():
+    async with worker_and_web() as (worker, web, _, _):
+        for viewer in ("first", "second"):
+            assert await web.links.send("tether.worker.w", viewer, b"attach")
+        await worker.wait_for(2)
+        for viewer in ("first", "second"):
+            for n in range(30):
+                assert await worker.links.send(viewer, "", bytes([n]) * 60_000)
+        arrived = await web.wait_for(60)
+        order = [channel for channel, _ in arrived]
+        assert order.index("second") < 10, order  # not after all thirty of the first
+        for viewer in ("first", "second"):
+            assert [data[0] for channel, data in arrived if channel == viewer] == list(range(30))
+
+
+async def test_small_and_large_messages_of_one_channel_keep_their_order():
+    async with worker_and_web() as (worker, web, _, _):
+        assert await web.links.send("tether.worker.w", "viewer", b"attach")
+        await worker.wait_for(1)
+        sent = [bytes([n]) * (60_000 if n % 3 else 10) for n in range(60)]
+        for data in sent:
+            assert await worker.links.send("viewer", "", data)
+        assert [data for _, data in await web.wait_for(60)] == sent
+
+
+async def test_a_link_that_drops_is_dialled_again_and_the_stream_goes_on():
+    reconnects = counted(metrics.LINK_RECONNECTS)
+    async with worker_and_web() as (worker, web, _, _):
+        assert await web.links.send("tether.worker.w", "viewer", b"one")
+        await worker.wait_for(1)
+        for link in list(worker.links.accepted):
+            link.close("cut by the test")
+        async with asyncio.timeout(5):
+            while web.links.dialed:
+                await asyncio.sleep(0.01)
+        # The worker no longer reaches the viewer over the cut link: the caller publishes instead.
+        assert not await worker.links.send("viewer", "", b"lost")
+        assert await web.links.send("tether.worker.w", "viewer", b"two")
+        assert [data for _, data in await worker.wait_for(2)] == [b"one", b"two"]
+        assert counted(metrics.LINK_RECONNECTS) == reconnects + 1
+        assert await worker.links.send("viewer", "", b"back")
+        assert await web.wait_for(1) == [("viewer", b"back")]
+
+
+async def test_a_link_spoken_to_wrongly_closes_and_the_worker_serves_others(monkeypatch):
+    async with worker_and_web() as (worker, web, address, worker_id):
+        name = "\0" + address.removeprefix("unix:@")
+        # Not the link protocol at all: refused in the handshake.
+        reader, writer = await asyncio.open_unix_connection(name)
+        assert (await reader.readexactly(len(MAGIC) + NONCE)).startswith(MAGIC)
+        writer.write(b"GET / HTTP/1.1\r\n\r\n" + b"x" * 40)
+        assert await reader.read() == b""
+        writer.close()
+        # Past the handshake, a frame larger than any message: the link closes, nothing is delivered.
+        reader, writer = await asyncio.open_unix_connection(name)
+        theirs = (await reader.readexactly(len(MAGIC) + NONCE))[len(MAGIC) :]
+        mine = os.urandom(NONCE)
+        writer.write(mine + links_module._mac(link_key(SECRET, worker_id), b"dial", theirs, mine))
+        await reader.readexactly(MAC)
+        writer.write(HEADER.pack(2**31, 5, 0) + b"chan!")
+        assert await reader.read() == b""
+        writer.close()
+        assert worker.arrived == []
+        # A real web process is still served.
+        assert await web.links.send("tether.worker.w", "viewer", b"hello")
+        assert await worker.wait_for(1) == [("tether.worker.w", b"hello")]
+
+
+async def test_a_sender_past_the_links_budget_waits_for_room(monkeypatch):
+    """A reader that stopped: the queue stops at the budget and the sender waits, memory does not grow."""
+    monkeypatch.setattr(links_module, "QUEUE_BYTES", 1024 * 1024)
+    async with worker_and_web() as (worker, web, _, _):
+        assert await web.links.send("tether.worker.w", "viewer", b"attach")
+        await worker.wait_for(1)
+        link = next(iter(worker.links.accepted))
+        dialled = web.links.dialed[next(iter(web.links.dialed))]
+        dialled.writer.transport.pause_reading()  # the web process stops reading
+        sending = asyncio.ensure_future(
+            asyncio.gather(*(worker.links.send("viewer", "", struct.pack(">I", n) * 15_000) for n in range(200)))
+        )
+        await asyncio.sleep(1)
+        assert not sending.done()
+        assert link.queued <= 1024 * 1024 + 60_100
+        dialled.writer.transport.resume_reading()
+        assert all(await asyncio.wait_for(sending, 20))
+        await web.wait_for(200)
