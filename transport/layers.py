@@ -14,7 +14,8 @@ from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.conf import settings
 
 from transport import metrics
-from transport.links import Links, link_key
+from transport.link import link_key
+from transport.links import Links
 from transport.redis_layer import RedisPubSubLayer
 
 log = logging.getLogger(__name__)

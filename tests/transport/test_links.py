@@ -12,9 +12,10 @@ import uuid
 
 import pytest
 
-from transport import links as links_module
+from transport import link as link_module
 from transport import metrics
-from transport.links import HEADER, MAC, MAGIC, NONCE, Links, link_key
+from transport.link import HEADER, MAC, MAGIC, NONCE, link_key
+from transport.links import Links
 
 SECRET = "the-install-secret"
 
@@ -187,7 +188,7 @@ async def test_a_link_spoken_to_wrongly_closes_and_the_worker_serves_others(monk
         reader, writer = await asyncio.open_unix_connection(name)
         theirs = (await reader.readexactly(len(MAGIC) + NONCE))[len(MAGIC) :]
         mine = os.urandom(NONCE)
-        writer.write(mine + links_module._mac(link_key(SECRET, worker_id), b"dial", theirs, mine))
+        writer.write(mine + link_module._mac(link_key(SECRET, worker_id), b"dial", theirs, mine))
         await reader.readexactly(MAC)
         writer.write(HEADER.pack(2**31, 5, 0) + b"chan!")
         assert await reader.read() == b""
@@ -200,7 +201,7 @@ async def test_a_link_spoken_to_wrongly_closes_and_the_worker_serves_others(monk
 
 async def test_a_sender_past_the_links_budget_waits_for_room(monkeypatch):
     """A reader that stopped: the queue stops at the budget and the sender waits, memory does not grow."""
-    monkeypatch.setattr(links_module, "QUEUE_BYTES", 1024 * 1024)
+    monkeypatch.setattr(link_module, "QUEUE_BYTES", 1024 * 1024)
     async with worker_and_web() as (worker, web, _, _):
         assert await web.links.send("tether.worker.w", "viewer", b"attach")
         await worker.wait_for(1)
@@ -216,3 +217,21 @@ async def test_a_sender_past_the_links_budget_waits_for_room(monkeypatch):
         dialled.writer.transport.resume_reading()
         assert all(await asyncio.wait_for(sending, 20))
         await web.wait_for(200)
+
+
+async def test_a_viewer_not_heard_from_is_forgotten_and_the_link_stays(monkeypatch):
+    """The worker keeps which link reaches a viewer's channel only while it hears from it (a viewer's socket sends
+    a keepalive every few seconds): a daphne's thousands of viewers that came and went are not kept for the link's
+    life."""
+    monkeypatch.setattr(link_module, "PING_SECONDS", 0.05)
+    monkeypatch.setattr(link_module, "REPLY_IDLE_SECONDS", 0.3)
+    async with worker_and_web() as (worker, web, _, _):
+        assert await web.links.send("tether.worker.w", "gone", b"attach")
+        await worker.wait_for(1)
+        assert "gone" in worker.links.replies
+        for _ in range(10):  # another viewer keeps talking; the first says nothing more
+            assert await web.links.send("tether.worker.w", "here", b"keepalive")
+            await asyncio.sleep(0.06)
+        assert "gone" not in worker.links.replies and "here" in worker.links.replies
+        assert not await worker.links.send("gone", "", b"x")  # published instead
+        assert len(worker.links.accepted) == 1
