@@ -575,8 +575,13 @@ static int serve_loop(void) {
             short events = 0;
             if (total - base < ring_size) events |= POLLIN;
             if (input_len) events |= POLLOUT;
-            master_at = n;
-            fds[n++] = (struct pollfd){.fd = master, .events = events};
+            /* Not polled for nothing: once every other end of the terminal has closed it polls hung up at once,
+               and a full ring (nobody reading, the program gone) kept the holder spinning a core until its
+               linger ran out. */
+            if (events) {
+                master_at = n;
+                fds[n++] = (struct pollfd){.fd = master, .events = events};
+            }
         }
         if (client) {
             short events = wants_input(client) ? POLLIN : 0;

@@ -195,6 +195,16 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         elif isinstance(said, FetchFrom):
             await self.owner.resend(said.since)
 
+    async def link_lost(self, event: dict) -> None:
+        """The direct link this socket's messages went over dropped (transport/links.py): what was on it is lost,
+        as a lost publish is. The worker hears this viewer's latest ack again (it may wait for it) and sends what
+        this viewer is missing (repeats are dropped by offset)."""
+        if not self.stream.attached:
+            return
+        if not self.attacher.observing:
+            await self.owner.ack(self.stream.ack_pending)
+        await self.owner.resend(self.stream.expected)
+
     async def terminal_gap(self, event: dict) -> None:
         message = Gap.decode(event)
         if self.stream.gap(message):

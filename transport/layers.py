@@ -40,6 +40,10 @@ class _CappedSerialize:
         return data
 
 
+# What a consumer whose messages went over a direct link is told when it drops (its handler: ``link_lost``).
+LINK_LOST = "link.lost"
+
+
 class CappedRedisPubSubLayer(_CappedSerialize, RedisPubSubLayer):
     """Tether's pub/sub layer (the default), refusing any message over the cap; with ``links`` (the default),
     a worker's stream goes over a direct link to it where one can be made (transport/links.py)."""
@@ -57,7 +61,12 @@ class CappedRedisPubSubLayer(_CappedSerialize, RedisPubSubLayer):
                 if (queue := layer.channels.get(channel)) is not None:
                     queue.put_nowait(data)
 
-            layer.links = Links(deliver, lambda worker_id: link_key(settings.SECRET_KEY, worker_id))
+            lost = self.serialize({"type": LINK_LOST})
+            layer.links = Links(
+                deliver,
+                lambda worker_id: link_key(settings.SECRET_KEY, worker_id),
+                lambda channel: deliver(channel, lost),
+            )
         return layer.links
 
     async def listen(self, worker_id: str) -> str:

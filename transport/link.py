@@ -75,7 +75,9 @@ class Link:
         self.closed = asyncio.Event()
         self.heard = time.monotonic()
         self.hold_until = 0.0  # nothing is written before this (monotonic): what went another way lands first
-        self.replies: dict[str, float] = {}  # (the accepting end) viewers' channels heard on it, and when
+        # The viewers' channels on it, and when last: heard on it (the accepting end: it answers them over it),
+        # or sent from (the dialling end: each is told when the link drops).
+        self.replies: dict[str, float] = {}
         self.deliver: Callable[[Link, str, str, bytes], None] = lambda link, channel, reply, data: None
         self.on_close: Callable[[Link], None] = lambda link: None
         self.on_forget: Callable[[Link, str], None] = lambda link, channel: None  # a viewer's channel gone quiet
@@ -99,6 +101,8 @@ class Link:
             await self.room.wait()
         if not self.is_open:
             return False
+        if reply and self.side == "dial":
+            self.replies[reply] = time.monotonic()
         name, back = channel.encode(), reply.encode()
         frame = HEADER.pack(len(data), len(name), len(back)) + name + back + data
         key = (channel, reply)

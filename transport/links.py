@@ -66,8 +66,13 @@ class Links:
     """One process's links (one event loop's). ``deliver(channel, data)`` puts a message that arrived into the
     layer's queue for ``channel``; ``key_for(worker_id)`` is that worker's link key."""
 
-    def __init__(self, deliver: Callable[[str, bytes], None], key_for: Callable[[str], bytes]):
-        self._deliver, self._key_for = deliver, key_for
+    def __init__(
+        self,
+        deliver: Callable[[str, bytes], None],
+        key_for: Callable[[str], bytes],
+        lost: Callable[[str], None] = lambda channel: None,
+    ):
+        self._deliver, self._key_for, self._lost = deliver, key_for, lost
         self.routes: dict[str, tuple[str, str]] = {}  # a worker's channel -> (its address, its worker id)
         self.dialed: dict[str, Link] = {}  # worker id -> the link to it
         self._dialing: dict[str, asyncio.Future] = {}
@@ -184,10 +189,19 @@ class Links:
         self._had.add(worker_id)
         link = Link(reader, writer, "dial", address)
         link.deliver = lambda link, channel, reply, data: self._deliver(channel, data)
-        link.on_close = lambda link: self.dialed.get(worker_id) is link and self.dialed.pop(worker_id)
+        link.on_close = lambda link: self._dialed_closed(worker_id, link)
         self.dialed[worker_id] = link
         link.start()
         return link
+
+    def _dialed_closed(self, worker_id: str, link: Link) -> None:
+        """What was on the link is lost: each viewer that sent over it is told (``lost``), so it asks again for
+        what it misses and says again what it has (a lost ack and a lost output together stalled a stream: the
+        worker waited for the ack, the viewer for output)."""
+        if self.dialed.get(worker_id) is link:
+            del self.dialed[worker_id]
+        for channel in link.replies:
+            self._lost(channel)
 
     # --- both ---------------------------------------------------------------------------------------
 

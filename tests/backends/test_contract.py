@@ -315,6 +315,24 @@ async def test_stalled_reader_makes_the_writer_block_with_flat_memory(backend, r
                 os.unlink(counter)
 
 
+def holder_pids(marker: str) -> list[int]:
+    """The session holders (their serving process) of the program carrying ``marker``, in any container too."""
+    found = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            if entry.isdigit() and b"serve" in argv[1:2] and any(marker.encode() in arg for arg in argv):
+                found.append(int(entry))
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    with contextlib.suppress(OSError):
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
 async def test_a_kill_reaches_the_program_while_nobody_reads_its_output(backend, settings):
     """An owner whose viewers are behind stops reading; its Kill must still arrive. In a container the holder's
     relay once waited with everything in one buffer: sitting in a write of output nobody read, it passed no
@@ -328,6 +346,12 @@ async def test_a_kill_reaches_the_program_while_nobody_reads_its_output(backend,
         exit = await asyncio.wait_for(process.terminate(grace=0.5), 15)
         assert exit is not None and (exit.signal or exit.code), exit
         assert left_behind(tags.marker) == []
+        # The holder waits with a full ring for a reader, idle: it once spun a core on its hung-up terminal.
+        holders = holder_pids(tags.marker)
+        assert bool(holders) == (getattr(process.handle, "holder", None) is not None)
+        before = sum(cpu_seconds(pid) for pid in holders)
+        await asyncio.sleep(1)
+        assert sum(cpu_seconds(pid) for pid in holders) - before < 0.1
     finally:
         with contextlib.suppress(Exception):
             await process.release()  # the link too (a relay left writing to nobody outlives the test)
