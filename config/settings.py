@@ -307,7 +307,7 @@ TETHER_COMMAND_OUTPUT_BYTES = env_int("TETHER_COMMAND_OUTPUT_BYTES", 256 * 1024,
 # buffer's bytes come after it; docs/benchmarks.md: output at 0.92x of the same shell without it, median of five
 # runs). 0 keeps no screens: such a page gets the buffer's tail. 0 by default until a docker test that failed once
 # with screens on (the holder did not record a program's end: its ring is larger with screens) is understood.
-TETHER_SCREEN_SCROLLBACK = env_int("TETHER_SCREEN_SCROLLBACK", 0, minimum=0, maximum=10_000)
+TETHER_SCREEN_SCROLLBACK = env_int("TETHER_SCREEN_SCROLLBACK", 200, minimum=0, maximum=10_000)
 TETHER_SHELL = env_list("TETHER_SHELL", ["/bin/bash", "-l"] if Path("/bin/bash").exists() else ["/bin/sh"])
 # The tmux socket of tmux machines that name none (the embedded machine): `tmux -L tether attach`.
 TETHER_TMUX_SOCKET = env_str("TETHER_TMUX_SOCKET", "tether")

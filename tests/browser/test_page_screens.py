@@ -13,7 +13,7 @@ from tests.browser.test_terminal_page import log_in, open_workspace, run, screen
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db, pytest.mark.asyncio(loop_scope="module")]
 
-# Screens on (off by default); and a page away for more than 2 s no longer holds the
+# Screens on (the default, said); and a page away for more than 2 s no longer holds the
 # shell's output back.
 STACK_ENV = {"TETHER_SCREEN_SCROLLBACK": "200", "TETHER_RECONNECT_GRACE_SECONDS": "2"}
 

@@ -18,7 +18,7 @@ from tests.screens.test_tmux_screens import UNTOLD
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SCREENS = {"TETHER_SCREEN_SCROLLBACK": "200"}  # the worker keeps local and docker shells' screens (off by default)
+SCREENS = {"TETHER_SCREEN_SCROLLBACK": "200"}  # the worker keeps local and docker shells' screens (the default, said)
 
 # About 250 KB in the alternate screen, through a 128 KiB buffer: the start of it is not kept.
 PROGRAM = r"""
