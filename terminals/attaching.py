@@ -307,3 +307,13 @@ class Attacher:
             if (since := self.stream.missing(end)) is None:
                 return
             await self.owner.resend(since)
+
+    async def link_lost(self) -> None:
+        """The direct link this viewer's messages went over dropped (transport/links.py): what was on it is lost,
+        as a lost publish is. The worker hears this viewer's latest ack again (it may be waiting for it) and sends
+        what this viewer is missing (repeats are dropped by offset)."""
+        if not self.stream.attached:
+            return
+        if not self.observing:
+            await self.owner.ack(self.stream.ack_pending)
+        await self.owner.resend(self.stream.expected)

@@ -92,8 +92,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             # user's shells only (watching another's is the page's, where its writer sees who watches).
             await self.close()
             return
-        self.user = user
-        self.username = user.get_username()
+        self.user, self.username = user, user.get_username()
         # Another user's shell (staff who may watch it): only an explicit takeover writes into it.
         self.foreign = self.session.user_id != user.pk
         self.right = Right(user, self.session, self.credential, self.foreign)
@@ -196,14 +195,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             await self.owner.resend(said.since)
 
     async def link_lost(self, event: dict) -> None:
-        """The direct link this socket's messages went over dropped (transport/links.py): what was on it is lost,
-        as a lost publish is. The worker hears this viewer's latest ack again (it may wait for it) and sends what
-        this viewer is missing (repeats are dropped by offset)."""
-        if not self.stream.attached:
-            return
-        if not self.attacher.observing:
-            await self.owner.ack(self.stream.ack_pending)
-        await self.owner.resend(self.stream.expected)
+        await self.attacher.link_lost()
 
     async def terminal_gap(self, event: dict) -> None:
         message = Gap.decode(event)
