@@ -276,37 +276,38 @@ async def bench_echo_links(ctx: Context) -> None:
     samples = 1000 if ctx.quick else 5000
     stack = Stack(worker_poll=0.5)
     stack.extra_env.update(TETHER_LINKS="0", TETHER_SESSIONS_PER_USER="100000")
-    try:
-        await sync_to_async(stack.start_daphne)()
-        await sync_to_async(stack.start_worker)("local")
-        # Park the main worker's claims: only the Redis-only worker may take this session.
-        ctx.stack.workers[-1].send_signal(signal.SIGSTOP)
+    runs: dict[str, list[dict]] = {"link": [], "Redis": []}
+    # The main worker's session first: a second worker started before it could claim it (and serve it via Redis).
+    async with echoing(ctx) as viewer:
         try:
-            other, other_session = await open_session(ctx, RAW_CAT, port=stack.ports[0])
-        finally:
-            ctx.stack.workers[-1].send_signal(signal.SIGCONT)
-        await other.read_until(b"READY")
-        await echo_latency(other, 50)
-        paths = {
-            "link": (None, daphne_pid(ctx), worker_pid(ctx)),
-            "Redis": (other, stack.daphnes[0].pid, stack.workers[0].pid),
-        }
-        redis = redis_pid(ctx.stack.redis_url)
-        runs: dict[str, list[dict]] = {name: [] for name in paths}
-        async with echoing(ctx) as viewer:
+            await sync_to_async(stack.start_daphne)()
+            await sync_to_async(stack.start_worker)("local")
+            # Park the main worker's claims: only the Redis-only worker may take this session.
+            ctx.stack.workers[-1].send_signal(signal.SIGSTOP)
+            try:
+                other, other_session = await open_session(ctx, RAW_CAT, port=stack.ports[0])
+            finally:
+                ctx.stack.workers[-1].send_signal(signal.SIGCONT)
+            await other.read_until(b"READY")
+            await echo_latency(other, 50)
+            paths = {
+                "link": (viewer, daphne_pid(ctx), worker_pid(ctx)),
+                "Redis": (other, stack.daphnes[0].pid, stack.workers[0].pid),
+            }
+            redis = redis_pid(ctx.stack.redis_url)
             for _ in range(3):
                 for name, (path_viewer, daphne, worker) in paths.items():
                     pids = {"daphne": daphne, "worker": worker, "Redis": redis}
                     before = {n: cpu_seconds(p) for n, p in pids.items()}
                     commands = redis_commands(ctx.stack.redis_url)
-                    stats = summary(await echo_latency(path_viewer or viewer, samples))
+                    stats = summary(await echo_latency(path_viewer, samples))
                     stats["commands"] = (redis_commands(ctx.stack.redis_url) - commands) / samples
                     stats["cpu"] = sum(cpu_seconds(p) - before[n] for n, p in pids.items()) * 1000 / samples
                     runs[name].append(stats)
-        await other.close()
-        await close_session(other_session)
-    finally:
-        await sync_to_async(stack.stop)()
+            await other.close()
+            await close_session(other_session)
+        finally:
+            await sync_to_async(stack.stop)()
 
     def shown(name: str, key: str, unit: str = "ms") -> str:
         return ", ".join(f"{run[key]:.3f}" for run in runs[name]) + f" {unit}"
