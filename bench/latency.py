@@ -40,21 +40,17 @@ from bench.sessions import (
 )
 
 
-async def bench_echo_other_layer(ctx: Context) -> None:
-    """The idle echo again through a second daphne and worker on another layer (channels-redis's pub/sub when
-    the default is Tether's)."""
-    from django.conf import settings as django_settings
-
-    other = "channels-pubsub" if django_settings.TETHER_CHANNEL_LAYER == "pubsub" else "pubsub"
+@contextlib.asynccontextmanager
+async def second_stack(ctx: Context, **env: str):
+    """A second daphne and worker with ``env``, and a viewer on a raw-mode ``cat`` that only its worker took (the
+    main worker is parked while the session is claimed), warmed up: (the stack, the viewer). Stopped after."""
     from tests.bridge.harness import Stack
 
-    samples = 1000 if ctx.quick else 5000
     stack = Stack(worker_poll=0.5)
-    stack.extra_env.update(TETHER_CHANNEL_LAYER=other, TETHER_SESSIONS_PER_USER="100000")
+    stack.extra_env.update(TETHER_SESSIONS_PER_USER="100000", **env)
     try:
         await sync_to_async(stack.start_daphne)()
         await sync_to_async(stack.start_worker)("local")
-        # Park the main worker's claims: only the other layer's worker may take this session.
         ctx.stack.workers[-1].send_signal(signal.SIGSTOP)
         try:
             viewer, session = await open_session(ctx, RAW_CAT, port=stack.ports[0])
@@ -62,22 +58,33 @@ async def bench_echo_other_layer(ctx: Context) -> None:
             ctx.stack.workers[-1].send_signal(signal.SIGCONT)
         await viewer.read_until(b"READY")
         await echo_latency(viewer, 50)
-        stats = summary(await echo_latency(viewer, samples))
-        core = next((f for f in ctx.report.figures if f.name.startswith("echo p50, idle")), None)
-        ctx.report.add(
-            Figure(
-                f"echo p50, idle, {other} layer ({samples} samples, local)",
-                stats["p50"],
-                "ms",
-                core.value if core else None,
-                f"{django_settings.TETHER_CHANNEL_LAYER} layer (the default, above)",
-                note=f"p99 {stats['p99']:.2f} ms",
-            )
-        )
+        yield stack, viewer
         await viewer.close()
         await close_session(session)
     finally:
         await sync_to_async(stack.stop)()
+
+
+async def bench_echo_other_layer(ctx: Context) -> None:
+    """The idle echo again through a second daphne and worker on another layer (channels-redis's pub/sub when
+    the default is Tether's)."""
+    from django.conf import settings as django_settings
+
+    other = "channels-pubsub" if django_settings.TETHER_CHANNEL_LAYER == "pubsub" else "pubsub"
+    samples = 1000 if ctx.quick else 5000
+    async with second_stack(ctx, TETHER_CHANNEL_LAYER=other) as (_, viewer):
+        stats = summary(await echo_latency(viewer, samples))
+    core = next((f for f in ctx.report.figures if f.name.startswith("echo p50, idle")), None)
+    ctx.report.add(
+        Figure(
+            f"echo p50, idle, {other} layer ({samples} samples, local)",
+            stats["p50"],
+            "ms",
+            core.value if core else None,
+            f"{django_settings.TETHER_CHANNEL_LAYER} layer (the default, above)",
+            note=f"p99 {stats['p99']:.2f} ms",
+        )
+    )
 
 
 async def bench_echo(ctx: Context) -> None:
@@ -271,43 +278,24 @@ async def bench_echo_links(ctx: Context) -> None:
     two paths are measured one at a time."""
     from statistics import median
 
-    from tests.bridge.harness import Stack
-
     samples = 1000 if ctx.quick else 5000
-    stack = Stack(worker_poll=0.5)
-    stack.extra_env.update(TETHER_LINKS="0", TETHER_SESSIONS_PER_USER="100000")
     runs: dict[str, list[dict]] = {"link": [], "Redis": []}
+    redis = redis_pid(ctx.stack.redis_url)
     # The main worker's session first: a second worker started before it could claim it (and serve it via Redis).
-    async with echoing(ctx) as viewer:
-        try:
-            await sync_to_async(stack.start_daphne)()
-            await sync_to_async(stack.start_worker)("local")
-            # Park the main worker's claims: only the Redis-only worker may take this session.
-            ctx.stack.workers[-1].send_signal(signal.SIGSTOP)
-            try:
-                other, other_session = await open_session(ctx, RAW_CAT, port=stack.ports[0])
-            finally:
-                ctx.stack.workers[-1].send_signal(signal.SIGCONT)
-            await other.read_until(b"READY")
-            await echo_latency(other, 50)
-            paths = {
-                "link": (viewer, daphne_pid(ctx), worker_pid(ctx)),
-                "Redis": (other, stack.daphnes[0].pid, stack.workers[0].pid),
-            }
-            redis = redis_pid(ctx.stack.redis_url)
-            for _ in range(3):
-                for name, (path_viewer, daphne, worker) in paths.items():
-                    pids = {"daphne": daphne, "worker": worker, "Redis": redis}
-                    before = {n: cpu_seconds(p) for n, p in pids.items()}
-                    commands = redis_commands(ctx.stack.redis_url)
-                    stats = summary(await echo_latency(path_viewer, samples))
-                    stats["commands"] = (redis_commands(ctx.stack.redis_url) - commands) / samples
-                    stats["cpu"] = sum(cpu_seconds(p) - before[n] for n, p in pids.items()) * 1000 / samples
-                    runs[name].append(stats)
-            await other.close()
-            await close_session(other_session)
-        finally:
-            await sync_to_async(stack.stop)()
+    async with echoing(ctx) as viewer, second_stack(ctx, TETHER_LINKS="0") as (stack, other):
+        paths = {
+            "link": (viewer, daphne_pid(ctx), worker_pid(ctx)),
+            "Redis": (other, stack.daphnes[0].pid, stack.workers[0].pid),
+        }
+        for _ in range(3):
+            for name, (path_viewer, daphne, worker) in paths.items():
+                pids = {"daphne": daphne, "worker": worker, "Redis": redis}
+                before = {n: cpu_seconds(p) for n, p in pids.items()}
+                commands = redis_commands(ctx.stack.redis_url)
+                stats = summary(await echo_latency(path_viewer, samples))
+                stats["commands"] = (redis_commands(ctx.stack.redis_url) - commands) / samples
+                stats["cpu"] = sum(cpu_seconds(p) - before[n] for n, p in pids.items()) * 1000 / samples
+                runs[name].append(stats)
 
     def shown(name: str, key: str, unit: str = "ms") -> str:
         return ", ".join(f"{run[key]:.3f}" for run in runs[name]) + f" {unit}"
