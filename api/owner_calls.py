@@ -11,7 +11,7 @@ from channels.layers import get_channel_layer
 
 from terminals.owner_client import Owner
 from terminals.protocol import Message, ToOwner
-from transport.layers import forget_channel, keep_receiving
+from transport.layers import LINK_LOST, forget_channel, keep_receiving
 
 ANSWER_SECONDS = 5.0
 log = logging.getLogger(__name__)
@@ -45,7 +45,11 @@ async def question(channel: str, message: Callable[[str], Message], timeout: flo
         except Exception as error:
             raise NotSent(repr(error)) from error
         try:
-            return await asyncio.wait_for(layer.receive(reply), timeout)
+            async with asyncio.timeout(timeout):
+                # The direct link the question went over dropped (LINK_LOST): its answer may still come the other way.
+                while (answer := await layer.receive(reply)).get("type") == LINK_LOST:
+                    pass
+            return answer
         except TimeoutError:
             return None
         except Exception as error:  # the answer was lost on the way (Redis away): unconfirmed
