@@ -18,6 +18,8 @@ from collections.abc import Callable
 from transport import metrics
 
 log = logging.getLogger(__name__)
+# Counted for every frame: the labelled children looked up once, not a label lookup a frame.
+SENT, RECEIVED = metrics.LINK_BYTES.labels("sent"), metrics.LINK_BYTES.labels("received")
 
 MAGIC = b"TLK1"
 NONCE = 16
@@ -82,10 +84,11 @@ class Link:
         self.on_close: Callable[[Link], None] = lambda link: None
         self.on_forget: Callable[[Link, str], None] = lambda link, channel: None  # a viewer's channel gone quiet
         self._tasks: list[asyncio.Task] = []
+        self.counted = metrics.LINKS.labels(side)  # open links of its side (started, not yet closed)
         writer.transport.set_write_buffer_limits(high=WRITE_HIGH)
 
     def start(self) -> None:
-        metrics.LINKS.labels(self.side).inc()
+        self.counted.inc()
         self._tasks = [asyncio.ensure_future(work) for work in (self._read_loop(), self._write_loop(), self._pinger())]
 
     @property
@@ -124,7 +127,7 @@ class Link:
 
     def _write(self, frame: bytes) -> None:
         self.writer.write(frame)
-        metrics.LINK_BYTES.labels("sent").inc(len(frame))
+        SENT.inc(len(frame))
 
     def _next(self) -> bytes | None:
         turn = self.urgent or self.bulk
@@ -184,7 +187,7 @@ class Link:
                     break
                 body = await self.reader.readexactly(named + back + size) if named + back + size else b""
                 self.heard = time.monotonic()
-                metrics.LINK_BYTES.labels("received").inc(HEADER.size + len(body))
+                RECEIVED.inc(HEADER.size + len(body))
                 if not named:
                     continue  # a ping
                 channel = body[:named].decode(errors="replace")
@@ -203,7 +206,7 @@ class Link:
             return
         self.closed.set()
         self.room.set()
-        metrics.LINKS.labels(self.side).dec()
+        self.counted.dec()
         log.info("link %s %s closed: %s", self.side, self.peer, why)
         with contextlib.suppress(Exception):
             self.writer.close()
