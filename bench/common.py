@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +83,21 @@ class Report:
             note = f" ({f.note})" if f.note else ""
             rows.append(f"| {f.name}{note} | {fmt(f.value)} {f.unit} | {baseline} | {f.ratio} | {f.goal} | {met} |")
         return "\n".join(rows)
+
+
+def median_of(runs: list[list[Figure]]) -> list[Figure]:
+    """One benchmark's figures from several runs (each its own baselines): each figure is the run whose ratio to its
+    baseline (its value where it has none) is the median, so its goal is judged on that run; every run's is shown."""
+    if len({len(figures) for figures in runs}) != 1:  # a run that broke off: its figures do not line up
+        return [replace(f, note=f"{f.note}; the last of {len(runs)} runs (they differ in figures)") for f in runs[-1]]
+    merged = []
+    for same in zip(*runs, strict=True):
+        ordered = sorted(same, key=lambda f: f.value / f.baseline if f.baseline else f.value)
+        median = ordered[(len(ordered) - 1) // 2]
+        shown = ", ".join(f.ratio if f.baseline else f"{fmt(f.value)} {f.unit}".strip() for f in same)
+        note = f"median of {len(same)} runs: {shown}"
+        merged.append(replace(median, note=f"{median.note}; {note}" if median.note else note))
+    return merged
 
 
 def fmt(value: float | None) -> str:

@@ -239,6 +239,8 @@ async def bench_throughput(ctx: Context, container: str | None) -> None:
             "ms",
             peer_cpu,
             "terminado's server",
+            "≤ terminado's server",  # issue 45's goal
+            sum(local.cpu_ms_per_mb.values()) <= peer_cpu,
         )
     )
     if local.saved_seconds is not None:
