@@ -13,7 +13,7 @@ from terminals.backends import procfs
 from terminals.backends.base import READ_CHUNK, BackendError, Exit, Process, Status
 from terminals.backends.handles import TmuxHandle
 from terminals.backends.tmux_control import ControlClient, Event, Sentinel
-from terminals.backends.tmux_screen import Snapshot
+from terminals.backends.tmux_screen import ModeWatch, Snapshot
 from terminals.backends.tmux_server import PaneState, TmuxServer, tty_of
 from terminals.backends.tmux_shim import SENTINEL
 
@@ -47,6 +47,7 @@ class TmuxProcess(Process):
         self._stopped = False
         self._exit: Exit | None = None
         self._watching: asyncio.Future | None = None
+        self._modes = ModeWatch()  # bracketed paste and focus events, which tmux does not tell
 
     async def open(self) -> None:
         """Attach the control client, and open the shim's gates as far as this owner may: start the program
@@ -141,7 +142,12 @@ class TmuxProcess(Process):
         if event is None or event.kind == "exit":
             self._end()
         elif event.kind == "output" and event.pane == self._pane:
-            self._ready += self._sentinel.feed(event.data)
+            data = self._sentinel.feed(event.data)
+            self._ready += data
+            for name, on in self._modes.feed(data).items():  # kept with the session, for an owner that adopts it
+                self._send(
+                    f"set-option -t ={self.handle.session}: @tether_{name} {int(on)}", lambda _: None, quiet=True
+                )
             if self._sentinel.seen and self._dead_checks == 0:
                 # All the program's output is here: let the shim end, then confirm the pane is dead.
                 self._unlock("release")
@@ -274,4 +280,4 @@ class TmuxProcess(Process):
                 await client.close()
 
     async def snapshot(self) -> Snapshot:
-        return await self._server.snapshot(self.handle)
+        return self._modes.over(await self._server.snapshot(self.handle))

@@ -7,13 +7,18 @@ them (``PANE_FORMAT``); ``Snapshot.render`` redraws the primary screen, switches
 the program is, draws it, and sets every mode as the pane has it, so the program's next bytes (and its exit
 from the alternate screen) land as they would have on a terminal that saw everything.
 
-tmux 3.3a says nothing of bracketed paste or focus reporting (no format tells them): those two are not
-restored here.
+tmux 3.3a says nothing of bracketed paste or focus reporting (no format tells them): the owner reads every byte
+the pane writes (control mode's ``%output`` is the program's own bytes), so ``ModeWatch`` follows the program's
+DECSET/DECRST 2004 and 1004 there, and the owner keeps them with the session in tmux (``@tether_paste``,
+``@tether_focus``), where an
+owner that adopts the session after a kill finds them. What a program sets while no owner reads it (between an
+owner's death and the adoption) is not seen: the last modes an owner saw are restored.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
 # One line, "|"-separated, the title last (it may hold a "|"). A pane's title is the host's name until its
 # program sets one: that default is said as "".
@@ -40,6 +45,8 @@ PANE_FIELDS = (
     "cursor_flag",
     "scroll_region_upper",
     "scroll_region_lower",
+    "@tether_paste",  # what ModeWatch saw: "1" or "0" (unset: "")
+    "@tether_focus",
 )
 CAPTURE = ("capture-pane", "-p", "-e", "-J")  # the visible screen with its SGR escapes, wrapped lines joined
 PANE_FORMAT = "|".join(f"#{{{name}}}" for name in PANE_FIELDS) + "|#{?#{==:#{pane_title},#{host}},,#{pane_title}}"
@@ -60,6 +67,8 @@ class Modes:
     cursor_visible: bool = True  # DECTCEM
     region: tuple[int, int] | None = None  # the scroll region (top, bottom), 0-based; None: the whole screen
     title: str = ""
+    paste: bool = False  # 2004: bracketed paste (ModeWatch, not tmux)
+    focus: bool = False  # 1004: focus events (ModeWatch, not tmux)
 
     def render(self, cursor_x: int, cursor_y: int) -> bytes:
         """The modes set on a terminal whose modes are the defaults, ending with the cursor where it is."""
@@ -81,6 +90,8 @@ class Modes:
         out.append("" if self.wrap else "\x1b[?7l")
         out.append("\x1b[4h" if self.insert else "")
         out.append("" if self.cursor_visible else "\x1b[?25l")
+        out.append("\x1b[?2004h" if self.paste else "")
+        out.append("\x1b[?1004h" if self.focus else "")
         return "".join(out).encode()
 
 
@@ -145,4 +156,44 @@ def modes_of(pane: dict) -> Modes:
         cursor_visible=flag("cursor_flag"),
         region=None if region == (0, rows - 1) else region,
         title=pane["title"],
+        paste=flag("@tether_paste"),
+        focus=flag("@tether_focus"),
     )
+
+
+class ModeWatch:
+    """The two modes tmux does not tell, followed in the pane's output: DECSET/DECRST (``CSI ? Pm h`` / ``l``) of
+    2004 (bracketed paste) and 1004 (focus events). ``feed`` says which changed; ``known`` is what was seen (a
+    mode not seen yet: what the session keeps, from an earlier owner, stands)."""
+
+    SEQUENCE = re.compile(rb"\x1b\[\?([0-9;]*)([hl])")
+    UNFINISHED = re.compile(rb"\x1b(\[(\?[0-9;]*)?)?")
+    NAMES = {2004: "paste", 1004: "focus"}
+    TAIL = 32  # a sequence cut between two reads: the end of one kept for the next
+
+    def __init__(self):
+        self.known: dict[str, bool] = {}
+        self._tail = b""
+
+    def feed(self, data: bytes) -> dict[str, bool]:
+        if b"\x1b" not in data and not self._tail:
+            return {}
+        text = self._tail + data
+        escape = text.rfind(b"\x1b", max(0, len(text) - self.TAIL))
+        if escape >= 0 and self.UNFINISHED.fullmatch(text, escape):  # begun at the end: finished in the next read
+            text, self._tail = text[:escape], text[escape:]
+        else:
+            self._tail = b""
+        changed = {}
+        for params, action in self.SEQUENCE.findall(text):
+            for param in params.split(b";"):
+                name = self.NAMES.get(int(param)) if param.isdigit() else None
+                if name is not None:
+                    changed[name] = action == b"h"
+        changed = {name: on for name, on in changed.items() if self.known.get(name) != on}
+        self.known.update(changed)
+        return changed
+
+    def over(self, snapshot: Snapshot) -> Snapshot:
+        """The snapshot with what this owner saw, which is newer than what the session keeps."""
+        return replace(snapshot, modes=replace(snapshot.modes, **self.known)) if self.known else snapshot

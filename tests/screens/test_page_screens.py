@@ -14,7 +14,6 @@ from asgiref.sync import sync_to_async
 
 from tests.bridge.harness import Stack, Viewer, open_viewer
 from tests.screens.reference import differences, xterm_screen
-from tests.screens.test_tmux_screens import UNTOLD
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,7 +60,6 @@ async def test_a_page_back_past_the_buffer_shows_the_alternate_screen_and_its_mo
     the kept output, which follows it."""
     path = script_for(request, tmp_path, backend, PROGRAM)
     stack = Stack(extra_env={"TETHER_RECONNECT_GRACE_SECONDS": "0", "TETHER_BUFFER_BYTES": "131072", **SCREENS})
-    untold = UNTOLD if backend == "tmux" else ()
     try:
         await sync_to_async(stack.start)(backend)
         first, session, cookie = await open_viewer(stack, terminal, operator, backend)
@@ -79,7 +77,7 @@ async def test_a_page_back_past_the_buffer_shows_the_alternate_screen_and_its_mo
         assert truth["active"] == "alternate" and "the header" in truth["alternate"][0]["text"]
         tail = xterm_screen(bytes(first.output[-131072:]))  # what the worker still keeps, drawn alone:
         assert tail["active"] == "normal"  # the wrong buffer, without the header (the bug this redraw mends)
-        assert differences(page, truth, leave_out=untold) == []
+        assert differences(page, truth) == []
 
         mark = len(again.output)
         await again.type("q\r")
@@ -87,7 +85,7 @@ async def test_a_page_back_past_the_buffer_shows_the_alternate_screen_and_its_mo
         after = bytes(again.output[mark:])
         page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output) + after)
         assert truth["active"] == "normal" and any(row["text"] == "after the pager: q" for row in truth["normal"])
-        assert differences(page, truth, leave_out=untold) == []
+        assert differences(page, truth) == []
     finally:
         await sync_to_async(stack.stop)()
 
@@ -117,12 +115,12 @@ async def test_after_a_kill_9_of_the_worker_the_page_gets_the_pager_and_its_mode
         assert back["fresh"] is True and back["epoch"] != attached["epoch"]
         redraw = base64.b64decode(back["screen"])
         page, truth = xterm_screen(redraw), xterm_screen(bytes(first.output))
-        assert truth["active"] == "alternate" and differences(page, truth, leave_out=UNTOLD) == []
+        assert truth["active"] == "alternate" and differences(page, truth) == []
 
         await again.type("q\r")
         await again.read_until(b"DONE")
         page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output + again.output))
-        assert truth["active"] == "normal" and differences(page, truth, leave_out=UNTOLD) == []
+        assert truth["active"] == "normal" and differences(page, truth) == []
     finally:
         await sync_to_async(stack.stop)()
 

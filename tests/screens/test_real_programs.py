@@ -14,7 +14,6 @@ from asgiref.sync import sync_to_async
 from tests.bridge.harness import Stack, Viewer, open_viewer
 from tests.screens.reference import differences, xterm_screen
 from tests.screens.test_page_screens import SCREENS, read_to
-from tests.screens.test_tmux_screens import UNTOLD
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -75,7 +74,6 @@ async def test_a_real_program_paged_past_the_buffer_comes_back_as_it_is_and_so_d
     start, forward, leave = PROGRAMS[program]
     path = the_file(request, tmp_path, backend)
     stack = Stack(extra_env=ENV)
-    untold = UNTOLD if backend == "tmux" else ()
     try:
         first, session, cookie = await first_page(stack, terminal, operator, backend)
         await first.type(start.format(file=path))
@@ -92,7 +90,7 @@ async def test_a_real_program_paged_past_the_buffer_comes_back_as_it_is_and_so_d
 
         again, redraw, page, truth = await page_back(stack, session, cookie, first)
         assert any("line " in row["text"] for row in truth[truth["active"]]), truth[truth["active"]]
-        assert differences(page, truth, leave_out=untold) == []
+        assert differences(page, truth) == []
 
         mark = len(again.output)
         await again.type(leave)
@@ -103,7 +101,7 @@ async def test_a_real_program_paged_past_the_buffer_comes_back_as_it_is_and_so_d
         after = bytes(again.output[mark:])
         page, truth = xterm_screen(redraw + bytes(again.output)), xterm_screen(bytes(first.output) + after)
         assert truth["active"] == "normal" and any(row["text"].endswith("back-42") for row in truth["normal"])
-        assert differences(page, truth, leave_out=untold) == []
+        assert differences(page, truth) == []
     finally:
         await sync_to_async(stack.stop)()
 
@@ -116,7 +114,6 @@ async def test_top_repainting_only_what_changed_comes_back_whole_after_a_page_ba
     (the bug); drawn from the screen at the buffer's start, it equals the page that saw every byte. (busybox top,
     in the container, draws every frame whole: there the tail alone is right too, and only the screen is checked.)"""
     stack = Stack(extra_env=ENV)
-    untold = UNTOLD if backend == "tmux" else ()
     try:
         first, session, cookie = await first_page(stack, terminal, operator, backend)
         await first.type("top -d 0\r" if backend == "docker" else "top -d 0.05\r")  # (busybox: whole seconds)
@@ -132,9 +129,9 @@ async def test_top_repainting_only_what_changed_comes_back_whole_after_a_page_ba
 
         again, _, page, truth = await page_back(stack, session, cookie, first)
         assert any("PID" in row["text"] for row in truth["normal"]), truth["normal"]
-        assert differences(page, truth, leave_out=untold) == []
+        assert differences(page, truth) == []
         if backend != "docker":
             tail = xterm_screen(bytes(again.output))  # the kept output alone, as a page got it before
-            assert differences(tail, truth, leave_out=untold) != []
+            assert differences(tail, truth) != []
     finally:
         await sync_to_async(stack.stop)()
