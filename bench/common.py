@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pty
+import re
 import statistics
 import subprocess
 import sys
@@ -87,14 +88,16 @@ class Report:
 
 def median_of(runs: list[list[Figure]]) -> list[Figure]:
     """One benchmark's figures from several runs (each its own baselines): each figure is the run whose ratio to its
-    baseline (its value where it has none) is the median, so its goal is judged on that run; every run's is shown."""
+    baseline is the median (its value's, where it has no baseline or its goal is not said against the baseline: "≤
+    20 ms"), so its goal is judged on that run; every run's is shown."""
     if len({len(figures) for figures in runs}) != 1:  # a run that broke off: its figures do not line up
         return [replace(f, note=f"{f.note}; the last of {len(runs)} runs (they differ in figures)") for f in runs[-1]]
     merged = []
     for same in zip(*runs, strict=True):
-        ordered = sorted(same, key=lambda f: f.value / f.baseline if f.baseline else f.value)
+        relative = same[0].baseline and (not same[0].goal or re.search(r"\dx\b|%", same[0].goal))
+        ordered = sorted(same, key=lambda f: f.value / f.baseline if relative and f.baseline else f.value)
         median = ordered[(len(ordered) - 1) // 2]
-        shown = ", ".join(f.ratio if f.baseline else f"{fmt(f.value)} {f.unit}".strip() for f in same)
+        shown = ", ".join(f.ratio if relative and f.baseline else f"{fmt(f.value)} {f.unit}".strip() for f in same)
         note = f"median of {len(same)} runs: {shown}"
         merged.append(replace(median, note=f"{median.note}; {note}" if median.note else note))
     return merged

@@ -299,6 +299,13 @@ def http_post(port: int, path: str, cookie: str, fields: dict | None = None) -> 
         return error.code, error.read()
 
 
+def metric(port: int, name: str) -> float:
+    """One figure from a process's /metrics (loopback: no token needed)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    found = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def session_cookie(user) -> str:
     client = Client()
     client.force_login(user)

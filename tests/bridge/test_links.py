@@ -4,13 +4,13 @@ output go over it, not through Redis; where no link can be made, Redis carries t
 from __future__ import annotations
 
 import re
-import urllib.request
 
 import pytest
 import redis
 from asgiref.sync import sync_to_async
 
-from tests.bridge.harness import RedisServer, Stack, Viewer, free_port
+from tests.bridge.harness import RedisServer, Stack, Viewer, free_port, metric
+from tests.hosts.harness import LinkRelay
 
 pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
 
@@ -19,13 +19,6 @@ def publishes(url: str) -> int:
     """PUBLISH commands this Redis has run (its own, so no other test's count in it)."""
     stats = redis.Redis.from_url(url).info("commandstats")
     return stats.get("cmdstat_publish", {}).get("calls", 0)
-
-
-def metric(port: int, name: str) -> float:
-    """One figure from a process's /metrics (loopback: no token needed)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    found = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 async def test_keystrokes_echoes_and_output_go_over_the_link_not_through_redis(terminal, operator):
@@ -83,3 +76,38 @@ async def test_where_no_link_can_be_made_redis_carries_the_stream_and_says_so(te
         assert re.search(rb"no link to worker \w+ at tcp:127\.0\.0\.2:\d+ .*go through Redis", logs), logs[-3000:]
     finally:
         stack.stop()
+
+
+async def test_a_link_that_drops_with_output_and_acks_on_it_resumes_the_stream_from_its_offset(terminal, operator):
+    """A network that stalls, then fails: what was on the link is lost both ways, the worker's output past the
+    viewer's last ack and the viewer's acks. The worker waits for an ack (its window is full), the viewer for
+    output; told the link dropped (link.lost), the viewer says its ack again and asks for what it misses, and the
+    stream goes on from its offset: every line once and in order."""
+    relay = LinkRelay()
+    stack = Stack()
+    try:
+        stack.start_daphne()
+        stack.start_worker("local", env=relay.env)
+        session, cookie = await sync_to_async(terminal)(operator, "local")
+        viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+        await viewer.attach()
+        await viewer.type("echo ready-$((6*7))\r")
+        await viewer.read_until(b"ready-42")
+        assert relay.accepted == 1
+        count = 200_000
+        await viewer.type(f"seq 1 {count}; echo end-$((6*7))\r")
+        await viewer.read_until(b"\r\n20000\r\n", timeout=60)
+        relay.hold()
+        await viewer.read_for(2)  # what was on its way before the hold, then nothing: the window is full
+        held = len(viewer.output)
+        await viewer.read_for(2)
+        assert len(viewer.output) == held and b"end-42" not in viewer.output
+        relay.cut()
+        await viewer.read_until(b"end-42\r\n", timeout=30)
+        text = bytes(viewer.output).decode(errors="replace")
+        numbers = text[text.index("\x071\r\n", text.index("seq 1")) + 1 :].split("\r\n")[:count]
+        assert numbers == [str(n) for n in range(1, count + 1)]
+        await viewer.close()
+    finally:
+        stack.stop()
+        relay.close()

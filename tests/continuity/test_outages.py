@@ -9,7 +9,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from tests.bridge.harness import RedisServer, Stack, Viewer, without_marks
+from tests.bridge.harness import RedisServer, Stack, Viewer, metric, without_marks
 
 pytestmark = [pytest.mark.continuity, pytest.mark.django_db(transaction=True)]
 
@@ -117,5 +117,8 @@ async def test_daphne_restart_the_browser_reconnects_to_another_and_resumes(term
         received = await reader.read_until(b"!DONE!\r\n", during=kill_first_daphne)
         assert reader.reconnects >= 1
         check_sequence(received)
+        # The stream went on over the direct link the other daphne made to the worker (issue 45), not via Redis.
+        assert metric(stack.ports[1], 'tether_links{side="dial"}') == 1
+        assert metric(stack.ports[1], "tether_link_fallbacks_total") == 0
     finally:
         await sync_to_async(stack.stop)()

@@ -85,13 +85,17 @@ class DockerOverTcp:
 class LinkRelay:
     """A worker's direct link reached through here: it listens at 127.0.0.1:PORT, daphnes dial 127.0.0.2:PORT
     (its advertised host), and ``cut`` drops every connection through it, as a network between two hosts
-    that fails for a moment."""
+    that fails for a moment. ``hold`` stops passing anything on until the next cut, which loses what was held:
+    a network that stalls, then fails."""
 
     def __init__(self):
         self.port = free_port()
         self.listener = socket.create_server(("127.0.0.2", self.port))
         self.connections: list[socket.socket] = []
         self.accepted = 0
+        self.cuts = 0
+        self.flowing = threading.Event()
+        self.flowing.set()
         threading.Thread(target=self._serve, daemon=True).start()
 
     @property
@@ -112,15 +116,34 @@ class LinkRelay:
             worker.settimeout(None)
             self.accepted += 1
             self.connections += [client, worker]
-            done = threading.Barrier(2)
-            threading.Thread(target=_pipe, args=(client, worker, done), daemon=True).start()
-            threading.Thread(target=_pipe, args=(worker, client, done), daemon=True).start()
+            threading.Thread(target=self._forward, args=(client, worker, self.cuts), daemon=True).start()
+            threading.Thread(target=self._forward, args=(worker, client, self.cuts), daemon=True).start()
+
+    def _forward(self, source: socket.socket, sink: socket.socket, cuts: int) -> None:
+        """One direction of a link (a link has no half close: either end ending ends it)."""
+        try:
+            while data := source.recv(65536):
+                self.flowing.wait()
+                if self.cuts != cuts:  # held across a cut: lost
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+        source.close()
+
+    def hold(self) -> None:
+        self.flowing.clear()
 
     def cut(self) -> None:
+        self.cuts += 1
         for end in self.connections:
             with contextlib.suppress(OSError):
                 end.shutdown(socket.SHUT_RDWR)
         self.connections = []
+        self.flowing.set()
 
     def close(self) -> None:
         self.listener.close()
