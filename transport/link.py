@@ -114,7 +114,11 @@ class Link:
             and self.writer.transport.get_write_buffer_size() < WRITE_HIGH
             and time.monotonic() >= self.hold_until
         ):
-            self._write(frame)  # nothing waits: no turn to take, no task to wake
+            try:
+                self._write(frame)  # nothing waits: no turn to take, no task to wake
+            except (ConnectionError, OSError, RuntimeError) as error:  # (uvloop: RuntimeError on a closed handle)
+                self.close(f"writing failed: {error!r}")
+                return False  # nothing of it was written: the caller sends it another way
             return True
         queue = self.queues.get(key)
         if queue is None:
@@ -158,7 +162,7 @@ class Link:
                 self._write(frame)
                 if self.writer.transport.get_write_buffer_size() >= WRITE_HIGH:
                     await self.writer.drain()
-        except (ConnectionError, OSError) as error:
+        except (ConnectionError, OSError, RuntimeError) as error:
             self.close(f"writing failed: {error!r}")
 
     async def _pinger(self) -> None:

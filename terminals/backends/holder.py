@@ -231,7 +231,10 @@ class HeldProcess(Process):
             upto = max(min(upto, self.screen_kept), self._received - (ring - 2 * ACK_EVERY))
         if upto - self._acked >= ACK_EVERY:
             self._acked = upto
-            await self._session.link.write(frame(Frame.ACK, struct.pack(">Q", upto)))
+            # A holder that has gone (it ends once the program has and it sent everything) cannot take it, and
+            # needs none: what is read next says how the link ended (the exit, or a reattach that resumes).
+            with contextlib.suppress(BackendError):
+                await self._session.link.write(frame(Frame.ACK, struct.pack(">Q", upto)))
 
     async def write(self, data: bytes) -> None:
         view = memoryview(data)

@@ -98,10 +98,12 @@ class SocketLink:
             return b""
 
     async def write(self, data: bytes) -> None:
+        if self.writer.is_closing():
+            raise BackendError("the holder's socket is closed")
         try:
             self.writer.write(data)
             await self.writer.drain()
-        except OSError as error:
+        except (OSError, RuntimeError) as error:  # uvloop: RuntimeError on a handle closed meanwhile
             raise BackendError(f"the holder's socket failed: {error}") from None
 
     async def close(self) -> None:

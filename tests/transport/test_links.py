@@ -238,3 +238,32 @@ async def test_a_viewer_not_heard_from_is_forgotten_and_the_link_stays(monkeypat
         assert "gone" not in worker.links.replies and "here" in worker.links.replies
         assert not await worker.links.send("gone", "", b"x")  # published instead
         assert len(worker.links.accepted) == 1
+
+
+def test_a_message_put_on_a_link_whose_other_end_has_gone_is_refused_not_raised_on_uvloop():
+    """The worker and daphne run uvloop, whose transports raise RuntimeError on a write once closed (asyncio's
+    ignore it): the sender is told the link cannot take it (False: it goes through Redis) and the link is closed."""
+    import socket
+
+    import uvloop
+
+    from transport.link import Link
+
+    async def main() -> list[bool]:
+        mine, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_unix_connection(sock=mine)
+        link = Link(reader, writer, "dial", "the worker")
+        link.start()
+        theirs.close()
+        # The first write fails in the kernel and uvloop closes the handle; the next, a turn of the loop later,
+        # finds it closed before the read loop has heard of it.
+        taken = []
+        for _ in range(4):
+            taken.append(await link.put("tether.worker.w", "", b"x" * 10))
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
+        assert not link.is_open
+        return taken
+
+    taken = asyncio.Runner(loop_factory=uvloop.new_event_loop).run(main())
+    assert taken[-1] is False, taken

@@ -1,0 +1,44 @@
+"""The worker's end of a session holder's socket (terminals/backends/holder_wire.py), on the worker's own event loop
+(uvloop, TETHER_WORKER_LOOP's default)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import uvloop
+
+from terminals.backends.base import BackendError
+from terminals.backends.holder_wire import SocketLink
+
+
+def test_a_write_to_a_holder_that_has_gone_is_a_backend_error_on_uvloop(tmp_path):
+    """A holder that ended (after a Kill) closes its socket; the owner's next ack to it must say the holder is gone,
+    as every caller expects (BackendError), not uvloop's RuntimeError on a closed handle: that one escaped the pump,
+    and a killed shell's outcome was never recorded (it stayed running)."""
+    path = str(tmp_path / "holder.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen()
+
+    async def main() -> list[str]:
+        link = await SocketLink.open(path)
+        peer, _ = server.accept()
+        peer.close()
+        assert await link.read() == b""  # the holder's end: gone
+        said = []
+        for _ in range(3):  # the first write may still be taken by the kernel; later ones find the handle closed
+            try:
+                await link.write(b"ack")
+                said.append("written")
+            except BackendError:
+                said.append("gone")
+            await asyncio.sleep(0.05)
+        await link.close()
+        return said
+
+    try:
+        said = asyncio.Runner(loop_factory=uvloop.new_event_loop).run(main())
+    finally:
+        server.close()
+    assert said[-1] == "gone", said
