@@ -25,6 +25,7 @@ SEND_KEYS_BATCH = 1024
 GATHER_FROM = 2048  # a read with this much output (not a keystroke's echo) waits GATHER_SECONDS for more
 GATHER_SECONDS = 0.001
 GATHER_TIMES = 4  # up to this many times, while each wait brings more (and up to READ_CHUNK)
+KEEP_MODES_AFTER = 0.2  # seconds: the modes tmux does not tell are kept with the session this long after a change
 
 
 class TmuxProcess(Process):
@@ -48,6 +49,7 @@ class TmuxProcess(Process):
         self._exit: Exit | None = None
         self._watching: asyncio.Future | None = None
         self._modes = ModeWatch()  # bracketed paste and focus events, which tmux does not tell
+        self._keeping_modes: asyncio.TimerHandle | None = None
 
     async def open(self) -> None:
         """Attach the control client, and open the shim's gates as far as this owner may: start the program
@@ -81,21 +83,12 @@ class TmuxProcess(Process):
         if event is None or event.kind != "other":
             async with self._server.turn():
                 await self._client.close()
-            said = " ".join(event.lines if event else ["no answer in 10 s"])
-            raise BackendError(f"cannot attach to {self.handle.session}: {said}{await self._server_changed()}")
+            said = " ".join(event.lines if event else ["no answer in 10 s"]) + await self._server.changed_since(
+                self.handle.instance
+            )
+            raise BackendError(f"cannot attach to {self.handle.session}: {said}")
         self._send(f"refresh-client -f pause-after={PAUSE_AFTER}")
         self._send("refresh-client -B 'tether-dead::#{pane_dead}'")  # pane subscriptions skip dead panes
-
-    async def _server_changed(self) -> str:
-        """Whether the tmux server the session was made in is still the one on the socket, in words."""
-        try:
-            now = await self._server.instance()
-        except BackendError as error:
-            return f" (and {error})"
-        then = self.handle.instance
-        if not then or now == then:
-            return f" (tmux server {now}, where it was made)" if now else ""
-        return f" (the tmux server it was made in, {then}, is now {now or 'gone'})"
 
     def _send(self, command: str, reply: Callable[[Event], None] | None = None, *, quiet: bool = False) -> None:
         if self._client is None or not self._client.open:
@@ -144,10 +137,8 @@ class TmuxProcess(Process):
         elif event.kind == "output" and event.pane == self._pane:
             data = self._sentinel.feed(event.data)
             self._ready += data
-            for name, on in self._modes.feed(data).items():  # kept with the session, for an owner that adopts it
-                self._send(
-                    f"set-option -t ={self.handle.session}: @tether_{name} {int(on)}", lambda _: None, quiet=True
-                )
+            if self._modes.feed(data) and self._keeping_modes is None:
+                self._keeping_modes = asyncio.get_running_loop().call_later(KEEP_MODES_AFTER, self._keep_modes)
             if self._sentinel.seen and self._dead_checks == 0:
                 # All the program's output is here: let the shim end, then confirm the pane is dead.
                 self._unlock("release")
@@ -163,6 +154,13 @@ class TmuxProcess(Process):
         elif event.kind == "pause" and event.pane == self._pane:
             log.warning("tmux paused %s after %ss behind; output was lost", self.handle.session, PAUSE_AFTER)
             self._send(f"refresh-client -A '{self._pane}:continue'", quiet=True)
+
+    def _keep_modes(self) -> None:
+        """What ModeWatch saw, kept with the session for an owner that adopts it, at most once in KEEP_MODES_AFTER
+        (bash sets bracketed paste at every prompt and unsets it for each command)."""
+        self._keeping_modes = None
+        for command in self._modes.commands(self.handle.session):
+            self._send(command, lambda _: None, quiet=True)
 
     def _unlock(self, gate: str) -> None:
         """Open one of the shim's gates; opening it twice is harmless (tmux says it is not locked)."""
@@ -194,23 +192,8 @@ class TmuxProcess(Process):
             self._flow(termios.TCOON)
 
     def _flow(self, action: int) -> None:
-        """Stop or start the pane's terminal output, only while its tty is still the shim's."""
         self._stall = None
-        if self._shim is None or not self._shim.is_alive() or not self._tty:
-            self._stopped = False
-            return
-        try:
-            fd = os.open(self._tty, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            if os.fstat(fd).st_rdev == tty_of(self._shim.pid):  # a pts number can be reused
-                termios.tcflow(fd, action)
-                self._stopped = action == termios.TCOOFF
-        except OSError as error:
-            log.warning("tmux %s: tcflow failed: %s", self.handle.session, error)
-        finally:
-            os.close(fd)
+        self._stopped = set_flow(self._tty, self._shim, action, self._stopped, self.handle.session)
 
     async def write(self, data: bytes) -> None:
         for start in range(0, len(data), SEND_KEYS_BATCH):
@@ -272,6 +255,9 @@ class TmuxProcess(Process):
         return exit
 
     async def detach(self) -> None:
+        if self._keeping_modes is not None:  # kept now, while the client is still there to say it
+            self._keeping_modes.cancel()
+            self._keep_modes()
         self._resume()
         self._ended = True
         client, self._client = self._client, None
@@ -281,3 +267,22 @@ class TmuxProcess(Process):
 
     async def snapshot(self) -> Snapshot:
         return self._modes.over(await self._server.snapshot(self.handle))
+
+
+def set_flow(tty: str, shim: procfs.ProcessIdentity | None, action: int, stopped: bool, session: str) -> bool:
+    """Stop or start a pane's terminal output, only while its tty is still the shim's: whether it is stopped now."""
+    if shim is None or not shim.is_alive() or not tty:
+        return False
+    try:
+        fd = os.open(tty, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return stopped
+    try:
+        if os.fstat(fd).st_rdev == tty_of(shim.pid):  # a pts number can be reused
+            termios.tcflow(fd, action)
+            return action == termios.TCOOFF
+    except OSError as error:
+        log.warning("tmux %s: tcflow failed: %s", session, error)
+    finally:
+        os.close(fd)
+    return stopped

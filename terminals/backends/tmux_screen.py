@@ -10,9 +10,9 @@ from the alternate screen) land as they would have on a terminal that saw everyt
 tmux 3.3a says nothing of bracketed paste or focus reporting (no format tells them): the owner reads every byte
 the pane writes (control mode's ``%output`` is the program's own bytes), so ``ModeWatch`` follows the program's
 DECSET/DECRST 2004 and 1004 there, and the owner keeps them with the session in tmux (``@tether_paste``,
-``@tether_focus``), where an
-owner that adopts the session after a kill finds them. What a program sets while no owner reads it (between an
-owner's death and the adoption) is not seen: the last modes an owner saw are restored.
+``@tether_focus``, 0.2 s after a change at most), where an owner that adopts the session after a kill finds them.
+What a program sets while no owner reads it (between an owner's death and the adoption), or in the last 0.2 s
+before a kill, is not seen: the last modes an owner kept are restored.
 """
 
 from __future__ import annotations
@@ -193,6 +193,10 @@ class ModeWatch:
         changed = {name: on for name, on in changed.items() if self.known.get(name) != on}
         self.known.update(changed)
         return changed
+
+    def commands(self, session: str) -> list[str]:
+        """tmux commands that keep what was seen with ``session``, where ``modes_of`` reads it."""
+        return [f"set-option -t ={session}: @tether_{name} {int(on)}" for name, on in self.known.items()]
 
     def over(self, snapshot: Snapshot) -> Snapshot:
         """The snapshot with what this owner saw, which is newer than what the session keeps."""

@@ -227,6 +227,16 @@ class TmuxServer:
             return ""
         raise BackendError(f"cannot reach the tmux server on socket {self.socket}: {err.strip() or code}")
 
+    async def changed_since(self, then: str) -> str:
+        """Whether the tmux server a session was made in (``then``) is still the one on the socket, in words."""
+        try:
+            now = await self.instance()
+        except BackendError as error:
+            return f" (and {error})"
+        if not then or now == then:
+            return f" (tmux server {now}, where it was made)" if now else ""
+        return f" (the tmux server it was made in, {then}, is now {now or 'gone'})"
+
     async def snapshot(self, handle: TmuxHandle) -> Snapshot:
         """The pane's screen, its modes, and in the alternate screen the primary one under it. Two reads when
         it is in the alternate screen (tmux refuses ``capture-pane -a`` otherwise): the second says again
