@@ -132,8 +132,17 @@ TETHER_CHANNEL_LAYER = env_choice("TETHER_CHANNEL_LAYER", "pubsub", {"core", "pu
 TETHER_LINKS = env_bool("TETHER_LINKS", True)
 TETHER_LINK_LISTEN = env_str("TETHER_LINK_LISTEN", "unix")
 TETHER_LINK_ADVERTISE = env_str("TETHER_LINK_ADVERTISE", "")
-if TETHER_LINK_LISTEN != "unix" and not re.fullmatch(r"tcp:(\[[0-9a-fA-F:]+\]|[\w.-]+):\d{1,5}", TETHER_LINK_LISTEN):
-    raise ImproperlyConfigured(f"TETHER_LINK_LISTEN is unix or tcp:HOST:PORT, not {TETHER_LINK_LISTEN!r}")
+LINK_ADDRESS = r"(tcp|tls):(\[[0-9a-fA-F:]+\]|[\w.-]+):\d{1,5}"
+if TETHER_LINK_LISTEN != "unix" and not re.fullmatch(LINK_ADDRESS, TETHER_LINK_LISTEN):
+    raise ImproperlyConfigured(f"TETHER_LINK_LISTEN is unix, tcp:HOST:PORT or tls:HOST:PORT: {TETHER_LINK_LISTEN!r}")
+# TLS between hosts (`tls:HOST:PORT`, transport/link_tls.py): PEM files. A worker presents TETHER_LINK_TLS_CERT
+# (and KEY) and, with TETHER_LINK_TLS_CA, asks daphnes for a certificate signed by it; a daphne checks the
+# worker's against TETHER_LINK_TLS_CA (the system's authorities without it) and presents its own CERT if set.
+TETHER_LINK_TLS_CERT = env_str("TETHER_LINK_TLS_CERT", "")
+TETHER_LINK_TLS_KEY = env_str("TETHER_LINK_TLS_KEY", "")
+TETHER_LINK_TLS_CA = env_str("TETHER_LINK_TLS_CA", "")
+if TETHER_LINK_LISTEN.startswith("tls:") and not TETHER_LINK_TLS_CERT:
+    raise ImproperlyConfigured("TETHER_LINK_LISTEN=tls:... needs TETHER_LINK_TLS_CERT (and TETHER_LINK_TLS_KEY)")
 if REDIS_URL and TETHER_CHANNEL_LAYER == "pubsub":
     CHANNEL_LAYERS = {
         "default": {

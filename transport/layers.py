@@ -15,6 +15,7 @@ from django.conf import settings
 
 from transport import metrics
 from transport.link import link_key
+from transport.link_tls import LinkTls
 from transport.links import Links
 from transport.redis_layer import RedisPubSubLayer
 
@@ -66,6 +67,7 @@ class CappedRedisPubSubLayer(_CappedSerialize, RedisPubSubLayer):
                 deliver,
                 lambda worker_id: link_key(settings.SECRET_KEY, worker_id),
                 lambda channel: deliver(channel, lost),
+                LinkTls.of(settings.TETHER_LINK_TLS_CERT, settings.TETHER_LINK_TLS_KEY, settings.TETHER_LINK_TLS_CA),
             )
         return layer.links
 

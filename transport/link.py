@@ -51,15 +51,15 @@ class Refused(Exception):
 
 
 def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
-    """``unix:@NAME`` (abstract) or ``unix:/PATH``, or ``tcp:HOST:PORT``: (family, where)."""
+    """``unix:@NAME`` (abstract) or ``unix:/PATH``, or ``tcp:HOST:PORT`` or ``tls:HOST:PORT``: (family, where)."""
     kind, _, where = address.partition(":")
     if kind == "unix" and where:
         return "unix", "\0" + where[1:] if where.startswith("@") else where
-    if kind == "tcp":
+    if kind in ("tcp", "tls"):
         host, _, port = where.rpartition(":")
         if host and port.isdigit():
-            return "tcp", (host.strip("[]"), int(port))
-    raise ValueError(f"a link address is unix:@NAME, unix:/PATH or tcp:HOST:PORT, not {address!r}")
+            return kind, (host.strip("[]"), int(port))
+    raise ValueError(f"a link address is unix:@NAME, unix:/PATH, tcp:HOST:PORT or tls:HOST:PORT, not {address!r}")
 
 
 class Link:

@@ -14,7 +14,8 @@ numbered input and resends make that good, as for a lost PUBLISH), and in order 
 
 Authenticated: each worker's key is derived from the install's secret and the worker's id (never stored,
 never sent); both ends prove they hold it (an HMAC over nonces from both), so a process that now listens
-at a stale address is refused, and nobody without the secret writes into a shell.
+at a stale address is refused, and nobody without the secret writes into a shell. Between hosts, ``tls:HOST:PORT``
+adds secrecy on the wire (transport/link_tls.py: the worker's certificate checked, and with a CA the daphne's).
 
 Interactive first: each (channel, reply) pair is a queue of its own; a queue whose next message is small
 (a key, an echo, an ack) goes before any bulk, and bulk output takes turns between queues a message at a
@@ -39,6 +40,7 @@ from transport.link import (
     handshake_dial,
     parse_address,
 )
+from transport.link_tls import DEFAULT, LinkTls
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +50,11 @@ RETRY_MOST_SECONDS = 60.0  # with each failure in a row, up to this: an unreacha
 SETTLE_SECONDS = 0.1  # a link made while messages went through Redis: the last of those lands before the first
 
 
-async def _open(family: str, where) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _open(family: str, where, tls: LinkTls) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     if family == "tcp":
         return await asyncio.open_connection(*where)
+    if family == "tls":
+        return await asyncio.open_connection(*where, ssl=tls.client, server_hostname=where[0])
     # The socket made here: uvloop takes no abstract name as a path (EINVAL).
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
@@ -71,8 +75,10 @@ class Links:
         deliver: Callable[[str, bytes], None],
         key_for: Callable[[str], bytes],
         lost: Callable[[str], None] = lambda channel: None,
+        tls: LinkTls | None = None,
     ):
         self._deliver, self._key_for, self._lost = deliver, key_for, lost
+        self.tls = tls or DEFAULT
         self.routes: dict[str, tuple[str, str]] = {}  # a worker's channel -> (its address, its worker id)
         self.dialed: dict[str, Link] = {}  # worker id -> the link to it
         self._dialing: dict[str, asyncio.Future] = {}
@@ -103,11 +109,12 @@ class Links:
             self.server = await asyncio.start_unix_server(accepted, sock=sock)
             self.address = f"unix:@{name}"
         else:
-            _, (host, port) = parse_address(spec)
-            self.server = await asyncio.start_server(accepted, host, port, reuse_address=True)
+            family, (host, port) = parse_address(spec)
+            secure = self.tls.server if family == "tls" else None
+            self.server = await asyncio.start_server(accepted, host, port, reuse_address=True, ssl=secure)
             bound = self.server.sockets[0].getsockname()[1]
             shown = advertise or (host if host not in ("0.0.0.0", "::", "") else socket.gethostname())
-            self.address = f"tcp:{'[' + shown + ']' if ':' in shown else shown}:{bound}"
+            self.address = f"{family}:{'[' + shown + ']' if ':' in shown else shown}:{bound}"
         return self.address
 
     async def _accept(self, reader, writer, key: bytes) -> None:
@@ -164,7 +171,7 @@ class Links:
     async def _connect(self, address: str, worker_id: str) -> Link | None:
         try:
             family, where = parse_address(address)
-            reader, writer = await asyncio.wait_for(_open(family, where), DIAL_SECONDS)
+            reader, writer = await asyncio.wait_for(_open(family, where, self.tls), DIAL_SECONDS)
             try:
                 await asyncio.wait_for(handshake_dial(reader, writer, self._key_for(worker_id)), HANDSHAKE_SECONDS)
             except BaseException:

@@ -111,3 +111,44 @@ async def test_a_link_that_drops_with_output_and_acks_on_it_resumes_the_stream_f
     finally:
         stack.stop()
         relay.close()
+
+
+async def test_between_hosts_a_daphne_and_a_worker_link_over_mutual_tls_and_no_keystroke_crosses_in_clear(
+    terminal, operator, tmp_path
+):
+    """TETHER_LINK_LISTEN=tls:..., each end with its certificate and the CA: the session's keys and output go over
+    the link (0 PUBLISH of them), and what the network between the hosts carries holds none of them in clear."""
+    from tests.hosts.harness import link_certificates
+
+    files = link_certificates(tmp_path)
+    private, relay = RedisServer(), LinkRelay()
+    private.start()
+
+    def ends(who: str) -> dict[str, str]:
+        return {
+            "TETHER_LINK_TLS_CERT": f"{files[who]}.pem",
+            "TETHER_LINK_TLS_KEY": f"{files[who]}.key",
+            "TETHER_LINK_TLS_CA": files["ca.pem"],
+        }
+
+    stack = Stack(redis_url=private.url, extra_env=ends("daphne"))  # (the worker's own below)
+    try:
+        stack.start_daphne()
+        listen = {"TETHER_LINK_LISTEN": f"tls:127.0.0.1:{relay.port}", "TETHER_LINK_ADVERTISE": "127.0.0.2"}
+        stack.start_worker("local", env={**listen, **ends("worker")})
+        session, cookie = await sync_to_async(terminal)(operator, "local")
+        viewer = await Viewer.open(stack.ports[0], session.id, cookie)
+        await viewer.attach()
+        await viewer.type("echo ready-$((6*7))\r")
+        await viewer.read_until(b"ready-42")
+        before = publishes(private.url)
+        await viewer.type("echo the-secret-word-$((6*7))\r")
+        await viewer.read_until(b"the-secret-word-42")
+        assert publishes(private.url) - before == 0
+        assert relay.accepted == 1 and relay.passed > 1000
+        assert b"the-secret-word" not in relay.seen and b"ready-" not in relay.seen
+        await viewer.close()
+    finally:
+        stack.stop()
+        private.stop()
+        relay.close()

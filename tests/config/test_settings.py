@@ -142,6 +142,14 @@ def test_start_up_fails_loudly_on_a_database_port_that_is_not_a_number(tmp_path)
     assert "DATABASE_URL='postgres://h:notaport/db' has a port that is not a number" in _last_line(result)
 
 
+def test_a_link_over_tls_without_a_certificate_and_a_link_address_that_is_none_are_refused_at_start(tmp_path):
+    result = _check(tmp_path, TETHER_LINK_LISTEN="tls:0.0.0.0:9201")
+    assert result.returncode != 0
+    assert "TETHER_LINK_LISTEN=tls:... needs TETHER_LINK_TLS_CERT" in _last_line(result)
+    result = _check(tmp_path, TETHER_LINK_LISTEN="udp:0.0.0.0:9201")
+    assert "TETHER_LINK_LISTEN is unix, tcp:HOST:PORT or tls:HOST:PORT: 'udp:0.0.0.0:9201'" in _last_line(result)
+
+
 SECRET = "a-secret-key-long-enough-for-djangos-own-deployment-check"
 
 

@@ -94,6 +94,8 @@ class LinkRelay:
         self.connections: list[socket.socket] = []
         self.accepted = 0
         self.cuts = 0
+        self.seen = bytearray()  # the first bytes it passed, both ways (what the network between hosts carries)
+        self.passed = 0
         self.flowing = threading.Event()
         self.flowing.set()
         threading.Thread(target=self._serve, daemon=True).start()
@@ -126,6 +128,9 @@ class LinkRelay:
                 self.flowing.wait()
                 if self.cuts != cuts:  # held across a cut: lost
                     break
+                self.passed += len(data)
+                if len(self.seen) < 1 << 20:
+                    self.seen += data
                 sink.sendall(data)
         except OSError:
             pass
@@ -148,6 +153,26 @@ class LinkRelay:
     def close(self) -> None:
         self.listener.close()
         self.cut()
+
+
+def link_certificates(where: Path) -> dict[str, str]:
+    """For links over TLS (transport/link_tls.py): a CA, a worker's certificate for 127.0.0.2 (a LinkRelay's
+    address) and a daphne's, both signed by it, and another CA. {"ca.pem", "other-ca.pem", "worker", "daphne"}:
+    the last two without their ".pem" / ".key"."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=where, check=True, capture_output=True)
+
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN=tether {ca}",
+                "-keyout", f"{ca}.key", "-out", f"{ca}.pem")  # fmt: skip
+    for name, extension in (("worker", "subjectAltName=IP:127.0.0.2"), ("daphne", "extendedKeyUsage=clientAuth")):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=tether {name}", "-keyout", f"{name}.key",
+                "-out", f"{name}.csr")  # fmt: skip
+        (where / f"{name}.ext").write_text(extension + "\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem")  # fmt: skip
+    return {name: str(where / name) for name in ("ca.pem", "other-ca.pem", "worker", "daphne")}
 
 
 # The namespace's first process: names the host, then reaps every process orphaned to it, as a host's init

@@ -15,6 +15,7 @@ import pytest
 from transport import link as link_module
 from transport import metrics
 from transport.link import HEADER, MAC, MAGIC, NONCE, link_key
+from transport.link_tls import LinkTls
 from transport.links import Links
 
 SECRET = "the-install-secret"
@@ -24,11 +25,14 @@ LOST = b"link lost"
 class End:
     """One process's links and what arrived at it, in order."""
 
-    def __init__(self, secret: str = SECRET):
+    def __init__(self, secret: str = SECRET, tls: LinkTls | None = None):
         self.arrived: list[tuple[str, bytes]] = []
         self.got = asyncio.Event()
         self.links = Links(
-            self._deliver, lambda worker_id: link_key(secret, worker_id), lambda channel: self._deliver(channel, LOST)
+            self._deliver,
+            lambda worker_id: link_key(secret, worker_id),
+            lambda channel: self._deliver(channel, LOST),
+            tls,
         )
 
     def _deliver(self, channel: str, data: bytes) -> None:
@@ -267,3 +271,67 @@ def test_a_message_put_on_a_link_whose_other_end_has_gone_is_refused_not_raised_
 
     taken = asyncio.Runner(loop_factory=uvloop.new_event_loop).run(main())
     assert taken[-1] is False, taken
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory) -> dict[str, str]:
+    from tests.hosts.harness import link_certificates
+
+    return link_certificates(tmp_path_factory.mktemp("link-tls"))
+
+
+@contextlib.asynccontextmanager
+async def over_tls(worker_tls: LinkTls, web_tls: LinkTls):
+    """A worker listening on tls: behind a relay that keeps every byte it passes (the network between hosts)."""
+    from tests.hosts.harness import LinkRelay
+
+    relay = LinkRelay()
+    worker_id = uuid.uuid4().hex
+    worker, web = End(tls=worker_tls), End(tls=web_tls)
+    address = await worker.links.listen(worker_id, f"tls:127.0.0.1:{relay.port}", "127.0.0.2")
+    web.links.route("tether.worker.w", address, worker_id)
+    try:
+        yield worker, web, address, relay
+    finally:
+        await web.links.close()
+        await worker.links.close()
+        relay.close()
+
+
+def mutual(certificates, who: str) -> LinkTls:
+    return LinkTls(f"{certificates[who]}.pem", f"{certificates[who]}.key", certificates["ca.pem"])
+
+
+async def test_between_hosts_over_tls_a_keystroke_is_not_on_the_wire_in_clear(certificates):
+    async with over_tls(mutual(certificates, "worker"), mutual(certificates, "daphne")) as (
+        worker,
+        web,
+        address,
+        relay,
+    ):
+        assert address.startswith("tls:127.0.0.2:")
+        assert await web.links.send("tether.worker.w", "viewer-1", b"my secret passphrase\r")
+        assert await worker.wait_for(1) == [("tether.worker.w", b"my secret passphrase\r")]
+        assert await worker.links.send("viewer-1", "", b"its echo: my secret passphrase")
+        assert await web.wait_for(1) == [("viewer-1", b"its echo: my secret passphrase")]
+        (link,) = worker.links.accepted
+        assert link.writer.get_extra_info("ssl_object").version() in ("TLSv1.2", "TLSv1.3")
+        assert relay.passed > 1000 and b"passphrase" not in relay.seen and b"tether.worker.w" not in relay.seen
+
+
+async def test_over_tls_a_worker_whose_certificate_is_not_trusted_gets_nothing(certificates):
+    """A daphne that trusts another CA (a worker impersonated on the network) does not link: Redis carries it."""
+    web_tls = LinkTls(f"{certificates['daphne']}.pem", f"{certificates['daphne']}.key", certificates["other-ca.pem"])
+    async with over_tls(mutual(certificates, "worker"), web_tls) as (worker, web, _, relay):
+        assert not await web.links.send("tether.worker.w", "viewer-1", b"my secret passphrase\r")
+        await asyncio.sleep(0.2)
+        assert worker.arrived == [] and b"passphrase" not in relay.seen
+
+
+async def test_over_tls_a_daphne_without_a_certificate_the_worker_trusts_is_refused(certificates):
+    """Mutual TLS: a worker given a CA takes links only from daphnes with a certificate it signed."""
+    anonymous = LinkTls(ca=certificates["ca.pem"])
+    async with over_tls(mutual(certificates, "worker"), anonymous) as (worker, web, _, _):
+        assert not await web.links.send("tether.worker.w", "viewer-1", b"my secret passphrase\r")
+        await asyncio.sleep(0.2)
+        assert worker.arrived == [] and worker.links.accepted == set()
