@@ -10,7 +10,7 @@ import redis
 from asgiref.sync import sync_to_async
 
 from tests.bridge.harness import RedisServer, Stack, Viewer, free_port, metric
-from tests.hosts.harness import LinkRelay
+from tests.hosts.harness import LinkRelay, link_certificates
 
 pytestmark = [pytest.mark.bridge, pytest.mark.django_db(transaction=True)]
 
@@ -118,8 +118,6 @@ async def test_between_hosts_a_daphne_and_a_worker_link_over_mutual_tls_and_no_k
 ):
     """TETHER_LINK_LISTEN=tls:..., each end with its certificate and the CA: the session's keys and output go over
     the link (0 PUBLISH of them), and what the network between the hosts carries holds none of them in clear."""
-    from tests.hosts.harness import link_certificates
-
     files = link_certificates(tmp_path)
     private, relay = RedisServer(), LinkRelay()
     private.start()
