@@ -48,10 +48,17 @@ class End:
 
 
 @contextlib.asynccontextmanager
-async def worker_and_web(spec: str = "unix", web_secret: str = SECRET):
+async def worker_and_web(
+    spec: str = "unix",
+    web_secret: str = SECRET,
+    *,
+    advertise: str = "",
+    worker_tls: LinkTls | None = None,
+    web_tls: LinkTls | None = None,
+):
     worker_id = uuid.uuid4().hex
-    worker, web = End(), End(web_secret)
-    address = await worker.links.listen(worker_id, spec)
+    worker, web = End(tls=worker_tls), End(web_secret, web_tls)
+    address = await worker.links.listen(worker_id, spec, advertise)
     web.links.route("tether.worker.w", address, worker_id)
     try:
         yield worker, web, address, worker_id
@@ -286,15 +293,12 @@ async def over_tls(worker_tls: LinkTls, web_tls: LinkTls):
     from tests.hosts.harness import LinkRelay
 
     relay = LinkRelay()
-    worker_id = uuid.uuid4().hex
-    worker, web = End(tls=worker_tls), End(tls=web_tls)
-    address = await worker.links.listen(worker_id, f"tls:127.0.0.1:{relay.port}", "127.0.0.2")
-    web.links.route("tether.worker.w", address, worker_id)
+    spec = f"tls:127.0.0.1:{relay.port}"
     try:
-        yield worker, web, address, relay
+        async with worker_and_web(spec, advertise="127.0.0.2", worker_tls=worker_tls, web_tls=web_tls) as ends:
+            worker, web, address, _ = ends
+            yield worker, web, address, relay
     finally:
-        await web.links.close()
-        await worker.links.close()
         relay.close()
 
 
