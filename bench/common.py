@@ -127,6 +127,17 @@ def summary(samples: list[float]) -> dict[str, float]:
     }
 
 
+def redis_commands(url: str) -> int:
+    """Commands this Redis has run since it started (all clients')."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.info("stats")["total_commands_processed"])
+    finally:
+        client.close()
+
+
 # --- processes ---------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ import time
 
 from asgiref.sync import sync_to_async
 
-from bench.common import Figure, cpu_seconds, rss_kib, summary
+from bench.common import Figure, cpu_seconds, redis_commands, rss_kib, summary
 from bench.sessions import MIB, RAW_CAT, close_all, daphne_pid, echo_latency, open_session, worker_pid
 
 STATS_SETTLE_SECONDS = 11  # an idle backend reports its statistics within 10 s (PostgreSQL 15)
@@ -33,24 +33,14 @@ def _pg() -> dict[str, int]:
     return {"rows": int(rows), "commits": int(commits), "wal": int(wal)}
 
 
-def _redis(url: str) -> int:
-    import redis
-
-    client = redis.Redis.from_url(url)
-    try:
-        return int(client.info("stats")["total_commands_processed"])
-    finally:
-        client.close()
-
-
 async def _counted(ctx, work) -> dict[str, float]:
     """PostgreSQL and Redis work done while ``work`` ran (statistics given time to arrive)."""
     await asyncio.sleep(STATS_SETTLE_SECONDS)
-    pg_before, redis_before = await sync_to_async(_pg)(), _redis(ctx.stack.redis_url)
+    pg_before, redis_before = await sync_to_async(_pg)(), redis_commands(ctx.stack.redis_url)
     cpu_before = {name: cpu_seconds(pid) for name, pid in (("daphne", daphne_pid(ctx)), ("worker", worker_pid(ctx)))}
     await work()
     cpu_after = {name: cpu_seconds(pid) for name, pid in (("daphne", daphne_pid(ctx)), ("worker", worker_pid(ctx)))}
-    redis_after = _redis(ctx.stack.redis_url)
+    redis_after = redis_commands(ctx.stack.redis_url)
     await asyncio.sleep(STATS_SETTLE_SECONDS)
     pg_after = await sync_to_async(_pg)()
     return {

@@ -19,6 +19,7 @@ from bench.common import (
     machine_busy,
     postgres_cpu,
     postgres_since,
+    redis_commands,
     redis_pid,
     summary,
     unique,
@@ -277,12 +278,6 @@ async def bench_layers(ctx: Context) -> None:
             f"CPU {ours['cpu']:.0f} vs {theirs['cpu']:.0f} µs a hop",
         )
     )
-
-
-def redis_commands(url: str) -> int:
-    import redis
-
-    return int(redis.Redis.from_url(url).info("stats")["total_commands_processed"])
 
 
 async def bench_echo_links(ctx: Context) -> None:

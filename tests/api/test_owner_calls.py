@@ -22,36 +22,34 @@ class Asked(Message):
         return {"type": self.TYPE, "reply": self.reply}
 
 
-async def test_a_dropped_link_is_not_the_answer_and_the_answer_that_follows_is():
+async def asked(worker_answers, timeout: float) -> dict | None:
+    """``question`` to a worker's channel whose worker is ``worker_answers(layer, the question)``."""
     layer = get_channel_layer()
     worker = await layer.new_channel("tether.test-worker.")
 
-    async def answer() -> None:
-        asked = await layer.receive(worker)
+    async def work() -> None:
+        await worker_answers(layer, await layer.receive(worker))
+
+    working = asyncio.ensure_future(work())
+    try:
+        return await question(worker, Asked, timeout=timeout)
+    finally:
+        await working
+        await forget_channel(layer, worker)
+
+
+async def test_a_dropped_link_is_not_the_answer_and_the_answer_that_follows_is():
+    async def answer(layer, asked) -> None:
         # The daphne's side of a dropped link says so on the question's own channel; the answer comes after.
         await layer.send(asked["reply"], {"type": LINK_LOST})
         await asyncio.sleep(0.2)
         await layer.send(asked["reply"], {"type": "api.done", "written": 3})
 
-    answering = asyncio.ensure_future(answer())
-    try:
-        assert await question(worker, Asked, timeout=5) == {"type": "api.done", "written": 3}
-    finally:
-        await answering
-        await forget_channel(layer, worker)
+    assert await asked(answer, timeout=5) == {"type": "api.done", "written": 3}
 
 
 async def test_a_dropped_link_and_no_answer_is_no_answer():
-    layer = get_channel_layer()
-    worker = await layer.new_channel("tether.test-worker.")
-
-    async def lose() -> None:
-        asked = await layer.receive(worker)
+    async def lose(layer, asked) -> None:
         await layer.send(asked["reply"], {"type": LINK_LOST})
 
-    losing = asyncio.ensure_future(lose())
-    try:
-        assert await question(worker, Asked, timeout=1) is None
-    finally:
-        await losing
-        await forget_channel(layer, worker)
+    assert await asked(lose, timeout=1) is None
