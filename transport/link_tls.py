@@ -6,6 +6,8 @@ against ``ca`` (the system's authorities without one) and its name against the h
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import ssl
 from dataclasses import dataclass
 from functools import cached_property
@@ -41,3 +43,57 @@ class LinkTls:
 
 
 DEFAULT = LinkTls()  # a daphne with no TLS settings dialling a tls: address: the system's authorities
+
+
+class TlsListener:
+    """A ``tls:`` link listener that sees each refused handshake, where ``asyncio.start_server(ssl=…)`` drops it inside
+    its TLS layer unseen: a connection is accepted plain and its handshake awaited here (``connect_accepted_socket``)
+    before anything of it is read. (An accepted stream upgraded afterwards can lose the dialler's first bytes: uvloop
+    starts reading a new transport at once, whatever its protocol asks.) ``accepted(reader, writer)`` gets each
+    connection that completed its handshake, ``refused(peer, error)`` each that did not."""
+
+    def __init__(self, context: ssl.SSLContext, accepted, refused, handshake_seconds: float):
+        self.context, self._accepted, self._refused = context, accepted, refused
+        self.handshake_seconds = handshake_seconds
+        self.sockets: list[socket.socket] = []
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self, host: str, port: int) -> TlsListener:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.create_server((host, port), family=family)
+        listener.setblocking(False)
+        self.sockets = [listener]
+        self._spawn(self._serve(listener))
+        return self
+
+    def _spawn(self, work) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                sock, peer = await loop.sock_accept(listener)
+                self._spawn(self._handshake(sock, peer))
+        finally:  # (cancelled by close: the loop has let go of the socket first)
+            listener.close()
+
+    async def _handshake(self, sock: socket.socket, peer) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        try:
+            transport, _ = await loop.connect_accepted_socket(
+                lambda: protocol, sock, ssl=self.context, ssl_handshake_timeout=self.handshake_seconds
+            )
+        except (ssl.SSLError, ConnectionError, OSError, TimeoutError) as error:
+            sock.close()
+            self._refused(str(peer), error)
+            return
+        await self._accepted(reader, asyncio.StreamWriter(transport, protocol, reader, loop))
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()

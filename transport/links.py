@@ -40,7 +40,7 @@ from transport.link import (
     handshake_dial,
     parse_address,
 )
-from transport.link_tls import DEFAULT, LinkTls
+from transport.link_tls import DEFAULT, LinkTls, TlsListener
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Links:
         self._had: set[str] = set()  # worker ids this process had a link to (a new dial is a reconnect)
         self.replies: dict[str, Link] = {}  # (a worker) a viewer's channel -> the link its messages came on
         self.accepted: set[Link] = set()
-        self.server: asyncio.AbstractServer | None = None
+        self.server: asyncio.AbstractServer | TlsListener | None = None
         self.address = ""
 
     # --- the worker's end ---------------------------------------------------------------------------
@@ -110,8 +110,11 @@ class Links:
             self.address = f"unix:@{name}"
         else:
             family, (host, port) = parse_address(spec)
-            secure = self.tls.server if family == "tls" else None
-            self.server = await asyncio.start_server(accepted, host, port, reuse_address=True, ssl=secure)
+            if family == "tls":
+                listener = TlsListener(self.tls.server, accepted, self._refused, HANDSHAKE_SECONDS)
+                self.server = await listener.start(host, port)
+            else:
+                self.server = await asyncio.start_server(accepted, host, port, reuse_address=True)
             bound = self.server.sockets[0].getsockname()[1]
             shown = advertise or (host if host not in ("0.0.0.0", "::", "") else socket.gethostname())
             self.address = f"{family}:{'[' + shown + ']' if ':' in shown else shown}:{bound}"
@@ -122,8 +125,7 @@ class Links:
         try:
             await asyncio.wait_for(handshake_accept(reader, writer, key), HANDSHAKE_SECONDS)
         except (Refused, asyncio.IncompleteReadError, TimeoutError, ConnectionError, OSError) as error:
-            metrics.LINK_REFUSED.inc()
-            log.warning("refused a link from %s: %s", peer, error if isinstance(error, Refused) else repr(error))
+            self._refused(peer, error)
             writer.close()
             return
         link = Link(reader, writer, "accept", peer)
@@ -132,6 +134,12 @@ class Links:
         link.on_forget = self._forget_reply
         self.accepted.add(link)
         link.start()
+
+    @staticmethod
+    def _refused(peer: str, error: BaseException) -> None:
+        """A dialler that did not prove it holds the key, or (``tls:``) whose TLS handshake failed."""
+        metrics.LINK_REFUSED.inc()
+        log.warning("refused a link from %s: %s", peer, error if isinstance(error, Refused) else repr(error))
 
     def _arrived_at_worker(self, link: Link, channel: str, reply: str, data: bytes) -> None:
         if reply:

@@ -326,16 +326,42 @@ async def test_between_hosts_over_tls_a_keystroke_is_not_on_the_wire_in_clear(ce
 async def test_over_tls_a_worker_whose_certificate_is_not_trusted_gets_nothing(certificates):
     """A daphne that trusts another CA (a worker impersonated on the network) does not link: Redis carries it."""
     web_tls = LinkTls(f"{certificates['daphne']}.pem", f"{certificates['daphne']}.key", certificates["other-ca.pem"])
+    refused = counted(metrics.LINK_REFUSED)
     async with over_tls(mutual(certificates, "worker"), web_tls) as (worker, web, _, relay):
         assert not await web.links.send("tether.worker.w", "viewer-1", b"my secret passphrase\r")
-        await asyncio.sleep(0.2)
+        await refusals(refused + 1)  # the worker's side counts the handshake the daphne broke off
         assert worker.arrived == [] and b"passphrase" not in relay.seen
 
 
 async def test_over_tls_a_daphne_without_a_certificate_the_worker_trusts_is_refused(certificates):
     """Mutual TLS: a worker given a CA takes links only from daphnes with a certificate it signed."""
     anonymous = LinkTls(ca=certificates["ca.pem"])
+    refused = counted(metrics.LINK_REFUSED)
     async with over_tls(mutual(certificates, "worker"), anonymous) as (worker, web, _, _):
         assert not await web.links.send("tether.worker.w", "viewer-1", b"my secret passphrase\r")
-        await asyncio.sleep(0.2)
+        await refusals(refused + 1)  # counted where it was refused: the worker's /metrics says so
         assert worker.arrived == [] and worker.links.accepted == set()
+
+
+async def test_a_dialler_speaking_no_tls_to_a_tls_worker_is_refused_and_counted(certificates):
+    """Plain bytes (a daphne set up for tcp:, or anyone else) at a tls: worker: refused in the TLS handshake,
+    counted and logged by the worker; nothing reaches it, and it goes on taking links that do speak TLS."""
+    refused = counted(metrics.LINK_REFUSED)
+    async with over_tls(mutual(certificates, "worker"), mutual(certificates, "daphne")) as (worker, web, address, _):
+        host, port = address.removeprefix("tls:").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(MAGIC + b"\0" * 64)
+        assert await asyncio.wait_for(reader.read(65536), 5) in (b"", *(bytes([0x15, 3, v]) for v in range(5)))
+        writer.close()
+        await refusals(refused + 1)
+        assert worker.arrived == [] and worker.links.accepted == set()
+        assert await web.links.send("tether.worker.w", "viewer-1", b"after")
+        assert await worker.wait_for(1) == [("tether.worker.w", b"after")]
+        assert counted(metrics.LINK_REFUSED) == refused + 1
+
+
+async def refusals(expected: float, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while counted(metrics.LINK_REFUSED) < expected:
+            await asyncio.sleep(0.02)
+    assert counted(metrics.LINK_REFUSED) == expected
