@@ -72,7 +72,7 @@ async def bench_churn_hosts(ctx) -> None:
     from tests.bridge.harness import Stack, Viewer
     from tests.hosts.harness import Balancer, Host
 
-    count = 1000 if ctx.quick else 10_000
+    count = ctx.sizes.get("churn_hosts", 1000 if ctx.quick else 10_000)  # --size churn_hosts=1000
     lanes = 10
     marker = unique("churnhosts")
     stack = Stack(worker_poll=0.5, extra_env=dict(ctx.stack.extra_env))

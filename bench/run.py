@@ -247,7 +247,10 @@ def cli() -> None:
     parser.add_argument("--profile", metavar="DIR", help="sample daphne and the worker with py-spy into DIR")
     parser.add_argument("--set", action="append", metavar="NAME=VALUE", help="a setting for daphne and the worker")
     parser.add_argument(
-        "--size", action="append", metavar="NAME=N", help="a size instead of quick or full: density.local, density.tmux"
+        "--size",
+        action="append",
+        metavar="NAME=N",
+        help="a size instead of quick or full: density.local, density.tmux, churn_hosts",
     )
     args = parser.parse_args()
     setup_django()
