@@ -5,6 +5,17 @@ from __future__ import annotations
 import os
 
 
+def settle_heap() -> None:
+    """Once a process has started: what it made to start (Django, its apps, every module: most of its heap) is
+    kept out of the garbage collector's passes from now on. Each full pass walked all of it: a stall of 130 to
+    160 ms of every shell's stream, in daphne and in the worker alike (docs/benchmarks.md). Collected once
+    first, so no garbage of the start is kept."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def leave(code: int = 0) -> None:
     """End the process once its work is done and said: logs and output flushed, database connections
     closed, then ``os._exit``. Python's own finalisation of Django and everything it imported took 1 to 2.5 s

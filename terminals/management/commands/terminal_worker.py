@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from config.loop import choose
-from config.process import leave
+from config.process import leave, settle_heap
 from executions.models import Backend
 from terminals.worker import OwnerWorker
 
@@ -48,6 +48,7 @@ class Command(BaseCommand):
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         await worker.start()
+        settle_heap()
         # Through the log (JSON with TETHER_LOG_FORMAT=json), as every other line the worker writes.
         log.info("worker %s ready (%s)", worker.worker.worker_id, ", ".join(sorted(worker.context.backends)))
         await worker.run(stop)

@@ -31,7 +31,7 @@ class Command(BaseCommand):
         from twisted.internet import defer, reactor
 
         from config.asgi import application
-        from config.process import leave
+        from config.process import leave, settle_heap
         from terminals.worker import OwnerWorker
 
         if not Machine.objects.exists():
@@ -59,6 +59,7 @@ class Command(BaseCommand):
             return None
 
         reactor.callWhenRunning(start_worker)
+        reactor.callWhenRunning(settle_heap)
         reactor.addSystemEventTrigger("before", "shutdown", stop_worker)
         endpoint = f"tcp:port={options['port']}:interface={options['host']}"
         self.stdout.write(f"serving on http://{options['host']}:{options['port']}/")
