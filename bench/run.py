@@ -1,7 +1,8 @@
 """Run the benchmark suite and write docs/benchmarks.md.
 
     make bench                      # quick sizes (a few minutes)
-    make bench BENCH_ARGS=--full    # the issue's sizes (200 MB, 5,000 samples, 1,000 sessions, 60 s stall), 3 runs
+    make bench BENCH_ARGS=--full    # the issues' sizes (200 MB, 5,000 samples, 10,000 sessions, 60 s stall), 3 runs
+    .venv/bin/python -m bench.run --full --only churn_hosts --size churn_hosts=1000   # a size of one's own
     .venv/bin/python -m bench.run --only echo --runs 3   # each figure the median of 3 runs, the three shown
     .venv/bin/python -m bench.run --only echo,throughput
 

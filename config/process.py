@@ -8,7 +8,7 @@ import os
 def settle_heap() -> None:
     """Once a process has started: what it made to start (Django, its apps, every module: most of its heap) is
     kept out of the garbage collector's passes from now on. Each full pass walked all of it: a stall of 130 to
-    160 ms of every shell's stream, in daphne and in the worker alike (docs/benchmarks.md). Collected once
+    190 ms of every shell's stream, in daphne and in the worker alike (docs/benchmarks.md). Collected once
     first, so no garbage of the start is kept."""
     import gc
 

@@ -7,10 +7,17 @@ against ``ca`` (the system's authorities without one) and its name against the h
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import socket
 import ssl
 from dataclasses import dataclass
 from functools import cached_property
+
+log = logging.getLogger(__name__)
+
+ACCEPT_PAUSE_SECONDS = 1.0
+PAUSE_ON = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,8 @@ class TlsListener:
     its TLS layer unseen: a connection is accepted plain and its handshake awaited here (``connect_accepted_socket``)
     before anything of it is read. (An accepted stream upgraded afterwards can lose the dialler's first bytes: uvloop
     starts reading a new transport at once, whatever its protocol asks.) ``accepted(reader, writer)`` gets each
-    connection that completed its handshake, ``refused(peer, error)`` each that did not."""
+    connection that completed its handshake, ``refused(peer, error)`` each that did not. It listens on every address
+    HOST resolves to, as ``asyncio.start_server`` does."""
 
     def __init__(self, context: ssl.SSLContext, accepted, refused, handshake_seconds: float):
         self.context, self._accepted, self._refused = context, accepted, refused
@@ -59,11 +67,24 @@ class TlsListener:
         self._tasks: set[asyncio.Task] = set()
 
     async def start(self, host: str, port: int) -> TlsListener:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.create_server((host, port), family=family)
-        listener.setblocking(False)
-        self.sockets = [listener]
-        self._spawn(self._serve(listener))
+        loop = asyncio.get_running_loop()
+        found = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        try:
+            for family, kind, protocol, _, address in dict.fromkeys(found):
+                listener = socket.socket(family, kind, protocol)
+                self.sockets.append(listener)
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:  # (its own address only: the IPv4 one has a socket of its own)
+                    listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                listener.bind(address)
+                listener.listen(128)
+                listener.setblocking(False)
+        except OSError:
+            for listener in self.sockets:
+                listener.close()
+            raise
+        for listener in self.sockets:
+            self._spawn(self._serve(listener))
         return self
 
     def _spawn(self, work) -> None:
@@ -75,7 +96,19 @@ class TlsListener:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                sock, peer = await loop.sock_accept(listener)
+                try:
+                    sock, peer = await loop.sock_accept(listener)
+                except ConnectionAbortedError:
+                    continue  # (the dialler gave up before it was accepted)
+                except OSError as error:
+                    if error.errno in PAUSE_ON:  # out of descriptors or memory: a pause, as asyncio's own servers
+                        log.warning("could not accept a link: %r; trying again in %.0f s", error, ACCEPT_PAUSE_SECONDS)
+                        await asyncio.sleep(ACCEPT_PAUSE_SECONDS)
+                    continue  # (accept(2): other errors are the dialler's, to be retried at once)
+                except Exception:  # never silently deaf: the worker goes on advertising this address
+                    log.exception("accepting links failed; trying again in %.0f s", ACCEPT_PAUSE_SECONDS)
+                    await asyncio.sleep(ACCEPT_PAUSE_SECONDS)
+                    continue
                 self._spawn(self._handshake(sock, peer))
         finally:  # (cancelled by close: the loop has let go of the socket first)
             listener.close()
@@ -92,8 +125,16 @@ class TlsListener:
             sock.close()
             self._refused(str(peer), error)
             return
+        except BaseException:  # (cancelled: the listener closed)
+            sock.close()
+            raise
         await self._accepted(reader, asyncio.StreamWriter(transport, protocol, reader, loop))
 
     def close(self) -> None:
         for task in self._tasks:
             task.cancel()
+
+    async def wait_closed(self) -> None:
+        """Until the listening sockets are closed (their port free again) and no handshake is left."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

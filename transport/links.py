@@ -128,6 +128,9 @@ class Links:
             self._refused(peer, error)
             writer.close()
             return
+        except BaseException:  # (cancelled: this process is closing its links)
+            writer.close()
+            raise
         link = Link(reader, writer, "accept", peer)
         link.deliver = self._arrived_at_worker
         link.on_close = self._accepted_closed
@@ -240,8 +243,10 @@ class Links:
         return await link.put(channel, reply, data)
 
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        if (server := self.server) is not None:
             self.server = None
+            server.close()
+            if isinstance(server, TlsListener):  # (its port free again; asyncio's Server frees it at once)
+                await server.wait_closed()
         for link in [*self.dialed.values(), *self.accepted]:
             link.close("this process is closing its links")

@@ -29,6 +29,6 @@ LINK_FALLBACKS = Counter(
 )
 LINK_REFUSED = Counter(
     "tether_link_refused_total",
-    "Links refused: the dialling end did not prove it holds the worker's key, or (tls:) its TLS handshake failed",
+    "Links refused: the dialling end did not prove it holds the worker's key, or (tls:) no TLS handshake completed",
     registry=None,
 )

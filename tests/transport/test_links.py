@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import struct
 import uuid
 
@@ -358,6 +359,20 @@ async def test_a_dialler_speaking_no_tls_to_a_tls_worker_is_refused_and_counted(
         assert await web.links.send("tether.worker.w", "viewer-1", b"after")
         assert await worker.wait_for(1) == [("tether.worker.w", b"after")]
         assert counted(metrics.LINK_REFUSED) == refused + 1
+
+
+async def test_a_tls_worker_closing_its_links_frees_its_port_and_ends_a_handshake_under_way(certificates):
+    """A dialler that connected and said nothing is not left open until the handshake's timeout, and the port is
+    free again once the links are closed (a worker restarted in place binds it at once)."""
+    worker = End(tls=mutual(certificates, "worker"))
+    address = await worker.links.listen(uuid.uuid4().hex, "tls:127.0.0.1:0")
+    port = int(address.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    await asyncio.sleep(0.1)  # accepted: its handshake under way
+    await worker.links.close()
+    assert await asyncio.wait_for(reader.read(), 2) == b""
+    writer.close()
+    socket.create_server(("127.0.0.1", port)).close()
 
 
 async def refusals(expected: float, timeout: float = 5.0) -> None:

@@ -47,10 +47,17 @@ class Command(BaseCommand):
         stop = asyncio.Event()
         running: list[asyncio.Task] = []
 
+        async def run_worker() -> None:
+            worker = OwnerWorker()
+            await worker.start()
+            settle_heap()  # (daphne's application loaded, and the worker started)
+            await worker.run(stop)
+
         def start_worker() -> None:
             if options["no_worker"] or not settings.TETHER_EMBEDDED_WORKER:
+                settle_heap()
                 return
-            running.append(twisted_loop.create_task(OwnerWorker().run(stop)))
+            running.append(twisted_loop.create_task(run_worker()))
 
         def stop_worker():
             stop.set()
@@ -59,7 +66,6 @@ class Command(BaseCommand):
             return None
 
         reactor.callWhenRunning(start_worker)
-        reactor.callWhenRunning(settle_heap)
         reactor.addSystemEventTrigger("before", "shutdown", stop_worker)
         endpoint = f"tcp:port={options['port']}:interface={options['host']}"
         self.stdout.write(f"serving on http://{options['host']}:{options['port']}/")
