@@ -148,7 +148,11 @@ class Recorder:
                     taken = take.log.take()
                     if not taken.lines:
                         return
-                    file = await self._store(live, take, taken)
+                    try:
+                        file = await self._store(live, take, taken)
+                    except asyncio.CancelledError:  # (the worker stopping): the next flush, its last, writes them
+                        take.unconfirmed = (taken, "")  # first, into the row (the file may or may not be there)
+                        raise
                 try:
                     named = await db(actions.write_chunk)(
                         take.pk,
@@ -164,6 +168,9 @@ class Recorder:
                     take.stopped = True  # the supervisor lets go; the new owner goes on recording
                     await self._forget(file)
                     return
+                except asyncio.CancelledError:  # (the worker stopping): whether it was named is not known; the
+                    take.unconfirmed = (taken, file)  # next flush writes it again, first, as after an outage
+                    raise
                 except Exception as error:  # the database is away: this chunk is written again, first
                     # Whether its row was committed is not known; written again under the same number and
                     # file, it is named once either way (write_chunk), and the events after it wait.

@@ -268,3 +268,41 @@ def test_a_chunk_an_older_release_writes_during_an_upgrade_is_stored_and_kept(ow
     assert recording_actions.finish_recording(recording.pk) is not None
     recording.refresh_from_db()
     assert output_of(store.read(recording.file)) == b"from the older worker\r\n"
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_write_cut_short_by_the_worker_stopping_is_written_by_its_last_flush(alice):
+    """A worker stopping cancels its periodic writer, which may be inside a write: the events it had taken were
+    lost with it, and the stopping worker's own last write found nothing left (a whole first part of a shell's
+    recording went missing, with no marker, when a worker was stopped mid-stream). They are written by that last
+    write now, once, in order."""
+    import asyncio
+    import contextlib
+    from types import SimpleNamespace
+
+    from asgiref.sync import sync_to_async
+
+    from recordings.recorder import Recorder, Take
+
+    recording, owner, token = await sync_to_async(begun)(alice)
+    log = EventLog(started=1_000.0, limit=1 << 20)
+    log.output(0, 0, b"printed before the worker was stopped\r\n", 1_001.0)
+    take = Take(recording.pk, log, 0, False)
+    live = SimpleNamespace(recording=take, token=token, execution_pk=recording.execution_id)
+    recorder = Recorder(SimpleNamespace(worker=owner))
+    for cut_after in (1, 3):  # cut at two points of its write
+        periodic = asyncio.ensure_future(recorder.flush(live))
+        for _ in range(cut_after):
+            await asyncio.sleep(0)
+        periodic.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await periodic
+        log.output(0, log.end, f"and after cut {cut_after}\r\n".encode(), 1_002.0)
+    await asyncio.sleep(0.5)  # the cut writes' threads have finished
+    await recorder.flush(live)  # the stopping worker's own
+
+    await sync_to_async(ended)(recording)
+    assert await sync_to_async(recording_actions.finish_recording)(recording.pk) is not None
+    await recording.arefresh_from_db()
+    output = output_of(store.read(recording.file))
+    assert output == b"printed before the worker was stopped\r\nand after cut 1\r\nand after cut 3\r\n", output
