@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -81,8 +82,15 @@ class Link(Protocol):
 
 
 class SocketLink:
+    """The holder's unix socket. A write the holder no longer takes (it closes its end once it has sent everything,
+    a killed program's exit last) is said as BackendError and leaves what it sent before to be read: written through
+    the stream's transport, a failed write also ended the reading and dropped what was sent and not yet read (a killed
+    shell's exit: its outcome was then recorded unknown). So a write goes to the socket here while the transport
+    holds nothing back (in order), and only what the socket does not take at once is left to the transport."""
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer
+        self._fd = writer.get_extra_info("socket").fileno()
 
     @classmethod
     async def open(cls, path: str) -> SocketLink:
@@ -100,6 +108,15 @@ class SocketLink:
     async def write(self, data: bytes) -> None:
         if self.writer.is_closing():
             raise BackendError("the holder's socket is closed")
+        if not self.writer.transport.get_write_buffer_size():
+            try:
+                data = data[os.write(self._fd, data) :]
+            except BlockingIOError:
+                pass
+            except OSError as error:  # (the holder closed its end: EPIPE; the transport is not told)
+                raise BackendError(f"the holder's socket failed: {error}") from None
+            if not data:
+                return
         try:
             self.writer.write(data)
             await self.writer.drain()

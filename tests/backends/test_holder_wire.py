@@ -42,3 +42,42 @@ def test_a_write_to_a_holder_that_has_gone_is_a_backend_error_on_uvloop(tmp_path
     finally:
         server.close()
     assert said[-1] == "gone", said
+
+
+def test_what_the_holder_sent_before_it_closed_is_read_after_a_write_it_no_longer_takes(tmp_path):
+    """A killed shell's holder sends its last output and the exit, then closes its end. An owner that writes to it
+    meanwhile (an ack, a screen to keep) is told the holder is gone, and still reads everything it sent: a stream
+    transport's failed write ended its reading too, dropping the unread exit, and the outcome was recorded unknown
+    (ten streaming shells killed at once: one was, in one full run)."""
+    path = str(tmp_path / "holder.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen()
+
+    async def main() -> tuple[list[str], bytes]:
+        link = await SocketLink.open(path)
+        peer, _ = server.accept()
+        peer.sendall(b"the last output, then the exit")
+        peer.close()
+        await asyncio.sleep(0.1)
+        said = []
+        for _ in range(3):
+            try:
+                await link.write(b"ack")
+                said.append("written")
+            except BackendError:
+                said.append("gone")
+        got = b""
+        while data := await link.read():
+            got += data
+        await link.close()
+        return said, got
+
+    try:
+        for loop_factory in (uvloop.new_event_loop, asyncio.new_event_loop):
+            with asyncio.Runner(loop_factory=loop_factory) as runner:
+                said, got = runner.run(main())
+            assert "gone" in said, said
+            assert got == b"the last output, then the exit"
+    finally:
+        server.close()
