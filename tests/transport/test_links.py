@@ -352,7 +352,8 @@ async def test_a_dialler_speaking_no_tls_to_a_tls_worker_is_refused_and_counted(
         host, port = address.removeprefix("tls:").rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(MAGIC + b"\0" * 64)
-        assert await asyncio.wait_for(reader.read(65536), 5) in (b"", *(bytes([0x15, 3, v]) for v in range(5)))
+        answer = await asyncio.wait_for(reader.read(65536), 5)
+        assert answer == b"" or answer[:1] == b"\x15", answer  # closed, at most with a TLS alert: nothing of ours
         writer.close()
         await refusals(refused + 1)
         assert worker.arrived == [] and worker.links.accepted == set()
