@@ -145,15 +145,12 @@ class Recorder:
                 if retrying:  # the last write's answer was lost: the same chunk again, first
                     taken, file = take.unconfirmed
                 else:
-                    taken = take.log.take()
+                    taken, file = take.log.take(), ""
                     if not taken.lines:
                         return
-                    try:
-                        file = await self._store(live, take, taken)
-                    except asyncio.CancelledError:  # (the worker stopping): the next flush, its last, writes them
-                        take.unconfirmed = (taken, "")  # first, into the row (the file may or may not be there)
-                        raise
                 try:
+                    if not retrying:
+                        file = await self._store(live, take, taken)  # ("" when the storage cannot take it)
                     named = await db(actions.write_chunk)(
                         take.pk,
                         worker=self.context.worker,
@@ -168,8 +165,8 @@ class Recorder:
                     take.stopped = True  # the supervisor lets go; the new owner goes on recording
                     await self._forget(file)
                     return
-                except asyncio.CancelledError:  # (the worker stopping): whether it was named is not known; the
-                    take.unconfirmed = (taken, file)  # next flush writes it again, first, as after an outage
+                except asyncio.CancelledError:  # (the worker stopping, in the storage's write or the database's):
+                    take.unconfirmed = (taken, file)  # its last flush writes them again, first, as after an outage
                     raise
                 except Exception as error:  # the database is away: this chunk is written again, first
                     # Whether its row was committed is not known; written again under the same number and
